@@ -1,0 +1,171 @@
+"""Typed, validated configuration of the decoder (one field per architectural choice)."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import types
+import typing
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal, get_args, get_origin
+
+Placement = Literal["post", "pre", "peri", "olmo2", "deepnorm", "mix"]
+NormKind = Literal["layernorm", "rmsnorm"]
+NormBackend = Literal["torch", "triton", "auto"]
+MlpKind = Literal["swiglu", "gelu", "relu"]
+QKNorm = Literal["none", "head", "flat"]
+InitScheme = Literal["gpt2", "olmo2", "deepnorm", "xavier"]
+
+# Placements that end with a norm before the output head (SCIENCE.md section 1).
+FINAL_NORM = {
+    "post": False,
+    "pre": True,
+    "peri": True,
+    "olmo2": True,
+    "deepnorm": False,
+    "mix": True,
+}
+
+
+@dataclass
+class ModelConfig:
+    """Every architectural switch of a normlab decoder; invalid combinations raise ValueError."""
+
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None: one key/value head per query head (plain MHA)
+    d_ff: int = 512
+    vocab_size: int = 4096
+    max_seq_len: int = 256
+    mlp: MlpKind = "swiglu"
+    norm: NormKind = "rmsnorm"
+    norm_eps: float = 1e-6
+    norm_backend: NormBackend = "torch"
+    placement: Placement = "pre"
+    embed_norm: bool = False
+    mix_ratio: float = 0.25
+    ln_scaling: bool = False
+    qk_norm: QKNorm = "none"
+    init: InitScheme | None = None  # None: the placement's own default (deepnorm -> deepnorm)
+    init_std: float = 0.02
+    tie_embeddings: bool = False
+    bias: bool = False
+    dropout: float = 0.0
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_type(f.name, getattr(self, f.name), _hint(f.name))
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.init is None:
+            self.init = "deepnorm" if self.placement == "deepnorm" else "gpt2"
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads "
+                f"({self.n_kv_heads}); allowed n_kv_heads: {_divisors(self.n_heads)}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head dim d_model/n_heads = {self.head_dim} must be even for RoPE")
+        if self.ln_scaling and self.placement != "pre":
+            raise ValueError(
+                f"model.ln_scaling is defined only for placement 'pre' (SCIENCE.md section 1), "
+                f"got placement '{self.placement}'; allowed: placement: pre with ln_scaling: true"
+            )
+        if self.embed_norm and self.placement != "peri":
+            raise ValueError(
+                f"model.embed_norm belongs to placement 'peri', got placement '{self.placement}'"
+            )
+        if (self.init == "deepnorm") != (self.placement == "deepnorm"):
+            raise ValueError(
+                "model.init 'deepnorm' and model.placement 'deepnorm' go together: its alpha "
+                f"and beta are derived for that placement (got init={self.init!r}, "
+                f"placement={self.placement!r})"
+            )
+        if not 0.0 <= self.mix_ratio <= 1.0:
+            raise ValueError(f"model.mix_ratio must lie in [0, 1], got {self.mix_ratio}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout must lie in [0, 1), got {self.dropout}")
+        for name in ("norm_eps", "init_std", "rope_theta"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be > 0, got {getattr(self, name)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def n_post_blocks(self) -> int:
+        """Mix-LN: the first floor(mix_ratio * L) blocks are Post-LN, the rest Pre-LN."""
+        return math.floor(self.mix_ratio * self.n_layers) if self.placement == "mix" else 0
+
+    @property
+    def has_final_norm(self) -> bool:
+        return FINAL_NORM[self.placement]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        known = [f.name for f in fields(cls)]
+        for key in values:
+            if key not in known:
+                raise ValueError(f"unknown model key {key!r}{_suggest(key, known)}")
+        return cls(**values)
+
+
+def _hint(name: str) -> Any:
+    return typing.get_type_hints(ModelConfig)[name]
+
+
+def _check_type(name: str, value: Any, hint: Any) -> None:
+    """Reject a value whose type does not match the field's annotation, naming the field."""
+    if _matches(value, hint):
+        return
+    allowed = _describe(hint)
+    raise ValueError(f"model.{name} must be {allowed}, got {value!r}")
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = get_origin(hint)
+    if origin is Literal:
+        return value in get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    origin = get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in get_args(hint))
+    return "None" if hint is type(None) else f"of type {hint.__name__}"
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f"; valid keys: {', '.join(known)}"
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]

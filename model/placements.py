@@ -1,0 +1,111 @@
+"""Norm placements as residual wrappers around one sub-layer F (SCIENCE.md section 1).
+
+Each wrapper's `forward` is its equation. `branch` is the attention or MLP module, so forward hooks
+on `<wrapper>.branch` observe the branch output F(.) and hooks on the wrapper the updated stream.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+
+MakeNorm = Callable[[], nn.Module]
+
+
+class PostNorm(nn.Module):
+    """Post-LN (Vaswani et al. 2017): x = N(x + F(x))."""
+
+    def __init__(self, branch: nn.Module, make_norm: MakeNorm) -> None:
+        super().__init__()
+        self.branch, self.norm = branch, make_norm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm.add_norm(x, self.branch(x))
+
+
+class DeepNorm(nn.Module):
+    """DeepNorm (Wang et al. 2022): x = N(alpha * x + F(x)), alpha = (2M)^(1/4)."""
+
+    def __init__(self, branch: nn.Module, make_norm: MakeNorm, alpha: float) -> None:
+        super().__init__()
+        self.branch, self.norm, self.alpha = branch, make_norm(), alpha
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm.add_norm(x, self.branch(x), self.alpha)
+
+
+class PreNorm(nn.Module):
+    """Pre-LN (GPT-2, Xiong et al. 2020): x = x + F(N(x))."""
+
+    def __init__(self, branch: nn.Module, make_norm: MakeNorm) -> None:
+        super().__init__()
+        self.branch, self.norm_in = branch, make_norm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.branch(self.norm_in(x))
+
+
+class ScaledPreNorm(nn.Module):
+    """LayerNorm Scaling (Sun et al. 2025): x = x + F(N(x) / sqrt(l)), l the 1-based block index."""
+
+    def __init__(self, branch: nn.Module, make_norm: MakeNorm, layer: int) -> None:
+        super().__init__()
+        self.branch, self.norm_in = branch, make_norm()
+        self.scale = 1.0 / math.sqrt(layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.branch(self.norm_in(x) * self.scale)
+
+
+class PeriNorm(nn.Module):
+    """Peri-LN (Kim et al. 2025; Sandwich-LN): x = x + N_out(F(N_in(x))); N_out's gain learnable."""
+
+    def __init__(self, branch: nn.Module, make_norm: MakeNorm) -> None:
+        super().__init__()
+        self.branch, self.norm_in, self.norm_out = branch, make_norm(), make_norm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm_out.norm_add(x, self.branch(self.norm_in(x)))
+
+
+class ReorderedNorm(nn.Module):
+    """OLMo 2's reordered norm (Swin v2 res-post-norm): x = x + N(F(x)), no input norm."""
+
+    def __init__(self, branch: nn.Module, make_norm: MakeNorm) -> None:
+        super().__init__()
+        self.branch, self.norm_out = branch, make_norm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm_out.norm_add(x, self.branch(x))
+
+
+def deepnorm_constants(n_layers: int) -> tuple[float, float]:
+    """DeepNet decoder-only constants for M blocks: alpha = (2M)^(1/4), beta = (8M)^(-1/4)."""
+    return (2 * n_layers) ** 0.25, (8 * n_layers) ** -0.25
+
+
+def wrap_sublayer(
+    cfg: ModelConfig, layer: int, branch: nn.Module, make_norm: MakeNorm
+) -> nn.Module:
+    """The residual wrapper of block `layer` (1-based) for the configured placement."""
+    placement = cfg.placement
+    if placement == "mix":
+        placement = "post" if layer <= cfg.n_post_blocks else "pre"
+    if placement == "deepnorm":
+        return DeepNorm(branch, make_norm, alpha=deepnorm_constants(cfg.n_layers)[0])
+    if placement == "pre" and cfg.ln_scaling:
+        return ScaledPreNorm(branch, make_norm, layer=layer)
+    return SIMPLE_WRAPPERS[placement](branch, make_norm)
+
+
+SIMPLE_WRAPPERS: dict[str, type[nn.Module]] = {
+    "post": PostNorm,
+    "pre": PreNorm,
+    "peri": PeriNorm,
+    "olmo2": ReorderedNorm,
+}

@@ -1,0 +1,70 @@
+"""The normlab decoder: embedding, L blocks whose norm placement is one config switch, head."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+
+from .attention import Attention
+from .config import ModelConfig
+from .init import init_weights
+from .mlp import build_mlp
+from .norms import build_norm
+from .placements import wrap_sublayer
+
+
+class Block(nn.Module):
+    """One decoder block: the attention sub-layer, then the MLP, each in its placement's wrapper."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        make_norm = partial(build_norm, cfg, cfg.d_model)
+        self.attn = wrap_sublayer(cfg, layer, Attention(cfg), make_norm)
+        self.mlp = wrap_sublayer(cfg, layer, build_mlp(cfg), make_norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.attn(x))
+
+
+class Transformer(nn.Module):
+    """Decoder-only language model; `forward(tokens (B, T)) -> logits (B, T, V)`."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed_norm = build_norm(cfg, cfg.d_model) if cfg.embed_norm else nn.Identity()
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(1, cfg.n_layers + 1))
+        self.final_norm = build_norm(cfg, cfg.d_model) if cfg.has_final_norm else nn.Identity()
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+        self.init_weights()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.drop(self.embed_norm(self.embed(tokens)))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.final_norm(x))  # (B, T, V)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Apply the configured init scheme; also call after `to_empty()` from the meta device."""
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.reset_rope()
+        init_weights(self, self.config)
+
+    def set_record_max_logits(self, flag: bool) -> None:
+        """Have every attention store its exact per-head max logit (off: the fused path only)."""
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.record_max_logits = flag
+                module.max_logits = None
+
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.embed.weight.numel() if exclude_embedding else n
