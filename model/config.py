@@ -69,7 +69,8 @@ class ModelConfig:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
         if self.d_model % self.n_heads:
             raise ValueError(
-                f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
+                f"model.d_model ({self.d_model}) must be divisible by "
+                f"model.n_heads ({self.n_heads})"
             )
         if self.n_heads % self.n_kv_heads:
             raise ValueError(

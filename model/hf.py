@@ -46,23 +46,19 @@ QK_NORMS = {"attn.branch.q_norm": "self_attn.q_norm", "attn.branch.k_norm": "sel
 
 def hf_family(cfg: ModelConfig) -> str:
     """The HF model_type whose architecture equals `cfg`, or ValueError naming what differs."""
-    for family, (placement, qk_norm, _) in FAMILIES.items():
-        if (cfg.placement, cfg.qk_norm) == (placement, qk_norm):
-            break
-    else:
+    matches = [f for f, (pl, qk, _) in FAMILIES.items() if (cfg.placement, cfg.qk_norm) == (pl, qk)]
+    if not matches:
         raise ValueError(
             f"no HF transformers architecture for placement={cfg.placement!r}, "
             f"qk_norm={cfg.qk_norm!r}; convertible: pre+none (Llama), pre+head (Qwen3), "
             "olmo2+flat (OLMo 2)"
         )
-    wrong = {
-        k: v
-        for k, v in (("norm", cfg.norm), ("mlp", cfg.mlp))
-        if v != dict(norm="rmsnorm", mlp="swiglu")[k]
-    }
-    if wrong or cfg.ln_scaling or cfg.bias:
-        raise ValueError(f"HF {family} needs rmsnorm, swiglu, no ln_scaling, no bias; got {wrong}")
-    return family
+    if (cfg.norm, cfg.mlp, cfg.ln_scaling, cfg.bias) != ("rmsnorm", "swiglu", False, False):
+        raise ValueError(
+            f"HF {matches[0]} needs norm=rmsnorm, mlp=swiglu, ln_scaling=false, bias=false; got "
+            f"norm={cfg.norm}, mlp={cfg.mlp}, ln_scaling={cfg.ln_scaling}, bias={cfg.bias}"
+        )
+    return matches[0]
 
 
 def key_map(cfg: ModelConfig, family: str) -> dict[str, str]:
