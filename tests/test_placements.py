@@ -1,0 +1,181 @@
+"""Each placement's block equals its SCIENCE.md section 1 equation written out by hand."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import ModelConfig, Transformer
+from model.placements import deepnorm_constants
+
+D = 32
+
+
+def make(placement: str, norm: str = "layernorm", **kw) -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        n_layers=4, d_model=D, n_heads=4, d_ff=64, vocab_size=50, max_seq_len=16,
+        placement=placement, norm=norm, norm_eps=1e-5, **kw,
+    )
+    model = Transformer(cfg).double()
+    for p in model.parameters():  # non-trivial gains and biases so a missing norm shows
+        if p.dim() == 1:
+            p.data.normal_(1.0, 0.3)
+    return model
+
+
+def N(x, norm):  # the norm written out, SCIENCE.md section 10
+    g, b = norm.weight, getattr(norm, "bias", None)
+    if b is not None:
+        mu = x.mean(-1, keepdim=True)
+        var = ((x - mu) ** 2).mean(-1, keepdim=True)
+        return g * (x - mu) / torch.sqrt(var + norm.eps) + b
+    return g * x / torch.sqrt((x**2).mean(-1, keepdim=True) + norm.eps)
+
+
+def F_attn(block):
+    return block.attn.branch
+
+
+def F_mlp(block):
+    return block.mlp.branch
+
+
+def by_hand(placement, block, x, layer):
+    a, m = block.attn, block.mlp
+    if placement == "post":
+        x = N(x + F_attn(block)(x), a.norm)
+        return N(x + F_mlp(block)(x), m.norm)
+    if placement == "pre":
+        x = x + F_attn(block)(N(x, a.norm_in))
+        return x + F_mlp(block)(N(x, m.norm_in))
+    if placement == "ln_scaling":
+        s = 1 / math.sqrt(layer)
+        x = x + F_attn(block)(N(x, a.norm_in) * s)
+        return x + F_mlp(block)(N(x, m.norm_in) * s)
+    if placement == "peri":
+        x = x + N(F_attn(block)(N(x, a.norm_in)), a.norm_out)
+        return x + N(F_mlp(block)(N(x, m.norm_in)), m.norm_out)
+    if placement == "olmo2":
+        x = x + N(F_attn(block)(x), a.norm_out)
+        return x + N(F_mlp(block)(x), m.norm_out)  # the updated stream h, not the block input
+    if placement == "deepnorm":
+        alpha = (2 * 4) ** 0.25
+        x = N(alpha * x + F_attn(block)(x), a.norm)
+        return N(alpha * x + F_mlp(block)(x), m.norm)
+    raise AssertionError(placement)
+
+
+CASES = [("post", {}), ("pre", {}), ("peri", {}), ("olmo2", {}), ("deepnorm", {}),
+         ("ln_scaling", {"ln_scaling": True})]
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("name,extra", CASES)
+def test_block_equals_equation(name, extra, norm):
+    placement = "pre" if name == "ln_scaling" else name
+    model = make(placement, norm, **extra)
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    for layer, block in enumerate(model.blocks, start=1):
+        expected = by_hand(name, block, x, layer)
+        torch.testing.assert_close(block(x), expected, rtol=1e-10, atol=1e-10)
+        x = expected
+
+
+@pytest.mark.parametrize("ratio,n_post", [(0.25, 1), (0.5, 2), (0.0, 0), (0.7, 2)])
+def test_mix_switches_at_floor_ratio_times_depth(ratio, n_post):
+    model = make("mix", mix_ratio=ratio)
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    for layer, block in enumerate(model.blocks, start=1):
+        expected = by_hand("post" if layer <= n_post else "pre", block, x, layer)
+        torch.testing.assert_close(block(x), expected, rtol=1e-10, atol=1e-10)
+        x = expected
+
+
+@pytest.mark.parametrize(
+    "placement,final", [("post", False), ("pre", True), ("peri", True), ("olmo2", True),
+                        ("deepnorm", False), ("mix", True)],
+)
+def test_final_norm_presence(placement, final):
+    model = make(placement)
+    assert (not isinstance(model.final_norm, torch.nn.Identity)) == final
+    tokens = torch.randint(0, 50, (2, 6))
+    x = model.embed(tokens)
+    for block in model.blocks:
+        x = block(x)
+    x = N(x, model.final_norm) if final else x
+    torch.testing.assert_close(model(tokens), x @ model.head.weight.T)
+
+
+def test_peri_embedding_norm_switch():
+    model = make("peri", embed_norm=True)
+    tokens = torch.randint(0, 50, (1, 5))
+    x = N(model.embed(tokens), model.embed_norm)
+    for block in model.blocks:
+        x = block(x)
+    torch.testing.assert_close(model(tokens), N(x, model.final_norm) @ model.head.weight.T)
+    assert isinstance(make("peri").embed_norm, torch.nn.Identity)  # off by default
+
+
+def test_peri_output_gains_are_learnable():
+    model = make("peri")
+    assert all(b.attn.norm_out.weight.requires_grad for b in model.blocks)
+
+
+@pytest.mark.parametrize("qk", ["head", "flat"])
+def test_qk_norm_axis_before_rope(qk):
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=50,
+                      qk_norm=qk, max_seq_len=8)
+    attn = Transformer(cfg).double().blocks[0].attn.branch
+    attn.q_norm.weight.data.normal_(1, 0.3)
+    attn.k_norm.weight.data.normal_(1, 0.3)
+    x = torch.randn(2, 8, 32, dtype=torch.float64)
+    q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+
+    def rms(t, g):  # over the last axis
+        return g * t / torch.sqrt((t**2).mean(-1, keepdim=True) + cfg.norm_eps)
+
+    if qk == "flat":  # whole H * d_head vector, before the split into heads
+        q, k = rms(q, attn.q_norm.weight), rms(k, attn.k_norm.weight)
+        q, k = q.view(2, 8, 4, 8), k.view(2, 8, 2, 8)
+        assert attn.q_norm.weight.shape == (32,) and attn.k_norm.weight.shape == (16,)
+    else:  # each head's d_head vector, one gain shared by the heads
+        q, k = rms(q.view(2, 8, 4, 8), attn.q_norm.weight), rms(k.view(2, 8, 2, 8),
+                                                                 attn.k_norm.weight)
+        assert attn.q_norm.weight.shape == (8,)
+    pos = torch.arange(8, dtype=torch.float64)
+    inv = 1 / 10000 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    ang = torch.cat([torch.outer(pos, inv)] * 2, -1)[None, :, None, :]
+    rot = lambda t: t * ang.cos() + torch.cat([-t[..., 4:], t[..., :4]], -1) * ang.sin()
+    q, k = rot(q).transpose(1, 2), rot(k).transpose(1, 2).repeat_interleave(2, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(8)
+    s = s.masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), float("-inf"))
+    y = F.softmax(s, -1) @ v.view(2, 8, 2, 8).transpose(1, 2).repeat_interleave(2, 1)
+    expected = attn.o_proj(y.transpose(1, 2).reshape(2, 8, 32))
+    torch.testing.assert_close(attn(x), expected, rtol=1e-9, atol=1e-9)
+    attn.record_max_logits = True
+    attn(x)
+    torch.testing.assert_close(attn.max_logits.double(), s.amax(dim=(0, 2, 3)), rtol=1e-5, atol=1e-5)
+
+
+def test_hooks_observe_stream_and_branches():
+    model = make("pre")
+    seen = {}
+    for name, module in model.named_modules():
+        if name.endswith(".branch") or name.count(".") == 1 and name.startswith("blocks."):
+            module.register_forward_hook(lambda m, i, o, name=name: seen.setdefault(name, o))
+    tokens = torch.randint(0, 50, (1, 4))
+    model(tokens)
+    assert {"blocks.0", "blocks.3", "blocks.0.attn.branch", "blocks.3.mlp.branch"} <= set(seen)
+    # Pre-LN: the stream after block 0 is the embedding plus both observed branch outputs
+    expected = model.embed(tokens) + seen["blocks.0.attn.branch"] + seen["blocks.0.mlp.branch"]
+    torch.testing.assert_close(seen["blocks.0"], expected)
+
+
+def test_deepnorm_constants_named_in_science():
+    for m, (alpha, beta) in {12: (2.2134, 0.3195), 24: (2.6321, 0.2686),
+                             48: (3.1302, 0.2259)}.items():
+        a, b = deepnorm_constants(m)
+        assert a == pytest.approx(alpha, abs=1e-4) and b == pytest.approx(beta, abs=1e-4)
