@@ -29,6 +29,11 @@ FORMAT_VERSION = 1
 CHUNK_LINES = 128  # lines per document for .txt inputs (the split unit)
 TOKENIZER_SAMPLE_CHARS = 10_000_000  # bound on tokenizer training text, keeps training quick
 META = "meta.json"
+SPLIT_RULE = (
+    "documents = .txt chunks of chunk_lines lines, or jsonl/parquet/Hub rows; val = the first "
+    "max(1, round(val_fraction * n_docs)) of numpy.random.default_rng(seed).permutation(n_docs); "
+    "EOS after each document unless its text continues in the next document of the same split"
+)
 REQUIRED = ("meta.json", "train.bin", "val.bin", "tokenizer.model")
 
 
@@ -180,6 +185,36 @@ def _finalize(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _validate(
+    inputs: list[str] | None, dataset_name: str | None, tokenizer: str | None, vocab_size: int,
+    model_type: str, val_fraction: float, chunk_lines: int,
+) -> None:  # fmt: skip
+    if inputs and dataset_name:
+        raise DataError("give either input files or --dataset, not both")
+    if not 0.0 <= val_fraction < 1.0:
+        raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if tokenizer is None and model_type not in MODEL_TYPES:
+        raise DataError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+    if tokenizer is None and vocab_size < 300:
+        raise DataError(f"vocab_size must be >= 300 (256 byte pieces + specials), got {vocab_size}")
+    if chunk_lines < 1:
+        raise DataError(f"chunk_lines must be >= 1, got {chunk_lines}")
+    if tokenizer:
+        load_tokenizer(tokenizer)  # fail early on a missing or invalid file
+
+
+def _resolve_sources(
+    inputs: list[str] | None, dataset_name: str | None, dataset_split: str
+) -> list[dict[str, Any]]:
+    if dataset_name:
+        return [{"dataset": dataset_name, "split": dataset_split}]
+    if not inputs:
+        from data.corpus import bundled_corpus_path
+
+        inputs = [str(bundled_corpus_path())]
+    return describe_sources(inputs)
+
+
 def prepare(
     inputs: list[str] | None,
     out_dir: str | Path,
@@ -198,27 +233,9 @@ def prepare(
 ) -> dict[str, Any]:
     """Tokenise `inputs` (local .txt/.jsonl/.json/.parquet; None: the bundled corpus) or the Hub
     dataset `dataset_name` into `out_dir`; returns meta.json's content. Idempotent: a directory
-    already prepared with the same fingerprint is reused untouched."""
-    if inputs and dataset_name:
-        raise DataError("give either input files or --dataset, not both")
-    if not 0.0 <= val_fraction < 1.0:
-        raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if tokenizer is None and model_type not in MODEL_TYPES:
-        raise DataError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
-    if tokenizer is None and vocab_size < 300:
-        raise DataError(f"vocab_size must be >= 300 (256 byte pieces + specials), got {vocab_size}")
-    if chunk_lines < 1:
-        raise DataError(f"chunk_lines must be >= 1, got {chunk_lines}")
-    if dataset_name:
-        srcs: list[dict[str, Any]] = [{"dataset": dataset_name, "split": dataset_split}]
-    else:
-        if not inputs:
-            from data.corpus import bundled_corpus_path
-
-            inputs = [str(bundled_corpus_path())]
-        srcs = describe_sources(inputs)
-    if tokenizer:
-        load_tokenizer(tokenizer)  # fail early on a missing or invalid file
+    already prepared from the same inputs, split settings and tokenizer is reused untouched."""
+    _validate(inputs, dataset_name, tokenizer, vocab_size, model_type, val_fraction, chunk_lines)
+    srcs = _resolve_sources(inputs, dataset_name, dataset_split)
     tok_sha = file_sha256(tokenizer) if tokenizer else None
     spec = None if tok_sha else tokenizer_spec(vocab_size, model_type)
     settings = {
@@ -231,10 +248,7 @@ def prepare(
     out = Path(out_dir).expanduser().resolve()
     existing = _check_existing(out, fingerprint, tok_sha, spec, overwrite)
     if existing is not None:
-        print(
-            f"reusing {out}: already prepared with the same inputs and tokenizer "
-            f"(fingerprint {fingerprint[:12]})"
-        )
+        print(f"reusing {out}: already prepared with the same inputs and tokenizer")
         return existing
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -254,6 +268,34 @@ def prepare(
     return meta
 
 
+def _load(srcs: list[dict[str, Any]], cache: Path, settings: dict[str, Any]) -> Any:
+    if "dataset" in srcs[0]:
+        src = srcs[0]
+        docs = load_hub_documents(src["dataset"], src["split"], cache, settings["text_field"])
+    else:
+        docs = load_documents(srcs, cache, settings["text_field"], settings["chunk_lines"])
+    if len(docs) == 0:
+        raise DataError("the inputs contain no documents")
+    return docs
+
+
+def _tokenize(docs: Any, model_path: Path, cache: Path, num_proc: int) -> Any:
+    """Parallel `Dataset.map` (datasets draws the progress bar); ids stored as int32."""
+    from datasets import Features, List, Value
+
+    return docs.map(
+        _encode_batch,
+        batched=True,
+        batch_size=64,
+        num_proc=num_proc if num_proc > 1 else None,
+        fn_kwargs={"model_path": str(model_path)},
+        remove_columns=docs.column_names,
+        cache_file_name=str(cache / "tokenized.arrow"),
+        features=Features({"ids": List(Value("int32")), "n": Value("int64")}),
+        desc="tokenizing",
+    )
+
+
 def _build(
     srcs: list[dict[str, Any]],
     tmp: Path,
@@ -262,43 +304,30 @@ def _build(
     settings: dict[str, Any],
     num_proc: int,
 ) -> dict[str, Any]:
-    t0 = time.perf_counter()
+    t = [time.perf_counter()]
     cache = tmp / ".cache"
-    if "dataset" in srcs[0]:
-        src = srcs[0]
-        docs = load_hub_documents(src["dataset"], src["split"], cache, settings["text_field"])
-    else:
-        docs = load_documents(srcs, cache, settings["text_field"], settings["chunk_lines"])
-    if len(docs) == 0:
-        raise DataError("the inputs contain no documents")
+    docs = _load(srcs, cache, settings)
     is_val = assign_split(len(docs), settings["val_fraction"], settings["seed"])
     eos = eos_after(np.asarray(docs.with_format("numpy")["contig"], dtype=bool), is_val)
-    t1 = time.perf_counter()
+    t.append(time.perf_counter())
     model_path = tmp / "tokenizer.model"
     if tokenizer:
         shutil.copyfile(tokenizer, model_path)
     else:
+        assert spec is not None
         sample = _sample_sentences(docs, is_val, settings["seed"])
         if not sample:
             raise DataError("the training split contains no text to train a tokenizer on")
-        assert spec is not None
         train_tokenizer(sample, model_path, spec["vocab_size"], spec["model_type"], num_proc)
     sp = load_tokenizer(model_path)
-    t2 = time.perf_counter()
-    tok = docs.map(
-        _encode_batch,
-        batched=True,
-        batch_size=64,
-        num_proc=num_proc if num_proc > 1 else None,
-        fn_kwargs={"model_path": str(model_path)},
-        remove_columns=docs.column_names,
-        cache_file_name=str(cache / "tokenized.arrow"),
-        desc="tokenizing",
-    )
-    t3 = time.perf_counter()
+    t.append(time.perf_counter())
+    tok = _tokenize(docs, model_path, cache, num_proc)
+    t.append(time.perf_counter())
     dtype = token_dtype(sp.vocab_size())
     counts = write_splits(tok, is_val, eos, tmp, dtype, sp.eos_id())
-    t4 = time.perf_counter()
+    t.append(time.perf_counter())
+    stages = ("load", "tokenizer", "tokenize", "write")
+    timings = {k: round(b - a, 2) for k, a, b in zip(stages, t[:-1], t[1:], strict=True)}
     return {
         "format_version": FORMAT_VERSION,
         "vocab_size": sp.vocab_size(),
@@ -315,20 +344,9 @@ def _build(
             "source": str(Path(tokenizer).resolve()) if tokenizer else "trained",
             "spec": spec,
         },
-        "split_rule": (
-            "documents = .txt chunks of chunk_lines lines or jsonl/parquet/Hub rows; val = first "
-            "max(1, round(val_fraction * n_docs)) of numpy.random.default_rng(seed)"
-            ".permutation(n_docs); EOS after each document unless its text continues in the next "
-            "document of the same split"
-        ),
+        "split_rule": SPLIT_RULE,
         "settings": settings,
         "sources": srcs,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "timings_s": {
-            "load": round(t1 - t0, 2),
-            "tokenizer": round(t2 - t1, 2),
-            "tokenize": round(t3 - t2, 2),
-            "write": round(t4 - t3, 2),
-            "total": round(t4 - t0, 2),
-        },
+        "timings_s": timings | {"total": round(t[-1] - t[0], 2)},
     }
