@@ -1,0 +1,1 @@
+"""normlab's launcher: typed run configuration, trainer, engines, checkpoints and the CLI."""

@@ -1,0 +1,82 @@
+"""Callbacks: the seam the stability instruments plug into.
+
+Built from the `instruments:` section (name -> settings) through the CALLBACKS registry; each
+callback's state is saved in checkpoints under its `name`. Losses and metrics reach callbacks as
+device tensors: the trainer copies them to the host only on log steps.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from launch.config_loader import suggest
+from launch.errors import ConfigError
+
+if TYPE_CHECKING:
+    from launch.trainer import Trainer
+
+
+class Callback:
+    """Base class; every hook is optional."""
+
+    name: str = "callback"
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        """After the model, optimizer and (on resume) checkpoint state are in place."""
+
+    def on_after_backward(self, trainer: Trainer, step: int) -> None:
+        """Gradients of every micro-batch are accumulated; before clipping and the step."""
+
+    def should_skip_step(
+        self, trainer: Trainer, step: int, loss: torch.Tensor, grad_norm: torch.Tensor
+    ) -> bool:
+        """Veto this optimizer step (spike policy). Called only when some callback overrides it."""
+        return False
+
+    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+        """After the optimizer step; may add entries (tensors or floats) to `metrics`."""
+
+    def on_log(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None:
+        """On log steps, with host floats (the values written to metrics.jsonl)."""
+
+    def on_train_end(self, trainer: Trainer, status: str) -> None:
+        """Once, with the final status: completed or diverged."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what state_dict returned."""
+
+
+# instrument name -> factory(settings dict) -> Callback; launch.instruments registers its own.
+CALLBACKS: dict[str, Callable[[dict[str, Any]], Callback]] = {}
+
+
+def _register_instruments() -> None:
+    if importlib.util.find_spec("launch.instruments") is not None:
+        importlib.import_module("launch.instruments")
+
+
+def build_callbacks(section: dict[str, Any]) -> list[Callback]:
+    """One callback per entry of `instruments:`; an entry set to false/null is switched off."""
+    _register_instruments()
+    out = []
+    for name, settings in section.items():
+        if name not in CALLBACKS:
+            hint = suggest(name, list(CALLBACKS), "instruments.")
+            raise ConfigError(f"unknown instrument 'instruments.{name}'{hint}")
+        if settings is False or settings is None:
+            continue
+        out.append(CALLBACKS[name]({} if settings is True else settings))
+    return out
+
+
+def overrides_skip(callbacks: list[Callback]) -> bool:
+    """True when some callback implements a spike policy (so the trainer asks before each step)."""
+    return any(type(cb).should_skip_step is not Callback.should_skip_step for cb in callbacks)

@@ -1,0 +1,1 @@
+"""Subcommands of the `normlab` CLI (each module has `register(subparsers)`)."""

@@ -1,0 +1,49 @@
+"""`normlab train RECIPE [key=value ...]`: train, or resume the run in its run directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from launch.config import RunConfig, load_config
+
+
+def add_recipe_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help="recipe YAML, or an existing run directory to resume")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. optim.lr=3e-4"
+    )
+
+
+def resolve(recipe: str, overrides: list[str]) -> RunConfig:
+    """A run directory (holding config.yaml) resumes with its own config and location."""
+    path = Path(recipe)
+    if path.is_dir() and (path / "config.yaml").is_file():
+        return load_config(path / "config.yaml", [*overrides, f"run_dir={path}"])
+    return load_config(path, overrides)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("train", help="train a recipe (resumes an existing run directory)")
+    add_recipe_args(p)
+    p.add_argument("--run-dir", help="where the run lives (default: runs/<recipe name>)")
+    p.add_argument(
+        "--force", action="store_true", help="continue a run directory holding another config"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
+    cfg = resolve(args.recipe, overrides)
+    from launch.trainer import Trainer  # heavy imports only once the config is valid
+
+    trainer = Trainer(cfg, force=args.force)
+    status = trainer.run()
+    s = trainer.summary
+    if trainer.engine.is_main and s.get("status") == "completed":
+        print(
+            f"{cfg.name}: {s['steps']} steps, final loss {s['final_loss']:.4f}, eval loss "
+            f"{s['eval_loss']:.4f}, {s['tokens_per_s'] or 0:,.0f} tokens/s -> {cfg.run_dir}"
+        )
+    return status

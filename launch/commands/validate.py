@@ -1,0 +1,44 @@
+"""`normlab validate RECIPE [key=value ...]`: print the resolved config and parameter count.
+
+The model is built on the `meta` device, so a 7B recipe is counted without allocating memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import yaml
+
+from launch.commands.train import add_recipe_args, resolve
+from launch.config import RunConfig
+from model import Transformer, count_params
+
+
+def count_model(cfg: RunConfig) -> tuple[int, int]:
+    """(total, embedding-excluded) parameters of the built model, on the meta device."""
+    with torch.device("meta"):
+        model = Transformer(cfg.model_config())
+    total = sum(p.numel() for p in model.parameters())
+    embed = sum(p.numel() for p in model.embed.parameters())
+    return total, total - embed
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("validate", help="check a recipe; print its config and size")
+    add_recipe_args(p)
+    p.add_argument("--quiet", action="store_true", help="print only the parameter count")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = resolve(args.recipe, list(args.overrides))
+    total, non_embed = count_model(cfg)
+    if not args.quiet:
+        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    analytic = count_params(cfg.model_config())
+    print(
+        f"{cfg.name}: valid; {total:,} parameters ({total / 1e6:,.1f} M; "
+        f"{non_embed:,} without the input embedding; analytic {analytic:,})"
+    )
+    return 0

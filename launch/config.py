@@ -1,0 +1,255 @@
+"""Typed run configuration: one dataclass per component, loaded from YAML recipes.
+
+`load_config("recipes/pre.yaml", ["optim.lr=3e-4"])` reads the recipe (with `base:` inheritance),
+applies dotted overrides, expands `model.preset`, type-checks every key and checks cross-field
+combinations. Each error is a `ConfigError` whose message names the dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from launch.config_loader import apply_overrides, build, deep_merge, load_yaml, suggest, to_plain
+from launch.errors import ConfigError
+from model import ModelConfig
+from model.presets import PRESETS
+
+
+def _model_section() -> type:
+    """ModelSection mirrors every ModelConfig field (None: take the preset's or the default)."""
+    hints = typing.get_type_hints(ModelConfig)
+    specs: list[Any] = [("preset", str | None, field(default=None))]
+    for f in dataclasses.fields(ModelConfig):
+        specs.append((f.name, hints[f.name] | None, field(default=None)))
+    cls = dataclasses.make_dataclass("ModelSection", specs, namespace={"to_model_config": _to_mc})
+    cls.__doc__ = "Model fields (see model.ModelConfig) plus `preset`, a name in model.presets."
+    return cls
+
+
+def _to_mc(self: Any) -> ModelConfig:
+    values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig)}
+    return ModelConfig(**{k: v for k, v in values.items() if v is not None})
+
+
+ModelSection = _model_section()
+
+
+@dataclass
+class DataSection:
+    dataset: str = "bundled"  # 'bundled' (the shipped corpus) or a prepared directory
+    vocab_size: int = 4096  # tokenizer size trained by `normlab prepare`
+    tokenizer: Literal["bpe", "unigram"] = "bpe"
+    seq_len: int = 256
+    batch_size: int = 16  # sequences per micro-batch per process
+    num_proc: int = 2
+    val_fraction: float = 0.005
+
+
+@dataclass
+class OptimSection:
+    name: str = "adamw"  # a key of launch.optim.OPTIMIZERS
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # never applied to norms, biases or embeddings
+    grad_clip: float = 1.0  # global L2 norm; 0 disables clipping
+    z_loss: float = 0.0  # coefficient of mean(logsumexp^2) (SCIENCE.md section 5)
+
+
+@dataclass
+class ScheduleSection:
+    kind: Literal["cosine", "linear", "constant", "wsd", "inv_sqrt", "vaswani"] = "cosine"
+    warmup_steps: int = 100
+    decay_fraction: float = 0.2  # wsd: last fraction of the steps decays linearly
+    min_lr_ratio: float = 0.1  # floor of cosine/linear/wsd as a fraction of optim.lr
+
+
+@dataclass
+class TrainingSection:
+    steps: int = 1000  # optimizer steps
+    grad_accum: int = 1
+    seed: int = 0
+    eval_every: int = 100  # 0: evaluate only at the end
+    eval_batches: int = 8
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    log_every: int = 10
+    threads: int | None = None  # torch.set_num_threads on CPU; None keeps torch's default
+
+
+@dataclass
+class PrecisionSection:
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    loss_scale_init: float = 65536.0  # fp16 dynamic loss scaling: initial scale
+    loss_scale_growth_interval: int = 2000
+
+
+@dataclass
+class LoggingSection:
+    tensorboard: bool = True
+    jsonl: bool = True
+    progress: bool = True  # live display; off automatically when stdout is not a terminal
+
+
+@dataclass
+class CheckpointSection:
+    every: int = 500  # steps; 0: only the final checkpoint
+    keep_last: int = 3
+
+
+@dataclass
+class EngineSection:
+    name: str = "single"  # a key of launch.engines.ENGINES
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    activation_checkpointing: bool = False
+    compile: bool = False
+    deepspeed_config: str | None = None
+
+
+@dataclass
+class RunConfig:
+    name: str | None = None  # default: the recipe file's stem
+    run_dir: str | None = None  # default: runs/<name>
+    model: ModelSection = field(default_factory=ModelSection)  # type: ignore[valid-type]
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    training: TrainingSection = field(default_factory=TrainingSection)
+    precision: PrecisionSection = field(default_factory=PrecisionSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    engine: EngineSection = field(default_factory=EngineSection)
+    instruments: dict[str, Any] = field(default_factory=dict)  # callbacks by name -> settings
+
+    def model_config(self) -> ModelConfig:
+        return self.model.to_model_config()
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+    def dump(self, path: Path) -> None:
+        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def load_config(recipe: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Recipe file + dotted overrides -> a validated RunConfig."""
+    data = apply_overrides(load_yaml(recipe), overrides or [])
+    data.setdefault("name", Path(recipe).stem)
+    return from_dict(data)
+
+
+def from_dict(data: dict[str, Any]) -> RunConfig:
+    data = dict(data)
+    data["model"] = expand_preset(data.get("model"))
+    cfg = build(RunConfig, data)
+    if cfg.run_dir is None:
+        cfg.run_dir = str(Path("runs") / (cfg.name or "run"))
+    validate(cfg)
+    return cfg
+
+
+def expand_preset(model: Any) -> Any:
+    """Explicit model fields override the preset's; everything else comes from ModelConfig."""
+    if not isinstance(model, dict):
+        return model
+    preset = model.get("preset")
+    if preset is None:
+        return model
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown model.preset {preset!r}{suggest(str(preset), list(PRESETS))}")
+    return deep_merge(dict(PRESETS[preset]), model)
+
+
+def validate(cfg: RunConfig) -> None:
+    """Cross-field checks; each names the keys involved and what is allowed."""
+    try:
+        mc = cfg.model_config()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    _positive(cfg, ["data.vocab_size", "data.seq_len", "data.batch_size", "data.num_proc"])
+    _positive(cfg, ["training.steps", "training.grad_accum", "training.log_every"])
+    _positive(cfg, ["training.eval_batches", "checkpoint.keep_last"])
+    _non_negative(cfg, ["training.eval_every", "checkpoint.every", "schedule.warmup_steps"])
+    _non_negative(cfg, ["optim.weight_decay", "optim.grad_clip", "optim.z_loss"])
+    if cfg.data.seq_len > mc.max_seq_len:
+        raise ConfigError(
+            f"data.seq_len ({cfg.data.seq_len}) exceeds model.max_seq_len ({mc.max_seq_len})"
+        )
+    if mc.vocab_size < cfg.data.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size ({mc.vocab_size}) is smaller than data.vocab_size "
+            f"({cfg.data.vocab_size}): the embedding cannot hold every token id"
+        )
+    _validate_optim(cfg)
+    _validate_schedule(cfg)
+    _validate_engine(cfg)
+
+
+def _validate_optim(cfg: RunConfig) -> None:
+    from launch.optim import OPTIMIZERS
+
+    o = cfg.optim
+    if o.name not in OPTIMIZERS:
+        raise ConfigError(f"unknown optim.name {o.name!r}{suggest(o.name, list(OPTIMIZERS))}")
+    if o.lr <= 0 or o.eps <= 0:
+        raise ConfigError(f"optim.lr and optim.eps must be > 0, got {o.lr} and {o.eps}")
+    if not all(0.0 <= b < 1.0 for b in o.betas):
+        raise ConfigError(f"optim.betas must lie in [0, 1), got {list(o.betas)}")
+
+
+def _validate_schedule(cfg: RunConfig) -> None:
+    s, steps = cfg.schedule, cfg.training.steps
+    if s.warmup_steps > steps:
+        raise ConfigError(
+            f"schedule.warmup_steps ({s.warmup_steps}) exceeds training.steps ({steps})"
+        )
+    if not 0.0 <= s.min_lr_ratio <= 1.0:
+        raise ConfigError(f"schedule.min_lr_ratio must lie in [0, 1], got {s.min_lr_ratio}")
+    if s.kind == "wsd" and not 0.0 < s.decay_fraction <= 1.0:
+        raise ConfigError(f"schedule.decay_fraction must lie in (0, 1], got {s.decay_fraction}")
+    if s.kind == "wsd" and s.warmup_steps > steps - round(s.decay_fraction * steps):
+        raise ConfigError(
+            "schedule kind 'wsd': schedule.warmup_steps overlaps the decay phase "
+            "(warmup_steps + decay_fraction * training.steps > training.steps)"
+        )
+    if s.kind == "vaswani" and s.warmup_steps == 0:
+        raise ConfigError("schedule kind 'vaswani' needs schedule.warmup_steps > 0 (paper: 4000)")
+
+
+def _validate_engine(cfg: RunConfig) -> None:
+    from launch.engines import ENGINES
+
+    e = cfg.engine
+    if e.name not in ENGINES:
+        raise ConfigError(f"unknown engine.name {e.name!r}{suggest(e.name, list(ENGINES))}")
+    if e.name != "deepspeed" and e.deepspeed_config is not None:
+        raise ConfigError("engine.deepspeed_config is only used with engine.name: deepspeed")
+    if e.name == "single" and e.zero_stage != 0:
+        raise ConfigError(
+            f"engine.zero_stage {e.zero_stage} needs a sharding engine (fsdp or deepspeed); "
+            "engine 'single' runs one process"
+        )
+    if e.name == "single" and e.activation_checkpointing:
+        raise ConfigError("engine.activation_checkpointing needs engine.name: fsdp or deepspeed")
+
+
+def _get(cfg: RunConfig, dotted: str) -> Any:
+    section, key = dotted.split(".")
+    return getattr(getattr(cfg, section), key)
+
+
+def _positive(cfg: RunConfig, keys: list[str]) -> None:
+    for key in keys:
+        if _get(cfg, key) <= 0:
+            raise ConfigError(f"{key} must be > 0, got {_get(cfg, key)}")
+
+
+def _non_negative(cfg: RunConfig, keys: list[str]) -> None:
+    for key in keys:
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key} must be >= 0, got {_get(cfg, key)}")

@@ -1,0 +1,189 @@
+"""Generic typed loading: nested dicts -> dataclasses, YAML `base:` inheritance, dotted overrides.
+
+Unknown keys are rejected with the closest valid key (full dotted name); a value of the wrong type
+names its key and the expected type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+from launch.errors import ConfigError
+
+
+def suggest(key: str, valid: list[str], prefix: str = "") -> str:
+    """A ' (did you mean ...?)' hint naming the closest valid dotted key, or the valid keys."""
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    if close:
+        return f" (did you mean '{prefix}{close[0]}'?)"
+    return f"; valid keys under '{prefix.rstrip('.') or '<top>'}': {', '.join(sorted(valid))}"
+
+
+def build(cls: type, data: Any, prefix: str = "") -> Any:
+    """Build dataclass `cls` from a nested dict, checking every key and value type."""
+    where = prefix.rstrip(".") or "the config"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}: {data!r}")
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            raise ConfigError(f"unknown key '{prefix}{key}'{suggest(str(key), names, prefix)}")
+        kwargs[key] = coerce(value, hints[key], f"{prefix}{key}")
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a required field without a default is missing
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def coerce(value: Any, hint: Any, key: str) -> Any:
+    """Check (and lightly convert: int -> float, '3e-4' -> float, list -> tuple) one value."""
+    origin = get_origin(hint)
+    if hint is Any:
+        return value
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, key + ".")
+    if origin is Literal:
+        if value not in get_args(hint):
+            allowed = ", ".join(repr(a) for a in get_args(hint))
+            raise ConfigError(f"{key} must be one of {allowed}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        return _coerce_union(value, hint, key)
+    if origin in (tuple, list):
+        return _coerce_sequence(value, hint, key)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping, got {value!r}")
+        return {k: coerce(v, get_args(hint)[1], f"{key}.{k}") for k, v in value.items()}
+    return _coerce_scalar(value, hint, key)
+
+
+def _coerce_union(value: Any, hint: Any, key: str) -> Any:
+    args = get_args(hint)
+    if value is None:
+        if type(None) in args:
+            return None
+        raise ConfigError(f"{key} must not be null")
+    errors = []
+    for arg in (a for a in args if a is not type(None)):
+        try:
+            return coerce(value, arg, key)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    raise ConfigError(" or ".join(errors) if len(errors) > 1 else errors[0])
+
+
+def _coerce_sequence(value: Any, hint: Any, key: str) -> Any:
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{key} must be a list, got {value!r}")
+    args = get_args(hint)
+    if get_origin(hint) is list:
+        return [coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+    if len(value) != len(args):
+        raise ConfigError(f"{key} must have {len(args)} entries, got {len(value)}: {value!r}")
+    return tuple(
+        coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True))
+    )
+
+
+def _coerce_scalar(value: Any, hint: type, key: str) -> Any:
+    if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads '3e-4' (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if not isinstance(value, hint):
+        raise ConfigError(f"{key} must be of type {hint.__name__}, got {value!r}")
+    return value
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Recursive merge: mappings merge key by key, anything else in `over` replaces `base`."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a recipe, resolving `base:` (a path or list of paths, relative to the file)."""
+    path = Path(path).resolve()
+    if path in _chain:
+        cycle = " -> ".join(p.name for p in (*_chain, path))
+        raise ConfigError(f"circular 'base:' inheritance: {cycle}")
+    if not path.is_file():
+        raise ConfigError(f"recipe not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping at the top level")
+    bases = data.pop("base", None) or []
+    merged: dict[str, Any] = {}
+    for base in [bases] if isinstance(bases, str) else bases:
+        if not isinstance(base, str):
+            raise ConfigError(f"{path}: 'base' must be a path or a list of paths, got {base!r}")
+        merged = deep_merge(merged, load_yaml(path.parent / base, (*_chain, path)))
+    return deep_merge(merged, data)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b=value` overrides; each value is parsed as YAML (so 3, 0.1, true, [0.9, 0.95])."""
+    out = deep_merge({}, data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError(f"override {item!r}: value is not valid YAML") from None
+        node = out
+        parts = key.strip().split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(
+                    f"override {item!r}: '{'.'.join(parts[: i + 1])}' is not a section"
+                )
+            else:
+                child = node[part] = dict(child)
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclasses/tuples -> plain dicts/lists that yaml.safe_dump and json accept."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_plain(v) for v in obj]
+    return obj

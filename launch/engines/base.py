@@ -1,0 +1,104 @@
+"""The seam between the trainer and a parallelism backend.
+
+The trainer loop never touches torch.distributed, wrappers or loss scaling directly: it asks its
+Engine. `single` runs one process (CPU or one GPU); FSDP2 and DeepSpeed engines implement the same
+methods and register in `launch.engines.ENGINES`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from launch.config import RunConfig
+from model import ModelConfig
+
+OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+StepVeto = Callable[[torch.Tensor], bool]
+ReduceOp = Literal["sum", "mean", "max", "min"]
+
+
+class Engine(ABC):
+    """One training backend. Methods are called by every rank; `is_main` ranks write logs."""
+
+    name: str = "base"
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+
+    # --- construction -------------------------------------------------------------------------
+    @abstractmethod
+    def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
+        """Build the model (initialised identically on every rank), wrap it, build the optimizer."""
+
+    @property
+    @abstractmethod
+    def model(self) -> nn.Module:
+        """The local (possibly wrapped) module; hooks of instruments attach to its submodules."""
+
+    @property
+    @abstractmethod
+    def optimizer(self) -> torch.optim.Optimizer: ...
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    # --- one optimizer step -------------------------------------------------------------------
+    @abstractmethod
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one micro-batch; the gradient is divided by grad_accum.
+
+        Returns this micro-batch's loss (detached, on device, not divided).
+        """
+
+    @abstractmethod
+    def clip_and_step(
+        self, max_norm: float, veto: StepVeto | None = None
+    ) -> tuple[torch.Tensor, bool]:
+        """Unscale and clip the gradients (max_norm 0: no clipping), then step the optimizer unless
+        `veto(grad_norm)` says to skip. Returns (global grad L2 norm before clipping, skipped)."""
+
+    @abstractmethod
+    def zero_grad(self) -> None: ...
+
+    @abstractmethod
+    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Loss of one batch without gradients, in eval mode."""
+
+    # --- checkpoints --------------------------------------------------------------------------
+    @abstractmethod
+    def save(self, ckpt_dir: Path, extra_state: dict[str, Any]) -> None:
+        """Write model, optimizer, engine state and this rank's `extra_state` into ckpt_dir."""
+
+    @abstractmethod
+    def load(self, ckpt_dir: Path) -> dict[str, Any]:
+        """Restore what `save` wrote; return this rank's extra_state. Raises CheckpointError."""
+
+    # --- process group ------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
+        """Reduce across ranks (identity for one process); returns the reduced tensor."""
+        return tensor
+
+    def barrier(self) -> None:  # noqa: B027 (a no-op for one process)
+        """Wait for every rank."""
+
+    def shutdown(self) -> None:  # noqa: B027 (nothing to release for one process)
+        """Release the process group and devices."""

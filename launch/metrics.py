@@ -1,0 +1,80 @@
+"""Per-run metrics: metrics.jsonl (one object per log step) and TensorBoard event files."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from launch.config import LoggingSection
+
+JSONL = "metrics.jsonl"
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop lines logged after `last_step` (a killed run logs past its last checkpoint)."""
+    if not path.is_file():
+        return
+    keep = [ln for ln in path.read_text().splitlines() if _step_of(ln) <= last_step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(ln + "\n" for ln in keep))
+    os.replace(tmp, path)
+
+
+def _step_of(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62  # a half-written last line is dropped
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a metrics file."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+class MetricsWriter:
+    """Writes scalars to JSONL and TensorBoard; on resume continues after `resume_step`."""
+
+    def __init__(self, run_dir: Path, cfg: LoggingSection, resume_step: int | None) -> None:
+        self._jsonl = None
+        self._tb = None
+        if cfg.jsonl:
+            path = run_dir / JSONL
+            if resume_step is not None:
+                truncate_jsonl(path, resume_step)
+            self._jsonl = path.open("a")
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge = resume_step + 1 if resume_step is not None else None
+            self._tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
+
+    def log(self, step: int, scalars: dict[str, float], prefix: str = "train") -> None:
+        if self._jsonl is not None:
+            row = {"step": step, **{k: _json_float(v) for k, v in scalars.items()}}
+            self._jsonl.write(json.dumps(row) + "\n")
+            self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in scalars.items():
+                self._tb.add_scalar(f"{prefix}/{key}", value, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _json_float(v: float) -> float | str:
+    """JSON has no NaN/inf: write them as strings so the file stays valid JSON."""
+    return v if math.isfinite(v) else str(v)

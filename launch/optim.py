@@ -1,0 +1,57 @@
+"""Optimizers with parameter groups: no weight decay on norms, biases or embeddings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from launch.config import OptimSection
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: matrices of Linear layers decay; every 1-D tensor and every embedding does not.
+
+    Embedding tables are excluded as in GPT-2/OLMo practice (rows of rare tokens would shrink to
+    zero); with tied embeddings the shared matrix counts as an embedding.
+    """
+    embed_ids = {
+        id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
+    }
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or id(p) in embed_ids else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay, "group": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "group": "no_decay"},
+    ]
+
+
+def build_adamw(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
+    """torch.optim.AdamW over the two parameter groups."""
+    return torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps
+    )
+
+
+# name -> factory(model, section). Later optimizers (muon) register here.
+OPTIMIZERS: dict[str, Callable[[nn.Module, OptimSection], torch.optim.Optimizer]] = {
+    "adamw": build_adamw,
+}
+
+
+def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
+    opt = OPTIMIZERS[cfg.name](model, cfg)
+    for group in opt.param_groups:
+        group.setdefault("initial_lr", group["lr"])  # schedules scale from here
+    return opt
+
+
+def set_lr(opt: torch.optim.Optimizer, multiplier: float) -> float:
+    """Scale every group's initial lr; returns the first group's lr for logging."""
+    for group in opt.param_groups:
+        group["lr"] = group["initial_lr"] * multiplier
+    return opt.param_groups[0]["lr"]

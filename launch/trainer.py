@@ -1,0 +1,326 @@
+"""The training loop: engine-agnostic, resumable bit-for-bit, stops on a non-finite loss.
+
+Per step: set lr, accumulate grad_accum micro-batches, callbacks see the gradients, clip and step
+(a callback may veto), callbacks add metrics. Losses stay device tensors and reach the host once
+per boundary (log, eval or checkpoint step), where non-finite values are caught before any save.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from data.loader import PackedLoader
+from launch.callbacks import Callback, build_callbacks, overrides_skip
+from launch.checkpoint import CheckpointManager
+from launch.config import RunConfig
+from launch.datasets import resolve_dataset
+from launch.engines import ENGINES, Engine
+from launch.errors import ConfigError
+from launch.metrics import MetricsWriter
+from launch.optim import build_optimizer, set_lr
+from launch.progress import ProgressDisplay
+from launch.rundir import check_run_dir, read_summary, write_config, write_summary
+from launch.schedule import build_schedule
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Trainer:
+    """`Trainer(cfg).run()` trains (or resumes) the run in cfg.run_dir; returns an exit status."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        force: bool = False,
+        callbacks: list[Callback] | None = None,
+        console: Console | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.force = force
+        self.run_dir = Path(cfg.run_dir or "runs/run")
+        self.console = console or Console()
+        self.callbacks = build_callbacks(cfg.instruments) + list(callbacks or [])
+        self.step = 0
+        self.stats: dict[str, Any] = {
+            "min_loss": math.inf,
+            "loss": None,
+            "eval_loss": None,
+            "tokens": 0,
+            "train_s": 0.0,
+        }
+        self.engine: Engine
+        self.summary: dict[str, Any] = {}
+
+    # --- setup ------------------------------------------------------------------------------
+    def _build(self) -> None:
+        cfg = self.cfg
+        if cfg.training.threads:
+            torch.set_num_threads(cfg.training.threads)
+        seed_everything(cfg.training.seed)
+        self.engine = ENGINES[cfg.engine.name](cfg)
+        data_dir = resolve_dataset(cfg.data, quiet=True)
+        d = cfg.data
+        rank, world = self._rank_world()
+        self.loader = PackedLoader(
+            data_dir, "train", d.seq_len, d.batch_size, cfg.training.seed, rank, world
+        )
+        self.val_loader = PackedLoader(
+            data_dir, "val", d.seq_len, d.batch_size, cfg.training.seed, rank, world
+        )
+        model_cfg = cfg.model_config()
+        if model_cfg.vocab_size < self.loader.vocab_size:
+            raise ConfigError(
+                f"model.vocab_size ({model_cfg.vocab_size}) is smaller than the tokenizer of "
+                f"{data_dir} ({self.loader.vocab_size})"
+            )
+        self.engine.setup(model_cfg, partial(build_optimizer, cfg=cfg.optim))
+        self.lr_at = build_schedule(cfg.schedule, cfg.training.steps, model_cfg.d_model)
+        self.tokens_per_step = d.batch_size * d.seq_len * cfg.training.grad_accum * world
+        self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
+
+    def _rank_world(self) -> tuple[int, int]:
+        """Rank and world size before the engine is set up (from the launcher's environment)."""
+        import os
+
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+    def _restore(self) -> Path | None:
+        loaded = self.ckpt.load(self.engine)
+        if loaded is None:
+            return None
+        path, extra = loaded
+        self.step = int(extra["step"])
+        self.loader.load_state_dict(extra["loader"])
+        self.stats = extra["stats"]
+        for cb in self.callbacks:
+            if cb.name in extra.get("callbacks", {}):
+                cb.load_state_dict(extra["callbacks"][cb.name])
+        set_rng_state(extra["rng"])
+        return path
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "loader": self.loader.state_dict(),
+            "rng": rng_state(),
+            "stats": dict(self.stats),
+            "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
+            "config": self.cfg.to_dict(),
+        }
+
+    # --- entry point --------------------------------------------------------------------------
+    def run(self) -> int:
+        diff = check_run_dir(self.run_dir, self.cfg, self.force)  # read-only
+        self._build()
+        resumed = self._restore()  # raises CheckpointError before anything is written
+        main = self.engine.is_main
+        if resumed is not None and self.step >= self.cfg.training.steps:
+            if main:
+                self.console.print(f"{self.run_dir}: already trained to step {self.step}")
+            self.summary = read_summary(self.run_dir) or {}
+            return 0
+        if main:
+            write_config(self.run_dir, self.cfg, replaced=bool(diff))
+            self.ckpt.remove_stale()
+        self.metrics = (
+            MetricsWriter(self.run_dir, self.cfg.logging, self.step if resumed else None)
+            if main
+            else None
+        )
+        self.display = ProgressDisplay(
+            self.cfg.name or "run",
+            self.cfg.training.steps,
+            self.step,
+            self.cfg.logging.progress and main,
+            self.console,
+        )
+        if resumed is not None:
+            self.display.message(f"resuming {self.run_dir} from {resumed.name}")
+        self._write_summary("running")
+        for cb in self.callbacks:
+            cb.on_train_start(self)
+        try:
+            status = self._loop()
+        finally:
+            self.display.close()
+            if self.metrics is not None:
+                self.metrics.close()
+        for cb in self.callbacks:
+            cb.on_train_end(self, status)
+        return 0 if status == "completed" else 1
+
+    # --- the loop -----------------------------------------------------------------------------
+    def _loop(self) -> str:
+        t = self.cfg.training
+        pending: list[dict[str, Any]] = []
+        window: list[dict[str, float]] = []
+        mark = time.perf_counter()
+        for step in range(self.step + 1, t.steps + 1):
+            pending.append(self._train_step(step))
+            is_log = step % t.log_every == 0 or step == t.steps
+            is_eval = step == t.steps or (t.eval_every > 0 and step % t.eval_every == 0)
+            every = self.cfg.checkpoint.every
+            is_ckpt = step == t.steps or (every > 0 and step % every == 0)
+            if not (is_log or is_eval or is_ckpt):
+                continue
+            rows = self._to_host(pending)
+            now = time.perf_counter()
+            for row in rows:
+                row["step_time"] = (now - mark) / len(rows)
+            self.stats["train_s"] += now - mark
+            self.stats["tokens"] += self.tokens_per_step * len(rows)
+            pending = []
+            bad = next((r for r in rows if not self._finite(r)), None)
+            window += rows if bad is None else rows[: rows.index(bad) + 1]
+            if is_log or bad is not None:
+                self._log(window)
+                window = []
+            if bad is not None:
+                return self._diverged(bad)
+            self.step = step
+            if is_eval:
+                self._evaluate(step)
+            if is_ckpt:
+                self.ckpt.save(self.engine, step, self._extra_state())
+            mark = time.perf_counter()
+        self._write_summary("completed")
+        return "completed"
+
+    def _train_step(self, step: int) -> dict[str, Any]:
+        engine = self.engine
+        lr = set_lr(engine.optimizer, self.lr_at(step))
+        engine.zero_grad()
+        total = None
+        for _ in range(self.cfg.training.grad_accum):
+            inputs, targets = next(self.loader)
+            loss = engine.forward_backward(inputs, targets)
+            total = loss if total is None else total + loss
+        loss = total / self.cfg.training.grad_accum
+        for cb in self.callbacks:
+            cb.on_after_backward(self, step)
+        veto = partial(self._veto, step, loss) if overrides_skip(self.callbacks) else None
+        grad_norm, skipped = engine.clip_and_step(self.cfg.optim.grad_clip, veto)
+        metrics: dict[str, Any] = {"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr}
+        if veto is not None:
+            metrics["skipped"] = float(skipped)
+        for cb in self.callbacks:
+            cb.on_step_end(self, step, metrics)
+        return metrics
+
+    def _veto(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        return any(cb.should_skip_step(self, step, loss, grad_norm) for cb in self.callbacks)
+
+    @staticmethod
+    def _to_host(records: list[dict[str, Any]]) -> list[dict[str, float]]:
+        """One device->host copy for every tensor of the pending steps."""
+        keys = [(i, k) for i, r in enumerate(records) for k, v in r.items() if torch.is_tensor(v)]
+        values = (
+            torch.stack([records[i][k].detach().float().reshape(()) for i, k in keys]).tolist()
+            if keys
+            else []
+        )
+        rows = [{k: (v if not torch.is_tensor(v) else None) for k, v in r.items()} for r in records]
+        for (i, k), v in zip(keys, values, strict=True):
+            rows[i][k] = v
+        return rows
+
+    def _finite(self, row: dict[str, float]) -> bool:
+        """Loss must be finite; so must the grad norm, except in fp16 where the scaler skips it."""
+        if not math.isfinite(row["loss"]):
+            return False
+        return self.cfg.precision.dtype == "fp16" or math.isfinite(row["grad_norm"])
+
+    # --- outputs ------------------------------------------------------------------------------
+    def _log(self, window: list[dict[str, float]]) -> None:
+        last = window[-1]
+        step = int(last["step"])
+        row = {k: v for k, v in last.items() if k != "step"}
+        row["loss"] = sum(r["loss"] for r in window) / len(window)
+        row["step_time"] = sum(r["step_time"] for r in window) / len(window)
+        row["tokens_per_s"] = (
+            self.tokens_per_step / row["step_time"] if row["step_time"] > 0 else 0.0
+        )
+        if math.isfinite(row["loss"]):
+            self.stats["min_loss"] = min(self.stats["min_loss"], min(r["loss"] for r in window))
+        self.stats["loss"] = row["loss"]
+        if self.metrics is not None:
+            self.metrics.log(step, row)
+        for cb in self.callbacks:
+            cb.on_log(self, step, row)
+        self.display.update(step, row["loss"], row["tokens_per_s"])
+
+    def _evaluate(self, step: int) -> None:
+        losses = [
+            self.engine.eval_loss(x, y)
+            for x, y in self.val_loader.iter_eval(self.cfg.training.eval_batches)
+        ]
+        mean = self.engine.all_reduce(torch.stack(losses).mean(), "mean")
+        value = float(mean)
+        self.stats["eval_loss"] = value
+        if self.metrics is not None:
+            self.metrics.log(step, {"eval_loss": value}, prefix="eval")
+        self.display.message(
+            f"{self.cfg.name} step {step}/{self.cfg.training.steps}: "
+            f"loss {self.stats['loss']:.4f}, eval loss {value:.4f}"
+        )
+
+    def _diverged(self, row: dict[str, float]) -> str:
+        last = self.ckpt.latest()
+        kept = f"last good checkpoint kept: {last}" if last else "no checkpoint was saved"
+        key = "loss" if not math.isfinite(row["loss"]) else "grad_norm"
+        msg = (
+            f"non-finite {key} ({row[key]}) at step {int(row['step'])}: stopping; {kept}. "
+            "Lower optim.lr or lengthen schedule.warmup_steps"
+        )
+        self.console.print(f"[red]{msg}[/red]", highlight=False)
+        self._write_summary("diverged", message=msg, diverged_step=int(row["step"]))
+        return "diverged"
+
+    def _write_summary(self, status: str, **extra: Any) -> None:
+        s = self.stats
+        self.summary = {
+            "name": self.cfg.name,
+            "status": status,
+            "steps": self.step,
+            "final_loss": s["loss"],
+            "min_loss": s["min_loss"] if math.isfinite(s["min_loss"]) else None,
+            "eval_loss": s["eval_loss"],
+            "tokens_per_s": s["tokens"] / s["train_s"] if s["train_s"] > 0 else None,
+            "train_s": round(s["train_s"], 3),
+            **extra,
+        }
+        if self.engine.is_main:
+            write_summary(self.run_dir, self.summary)
