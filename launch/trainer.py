@@ -167,8 +167,8 @@ class Trainer:
             self.cfg.logging.progress and main,
             self.console,
         )
-        if resumed is not None:
-            self.display.message(f"resuming {self.run_dir} from {resumed.name}")
+        if resumed is not None and main:
+            self.console.print(f"resuming {self.run_dir} from {resumed.name}", highlight=False)
         self._write_summary("running")
         for cb in self.callbacks:
             cb.on_train_start(self)

@@ -1,0 +1,59 @@
+"""Shared fixtures: a small prepared corpus (512-piece tokenizer) and tiny-model overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SLICE_LINES = 20000
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A slice of the bundled corpus prepared once per session at vocab 512."""
+    from data.corpus import bundled_corpus_path
+    from data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("tiny_data")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NORMLAB_CACHE", str(root / "cache"))
+    try:
+        text = bundled_corpus_path().read_text()
+    finally:
+        mp.undo()
+    src = root / "slice.txt"
+    src.write_text("".join(text.splitlines(keepends=True)[:SLICE_LINES]))
+    out = root / "prepared"
+    prepare([str(src)], out, vocab_size=512, val_fraction=0.02, num_proc=1)
+    return out
+
+
+def tiny_overrides(data_dir: Path, run_dir: Path, **extra: object) -> list[str]:
+    """Overrides that shrink any recipe to a 2-layer, d 64, seq 64 model on `data_dir`."""
+    values: dict[str, object] = {
+        "model.n_layers": 2,
+        "model.d_model": 64,
+        "model.n_heads": 2,
+        "model.d_ff": 192,
+        "model.vocab_size": 512,
+        "model.max_seq_len": 64,
+        "data.dataset": str(data_dir),
+        "data.vocab_size": 512,
+        "data.seq_len": 64,
+        "data.batch_size": 4,
+        "schedule.warmup_steps": 2,
+        "training.steps": 8,
+        "training.eval_every": 4,
+        "training.eval_batches": 2,
+        "training.log_every": 1,
+        "training.device": "cpu",
+        "training.threads": 1,
+        "checkpoint.every": 4,
+        "logging.progress": False,
+        "logging.tensorboard": False,
+        "run_dir": str(run_dir),
+    }
+    values.update({k.replace("__", "."): v for k, v in extra.items()})
+    return [f"{k}={v}" for k, v in values.items()]
