@@ -288,3 +288,45 @@ def test_model_triton_backend_matches_torch(placement, norm):
     grads = {k: dict(m.named_parameters()) for k, m in models.items()}
     for name, p in grads["torch"].items():
         torch.testing.assert_close(grads["triton"][name].grad, p.grad, atol=2e-5, rtol=2e-4)
+
+
+def _bench():
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_norm_kernels.py")
+    spec = importlib.util.spec_from_file_location("bench_norm_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "name", ["rmsnorm", "layernorm", "pre_rms", "post_rms", "deepnorm_rms", "peri_rms"]
+)
+def test_benchmark_ops_compare_like_for_like(name):
+    """The benchmark's triton and eager callables compute the same op (forward and grads)."""
+    bench = _bench()
+    op = bench.OPS[name]
+    x, f = _rand(6, 64, dtype=torch.float32), _rand(6, 64, dtype=torch.float32, seed=4)
+    w, b = _params(64, op.rms)
+    outs = {k: make(op, w, b)(x, f) for k, make in (("t", bench.triton_fn), ("e", bench.eager_fn))}
+    ups = [_rand(6, 64, dtype=torch.float32, seed=s) for s in (5, 6)][: len(outs["e"])]
+    assert len(outs["t"]) == len(outs["e"]) == op.fwd_io[1]
+    for a, e in zip(outs["t"], outs["e"], strict=True):
+        _close(a, e, torch.float32)
+    wrt = [x, None if op.pattern == "norm" else f, w, b]
+    _close_all(_grads(outs["t"], ups, wrt), _grads(outs["e"], ups, wrt), torch.float32, rows=6)
+
+
+def test_benchmark_summary_ratios_and_targets():
+    bench = _bench()
+    base = dict(op="rmsnorm", tokens=16384, hidden=2048, copy_gbs=4000.0)
+    rows = [
+        dict(base, impl="triton", fwd_ms=1.0, bwd_ms=2.0, fwd_pct=90.0, bwd_pct=75.0),
+        dict(base, impl="compile", fwd_ms=1.1, bwd_ms=3.0, fwd_pct=80.0, bwd_pct=50.0),
+        dict(base, impl="eager", fwd_ms=2.0, bwd_ms=5.0, fwd_pct=45.0, bwd_pct=30.0),
+    ]
+    (line,) = bench.summarize(rows)
+    assert line["bwd_vs_compile"] == 1.5 and line["fwd_vs_eager"] == 2.0 and line["meets"]
+    rows[1]["bwd_ms"] = 2.2  # only 1.1x torch.compile: misses the 1.2x target
+    assert not bench.summarize(rows)[0]["meets"]
+    if not HAS_CUDA:
+        assert bench.main([]) == 0  # no CUDA: a message and a clean exit

@@ -19,6 +19,8 @@ import triton
 from model.kernels import norm_kernels as nk
 
 _sm_count: dict[int, int] = {}
+# Resident warps per SM the persistent backward grid aims for (benchmarks may sweep it).
+BWD_WARPS_PER_SM = 32
 
 
 @dataclass(frozen=True)
@@ -41,13 +43,13 @@ def _launch(n: int, dtype: torch.dtype) -> _Launch:
 
 
 def _bwd_programs(rows: int, warps: int, device: torch.device) -> int:
-    """Persistent backward grid: enough programs for ~32 resident warps per SM (fewer partials)."""
+    """Persistent backward grid: a few programs per SM, each summing many rows' dg partials."""
     if device.type != "cuda":
         return max(1, min(rows, 4))  # interpreter: the count only changes the partial sums
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _sm_count:
         _sm_count[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return max(1, min(rows, _sm_count[idx] * max(1, 32 // warps)))
+    return max(1, min(rows, _sm_count[idx] * max(1, BWD_WARPS_PER_SM // warps)))
 
 
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -83,7 +85,7 @@ def _bwd(x, f, h_dtype, dy, dres, w, b, mean, rstd, rms, alpha, dx_dtype, dx2_dt
     grid = _bwd_programs(m, cfg.num_warps, x.device)
     dw = torch.zeros((grid, n), dtype=torch.float32, device=x.device)
     db = torch.zeros((grid, n), dtype=torch.float32, device=x.device) if b is not None else dw
-    r = dx if dx_dtype == h_dtype else torch.empty(0, dtype=h_dtype, device=x.device)
+    r = dx if dx_dtype == h_dtype else torch.empty(1, dtype=h_dtype, device=x.device)
     if m > 0:
         nk.norm_bwd_kernel[(grid,)](
             x, x if f is None else f, r, dy, dy if dres is None else dres, w,
