@@ -1,0 +1,113 @@
+"""Per-head maximum attention logit (SCIENCE.md section 7) and QK-Norm gain norms.
+
+On log steps each attention runs its exact streaming max of q k^T / sqrt(d_head) (causal mask
+respected; `model.attention.causal_max_logits`) beside the fused SDPA call; a forward hook folds
+every micro-batch's value into a running max, reduced with MAX across ranks. Unlogged steps run the
+fused path only. This logs the exact value, not the log-sum-exp bound: the model's SDPA call does
+not return its LSE, so the bound would cost a second attention pass, no cheaper than the exact max.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from launch.callbacks import Callback
+from launch.instruments.common import (
+    MAX_LOGIT,
+    QK_GAIN,
+    attentions,
+    block_key,
+    blocks,
+    is_log_step,
+    is_sharded,
+    local,
+    settings_of,
+)
+
+if TYPE_CHECKING:
+    from launch.trainer import Trainer
+
+
+class AttentionLogits(Callback):
+    """Logs `max_logit/i/hj` per head, `max_logit/i` per block and `max_logit` over the model."""
+
+    name = "attention_logits"
+
+    def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
+        settings_of(settings, {}, self.name)
+        self._handles: list[RemovableHandle] = []
+        self._best: torch.Tensor | None = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        if is_log_step(trainer, trainer.step + 1):
+            self._arm(trainer)
+
+    def _arm(self, trainer: Trainer) -> None:
+        atts = [attentions(b) for b in blocks(trainer)]
+        device = atts[0].q_proj.weight.device
+        self._best = torch.full((len(atts), atts[0].n_heads), float("-inf"), device=device)
+        for i, att in enumerate(atts):
+            att.record_max_logits = True
+            self._handles.append(att.register_forward_hook(self._hook(i)))
+        self._atts = atts
+
+    def _hook(self, i: int):  # noqa: ANN202 (a forward hook)
+        def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
+            assert self._best is not None
+            self._best[i] = torch.maximum(self._best[i], module.max_logits)
+
+        return hook
+
+    def _disarm(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for att in getattr(self, "_atts", []):
+            att.record_max_logits, att.max_logits = False, None
+
+    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+        if self._handles:
+            self._disarm()
+            best = trainer.engine.all_reduce(self._best, "max")
+            per_block = best.amax(dim=1)
+            for i in range(best.shape[0]):
+                for h in range(best.shape[1]):
+                    metrics[block_key(MAX_LOGIT, i, f"h{h}")] = best[i, h]
+                metrics[block_key(MAX_LOGIT, i)] = per_block[i]
+            metrics[MAX_LOGIT] = per_block.amax()
+        if is_log_step(trainer, step + 1):
+            self._arm(trainer)
+
+    def on_train_end(self, trainer: Trainer, status: str) -> None:
+        self._disarm()
+
+
+class QKGains(Callback):
+    """Logs `qk_gain/i/q` and `qk_gain/i/k`: the L2 norm of each QK-Norm gain (absent without
+    QK-Norm). Growing gains are how QK-Norm lets logits grow again (SCIENCE.md section 7)."""
+
+    name = "qk_gains"
+
+    def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
+        settings_of(settings, {}, self.name)
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self._gains: list[tuple[str, torch.Tensor]] = []
+        for i, block in enumerate(blocks(trainer)):
+            att = attentions(block)
+            for sub, norm in (("q", att.q_norm), ("k", att.k_norm)):
+                if getattr(norm, "weight", None) is not None:
+                    self._gains.append((block_key(QK_GAIN, i, sub), norm.weight))
+
+    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+        if not self._gains or not is_log_step(trainer, step):
+            return
+        sq = torch.stack([local(w).detach().float().square().sum() for _, w in self._gains])
+        sharded = torch.tensor([is_sharded(w) for _, w in self._gains], device=sq.device)
+        sq = torch.where(sharded, trainer.engine.all_reduce(sq * sharded, "sum"), sq)
+        for (key, _), value in zip(self._gains, sq.sqrt(), strict=True):
+            metrics[key] = value
