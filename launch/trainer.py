@@ -258,7 +258,10 @@ class Trainer:
         return rows
 
     def _finite(self, row: dict[str, float]) -> bool:
-        """Loss must be finite; so must the grad norm, except in fp16 where the scaler skips it."""
+        """Loss must be finite; so must the grad norm, except in fp16 where the scaler skips it.
+        A step the spike policy skipped changed no weight, so its values do not stop the run."""
+        if row.get("skipped"):
+            return True
         if not math.isfinite(row["loss"]):
             return False
         return self.cfg.precision.dtype == "fp16" or math.isfinite(row["grad_norm"])
