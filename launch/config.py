@@ -149,6 +149,8 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
     cfg = build(RunConfig, data)
     if cfg.run_dir is None:
         cfg.run_dir = str(Path("runs") / (cfg.name or "run"))
+    # fp16 clamping switches itself on in fp16 unless a recipe sets it (SCIENCE.md section 9)
+    cfg.instruments.setdefault("fp16_clamp", {"mode": "auto"})
     validate(cfg)
     return cfg
 
