@@ -11,6 +11,7 @@ torch.compile.
 """
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections.abc import Callable
@@ -203,7 +204,7 @@ def print_table(lines: list[dict], copy_gbs: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Triton norm kernels, bf16; device copy {copy_gbs:.0f} GB/s")
+    table = Table(title=f"Triton norm kernels; device copy {copy_gbs:.0f} GB/s")
     cols = [
         "op",
         "tokens",
@@ -248,19 +249,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rep-ms", type=int, default=60, help="timing budget per measurement")
     p.add_argument("--bwd-warps-per-sm", type=int, default=None, help="backward grid knob")
     p.add_argument("--out", default=None, help="append one JSON line per measurement here")
+    p.add_argument("--from-jsonl", default=None, help="only print the table of an --out file")
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_norm_kernels: no CUDA device here; nothing to benchmark.", file=sys.stderr)
-        return 0
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        print("bench_norm_kernels: triton is not installed.", file=sys.stderr)
-        return 1
+def run_all(args: argparse.Namespace) -> list[dict]:
+    """Measure every (op, hidden, tokens, impl); rows are printed and appended to --out as made."""
     if args.bwd_warps_per_sm is not None:
         from model.kernels import functions
 
@@ -270,12 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{torch.cuda.get_device_name()}: device copy {copy_gbs:.0f} GB/s", flush=True)
     # Every op's eager form shares one code object: allow a graph per (op, hidden) and start
     # each op afresh, or dynamo would silently fall back to eager after its recompile limit.
-    limit = (
-        "recompile_limit"
-        if hasattr(torch._dynamo.config, "recompile_limit")
-        else "cache_size_limit"
-    )
-    setattr(torch._dynamo.config, limit, 64)
+    cfg = torch._dynamo.config
+    setattr(cfg, "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit", 64)
     rows: list[dict] = []
     for name in args.ops:
         torch._dynamo.reset()
@@ -284,15 +274,41 @@ def main(argv: list[str] | None = None) -> int:
                 new = bench_shape(name, OPS[name], tokens, hidden, dtype, args.impls, args.rep_ms,
                                   copy_gbs)  # fmt: skip
                 rows += new
-                for r in new:
-                    print(json.dumps(r), flush=True)
+                print("\n".join(json.dumps(r) for r in new), flush=True)
                 if args.out:
                     with open(args.out, "a") as fh:
                         fh.writelines(json.dumps(r) + "\n" for r in new)
+    return rows
+
+
+def report(rows: list[dict]) -> None:
     lines = summarize(rows)
-    print_table(lines, copy_gbs)
+    if not lines:
+        print("no triton measurements to summarise")
+        return
+    print_table(lines, lines[0]["copy_gbs"])
     met = sum(ln["meets"] for ln in lines)
     print(f"targets met (fwd >= 85% copy, bwd >= 70%, bwd >= 1.2x compile): {met}/{len(lines)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.from_jsonl:
+        try:
+            with open(args.from_jsonl) as fh:
+                rows = [json.loads(line) for line in fh if line.strip()]
+        except (OSError, json.JSONDecodeError) as err:
+            print(f"bench_norm_kernels: cannot read {args.from_jsonl}: {err}", file=sys.stderr)
+            return 1
+        report(rows)
+        return 0
+    if not torch.cuda.is_available():
+        print("bench_norm_kernels: no CUDA device here; nothing to benchmark.", file=sys.stderr)
+        return 0
+    if importlib.util.find_spec("triton") is None:
+        print("bench_norm_kernels: triton is not installed.", file=sys.stderr)
+        return 1
+    report(run_all(args))
     return 0
 
 
