@@ -1,0 +1,194 @@
+"""FSDP2 engine: `fully_shard` on every block and on the root, checkpoints through DCP.
+
+Wrapping follows torchtitan's order (activation checkpointing, then per-block compile, then
+sharding): Zhao et al. 2023, "PyTorch FSDP", with the per-parameter DTensor sharding of FSDP2.
+The model is built and initialised whole on every rank from the same seed (bit-identical to the
+single engine), then sharded, so N ranks start from exactly the single-process weights.
+
+Checkpoints hold the model and optimizer as a torch.distributed.checkpoint directory keyed by
+parameter name (loadable on any world size) plus one `trainer_rank{r}.pt` per rank (loader
+position, RNG states, callback state).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, init_device_mesh
+
+from launch.engines.base import OptimizerFactory, StepVeto
+from launch.engines.dist import DistributedEngine
+from launch.engines.single import read_file
+from launch.errors import CheckpointError, ConfigError
+from model import ModelConfig, Transformer
+from model.loss import lm_loss
+
+DCP_DIR, META_FILE = "dcp", "engine.json"
+
+
+def trainer_file(rank: int) -> str:
+    return f"trainer_rank{rank}.pt"
+
+
+def read_meta(ckpt_dir: Path) -> dict[str, Any]:
+    """engine.json of a sharded checkpoint ({} for a single-engine checkpoint)."""
+    path = ckpt_dir / META_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is unreadable ({exc})") from None
+
+
+def read_extra(ckpt_dir: Path, rank: int) -> dict[str, Any]:
+    """This rank's trainer state; a rank the saving run did not have takes rank 0's."""
+    path = ckpt_dir / trainer_file(rank)
+    return read_file(path if path.is_file() else ckpt_dir / trainer_file(0), weights_only=False)
+
+
+def apply_activation_checkpointing(model: Transformer) -> None:
+    """Recompute each block in backward (torch.utils.checkpoint, non-reentrant)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=True)
+
+
+class FSDPEngine(DistributedEngine):
+    name = "fsdp"
+
+    def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
+        if self.cfg.precision.dtype == "fp16":
+            raise ConfigError(
+                "precision.dtype fp16 is not supported by engine fsdp (no sharded loss scaler); "
+                "use bf16, or engine.name: deepspeed for fp16 with its loss scaler"
+            )
+        self._device = self._join()
+        self._mesh = init_device_mesh(self._device.type, (self._world,))
+        module = Transformer(model_cfg)  # same seed on every rank -> identical weights
+        if self.cfg.engine.activation_checkpointing:
+            apply_activation_checkpointing(module)
+        if self.cfg.engine.compile:
+            for block in module.blocks:
+                block.compile()
+        self._shard(module)
+        self._module = module
+        self._optimizer = build_optimizer(module)
+        self._micro = 0
+
+    def _shard(self, module: Transformer) -> None:
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if self.cfg.precision.dtype == "bf16"
+            else MixedPrecisionPolicy()
+        )
+        n = len(module.blocks)
+        for i, block in enumerate(module.blocks):
+            # the last block is gathered again at once by the backward: keep it unsharded
+            fully_shard(block, mesh=self._mesh, mp_policy=policy, reshard_after_forward=i < n - 1)
+        fully_shard(module, mesh=self._mesh, mp_policy=policy)
+
+    @property
+    def model(self) -> nn.Module:
+        return self._module
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self._module(inputs.to(self._device, non_blocking=True))
+        targets = targets.to(self._device, non_blocking=True)
+        loss, _ = lm_loss(logits.float(), targets, z_loss_coef=self.cfg.optim.z_loss)
+        return loss
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        accum = self.cfg.training.grad_accum
+        self._micro += 1
+        assert isinstance(self._module, FSDPModule)
+        # reduce-scatter the gradients once, after the last micro-batch
+        self._module.set_requires_gradient_sync(self._micro >= accum)
+        loss = self._loss(inputs, targets)
+        (loss / accum).backward()
+        return self.all_reduce(loss.detach(), "mean")  # the global-batch loss, as one process
+
+    def clip_and_step(
+        self, max_norm: float, veto: StepVeto | None = None
+    ) -> tuple[torch.Tensor, bool]:
+        params = [p for p in self._module.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()  # the global norm over every shard
+        if max_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        skipped = veto is not None and veto(norm)
+        if veto is not None:  # every rank must take the same decision
+            flag = self.all_reduce(torch.tensor(float(skipped), device=self._device), "max")
+            skipped = bool(flag.item())
+        if not skipped:
+            self._optimizer.step()
+        return norm.detach(), skipped
+
+    def zero_grad(self) -> None:
+        self._micro = 0
+        self._optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self._module.eval()
+        try:
+            return self._loss(inputs, targets).detach()
+        finally:
+            self._module.train()
+
+    # --- checkpoints --------------------------------------------------------------------------
+    def save(self, ckpt_dir: Path, extra_state: dict[str, Any]) -> None:
+        model_sd, optim_sd = get_state_dict(self._module, self._optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=ckpt_dir / DCP_DIR)
+        torch.save(extra_state, ckpt_dir / trainer_file(self._rank))
+        if self.is_main:
+            meta = {"engine": self.name, "world_size": self._world, "format": "dcp"}
+            (ckpt_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+    def load(self, ckpt_dir: Path) -> dict[str, Any]:
+        meta = read_meta(ckpt_dir)
+        if meta.get("format") != "dcp" or not (ckpt_dir / DCP_DIR).is_dir():
+            raise CheckpointError(
+                f"checkpoint {ckpt_dir} was not written by engine fsdp (engine "
+                f"{meta.get('engine', 'single')!r}); resume it with that engine, or start from "
+                "its weights via `normlab export`"
+            )
+        model_sd, optim_sd = get_state_dict(self._module, self._optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        try:
+            dcp.load(state, checkpoint_id=ckpt_dir / DCP_DIR)
+        except (RuntimeError, ValueError, KeyError) as exc:
+            msg = str(exc).strip().splitlines()
+            raise CheckpointError(
+                f"cannot restore {ckpt_dir / DCP_DIR} into the configured model: "
+                f"{msg[-1] if msg else type(exc).__name__}"
+            ) from None
+        set_state_dict(
+            self._module,
+            self._optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
+        return read_extra(ckpt_dir, self._rank)
+
+    def release(self) -> None:
+        for attr in ("_optimizer", "_module", "_mesh"):
+            self.__dict__.pop(attr, None)
