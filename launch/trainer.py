@@ -143,6 +143,13 @@ class Trainer:
 
     # --- entry point --------------------------------------------------------------------------
     def run(self) -> int:
+        """Train; a multi-process engine then leaves its process group cleanly (every rank)."""
+        status = self._run()
+        if hasattr(self, "engine"):
+            self.engine.shutdown()  # barrier + destroy; an exception skips it (no barrier hang)
+        return status
+
+    def _run(self) -> int:
         diff = check_run_dir(self.run_dir, self.cfg, self.force)  # read-only
         self._build()
         resumed = self._restore()  # raises CheckpointError before anything is written
