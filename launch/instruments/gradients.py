@@ -74,7 +74,7 @@ class GradientStats(Callback):
         norms = share * metrics["grad_norm"].float()
         diffs = [
             [local(p).detach() - old for p, old in zip(ps, olds, strict=True)]
-            for ps, olds in zip(self._params, self._before, strict=True)
+            for ps, olds in zip(self._params[:-1], self._before, strict=True)
         ]
         flags = self._sharded[:-1]
         ratio = (
