@@ -20,6 +20,8 @@ COMMANDS = [
     "launch.commands.validate",
     "data.cli",
     "launch.quickstart",
+    "launch.compare",
+    "launch.study",
 ]
 USER_ERRORS = (NormlabError, DataError)
 

@@ -1,0 +1,61 @@
+"""`normlab compare RUN_DIR... [--out DIR]`: recipes side by side.
+
+Prints the table, writes it as compare.md and compare.csv, and draws loss.png, grad_norm.png,
+resid_rms_by_depth.png and max_logit.png into --out. Runs still in progress and runs that diverged
+are read as they stand; a directory that is not a run is an error (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from launch.report.plots import write_plots
+from launch.report.runs import NotARunError, Run, load_run
+from launch.report.table import markdown, print_table, summarize, write_csv
+
+DEFAULT_OUT = "compare"
+
+
+def compare(
+    run_dirs: list[str | Path], out: str | Path | None, console: Console | None = None
+) -> dict[str, Any]:
+    """Read every run (all are checked before anything is written), then report.
+
+    Returns {'rows': table rows, 'files': paths written}."""
+    if not run_dirs:
+        raise NotARunError("give at least one run directory")
+    runs: list[Run] = [load_run(p) for p in run_dirs]
+    rows = [summarize(run) for run in runs]
+    console = console or Console()
+    print_table(rows, console)
+    files: list[Path] = []
+    if out is not None:
+        out_dir = Path(out)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise NotARunError(f"--out {out_dir} exists and is not a directory")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "compare.md").write_text(markdown(rows))
+        write_csv(rows, out_dir / "compare.csv")
+        files = [out_dir / "compare.md", out_dir / "compare.csv", *write_plots(runs, out_dir)]
+        console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
+    return {"rows": rows, "files": files}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "compare", help="table and plots of several runs side by side (running or finished)"
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
+    p.add_argument(
+        "--out", default=DEFAULT_OUT, help=f"where the report goes (default: ./{DEFAULT_OUT})"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    compare(args.runs, args.out)
+    return 0

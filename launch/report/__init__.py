@@ -1,0 +1,1 @@
+"""Reading finished, running or diverged runs, and writing the compare report (tables, plots)."""

@@ -1,0 +1,95 @@
+"""One run directory as data: its config, metric rows and summary, tolerant to a run still in
+progress (a half-written last line, no summary yet) or one that diverged (NaN written as strings).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from launch.errors import NormlabError
+from launch.instruments.common import parse_block_key
+from launch.metrics import JSONL, read_jsonl
+from launch.rundir import CONFIG, SUMMARY
+
+
+class NotARunError(NormlabError):
+    """A directory given to compare holds no normlab run."""
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    train: list[dict[str, float]] = field(default_factory=list)  # rows with a train loss
+    evals: list[dict[str, float]] = field(default_factory=list)  # rows with eval_loss
+
+    @property
+    def label(self) -> str:
+        return self.path.name
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of one metric over the logged train steps that carry it."""
+        pts = [(int(r["step"]), r[key]) for r in self.train if key in r]
+        return [s for s, _ in pts], [v for _, v in pts]
+
+    def blocks(self, kind: str, row: dict[str, float]) -> list[float]:
+        """Per-block values of `kind` (e.g. resid_rms) in one row, ordered by depth."""
+        found = {}
+        for key, value in row.items():
+            parsed = parse_block_key(key)
+            if parsed and parsed[0] == kind and parsed[2] is None:
+                found[parsed[1]] = value
+        return [found[i] for i in sorted(found)]
+
+
+def _float(v: Any) -> Any:
+    """JSONL writes non-finite floats as 'nan'/'inf' strings; read them back as floats."""
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return v
+
+
+def load_run(path: str | Path) -> Run:
+    """Read a run directory; NotARunError when it is not one."""
+    p = Path(path)
+    if not p.is_dir():
+        raise NotARunError(f"{p} is not a directory")
+    if not (p / CONFIG).is_file():
+        raise NotARunError(f"{p} is not a normlab run (no {CONFIG}); pass run directories")
+    try:
+        config = yaml.safe_load((p / CONFIG).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise NotARunError(f"{p / CONFIG} is not valid YAML ({exc})") from None
+    summary: dict[str, Any] = {}
+    if (p / SUMMARY).is_file():
+        try:
+            summary = json.loads((p / SUMMARY).read_text())
+        except json.JSONDecodeError:
+            summary = {}  # being rewritten right now; the metrics still tell the story
+    rows = (
+        [{k: _float(v) for k, v in r.items()} for r in read_jsonl(p / JSONL)]
+        if (p / JSONL).is_file()
+        else []
+    )
+    rows = [r for r in rows if isinstance(r.get("step"), int | float)]
+    return Run(
+        path=p,
+        config=config,
+        summary=summary,
+        train=[r for r in rows if "loss" in r],
+        evals=[r for r in rows if "eval_loss" in r],
+    )
+
+
+def finite(values: list[float]) -> list[float]:
+    return [v for v in values if isinstance(v, int | float) and math.isfinite(v)]

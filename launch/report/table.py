@@ -1,0 +1,155 @@
+"""The compare table: one row per run, written to the terminal (rich), Markdown and CSV."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from launch.instruments.common import (
+    FP16_CLAMPS,
+    MAX_LOGIT,
+    NONFINITE,
+    RESID,
+    SKIPPED,
+    SPIKE_GRAD,
+    SPIKE_LOSS,
+)
+from launch.report.runs import Run, finite
+
+# key, header, format ('' = text); the order of the table
+COLUMNS: list[tuple[str, str, str]] = [
+    ("run", "run", ""),
+    ("recipe", "recipe", ""),
+    ("placement", "placement", ""),
+    ("warmup", "warm-up", "d"),
+    ("status", "status", ""),
+    ("steps", "steps", "d"),
+    ("final_loss", "final loss", ".4f"),
+    ("min_loss", "min loss", ".4f"),
+    ("eval_loss", "eval loss", ".4f"),
+    ("spike_loss", "loss spike %", ".3f"),
+    ("spike_grad", "grad spike %", ".3f"),
+    ("skipped", "skipped", "d"),
+    ("nonfinite", "non-finite", "d"),
+    ("grad_max", "max grad norm", ".3g"),
+    ("grad_p99", "p99 grad norm", ".3g"),
+    ("act_growth", "act. growth", ".2f"),
+    ("max_logit", "max logit", ".2f"),
+    ("fp16_clamps", "fp16 clamps", "d"),
+    ("tokens_per_s", "tokens/s", ",.0f"),
+]
+NOTES = (
+    "act. growth: RMS of the last block's output over the first block's, at the last logged step. "
+    "Spike %: OLMo 2 spike score (SCIENCE.md 8) over every step so far. Grad-norm max/p99: over "
+    "logged steps. '-': not measured (instrument off or no full window yet)."
+)
+
+
+def placement_label(config: dict[str, Any]) -> str:
+    m = config.get("model", {}) or {}
+    label = str(m.get("placement", "?"))
+    if m.get("ln_scaling"):
+        label += "+ln_scaling"
+    if m.get("qk_norm") not in (None, "none"):
+        label += f"+qk_norm:{m['qk_norm']}"
+    if m.get("embed_norm"):
+        label += "+embed_norm"
+    return label
+
+
+def _last(run: Run, key: str) -> float | None:
+    for row in reversed(run.train):
+        if key in row:
+            return row[key]
+    return None
+
+
+def summarize(run: Run) -> dict[str, Any]:
+    """The table row of one run (None where a value was not measured)."""
+    s, cfg = run.summary, run.config
+    losses = [r["loss"] for r in run.train]
+    grads = finite([r.get("grad_norm") for r in run.train])
+    steps = max([int(r["step"]) for r in run.train] + [int(s.get("steps") or 0)])
+    resid_row = next((r for r in reversed(run.train) if run.blocks(RESID, r)), None)
+    growth = None
+    if resid_row is not None:
+        rms = run.blocks(RESID, resid_row)
+        growth = rms[-1] / rms[0] if rms[0] else math.inf
+    logits = finite([r[MAX_LOGIT] for r in run.train if MAX_LOGIT in r])
+    bad_rows = sum(
+        not (math.isfinite(r["loss"]) and math.isfinite(r.get("grad_norm", 0.0))) for r in run.train
+    )
+    tps = s.get("tokens_per_s") or (
+        float(np.mean(finite([r.get("tokens_per_s") for r in run.train]) or [math.nan]))
+    )
+    return {
+        "run": run.label,
+        "recipe": cfg.get("name") or run.label,
+        "placement": placement_label(cfg),
+        "warmup": (cfg.get("schedule") or {}).get("warmup_steps"),
+        "status": s.get("status") or "no summary",
+        "steps": steps,
+        "final_loss": losses[-1] if losses else None,
+        "min_loss": s.get("min_loss") if s.get("min_loss") is not None else _min(losses),
+        "eval_loss": run.evals[-1]["eval_loss"] if run.evals else None,
+        "spike_loss": _last(run, SPIKE_LOSS),
+        "spike_grad": _last(run, SPIKE_GRAD),
+        "skipped": _last(run, SKIPPED) or 0,
+        "nonfinite": max(int(_last(run, NONFINITE) or 0), bad_rows),
+        "grad_max": max(grads) if grads else None,
+        "grad_p99": float(np.percentile(grads, 99)) if grads else None,
+        "act_growth": growth,
+        "max_logit": max(logits) if logits else None,
+        "fp16_clamps": _last(run, FP16_CLAMPS),
+        "tokens_per_s": tps if tps is not None and math.isfinite(tps) else None,
+    }
+
+
+def _min(values: list[float]) -> float | None:
+    ok = finite(values)
+    return min(ok) if ok else None
+
+
+def fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if spec == "d":
+        return f"{int(value):d}"
+    return format(value, spec) if spec else str(value)
+
+
+def text_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    return [[fmt(r[key], spec) for key, _, spec in COLUMNS] for r in rows]
+
+
+def print_table(rows: list[dict[str, Any]], console: Console) -> None:
+    table = Table(title="normlab compare", caption=NOTES, caption_justify="left")
+    for key, header, spec in COLUMNS:
+        table.add_column(header, justify="left" if not spec else "right", no_wrap=key == "run")
+    for cells in text_rows(rows):
+        table.add_row(*cells)
+    console.print(table)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = [h for _, h, _ in COLUMNS]
+    align = ["---" if not spec else "---:" for _, _, spec in COLUMNS]
+    lines = ["| " + " | ".join(cells) + " |" for cells in [head, align, *text_rows(rows)]]
+    return "\n".join(lines) + "\n\n" + NOTES + "\n"
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    """Raw values (full precision; empty where not measured)."""
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow([key for key, _, _ in COLUMNS])
+        for r in rows:
+            writer.writerow(["" if r[key] is None else r[key] for key, _, _ in COLUMNS])
