@@ -23,6 +23,7 @@ from launch.engines.single import resolve_device
 from launch.errors import ConfigError
 
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+EXPECTED_WORLD_ENV = "NORMLAB_EXPECTED_WORLD_SIZE"  # set by `normlab launch` on every node
 TIMEOUT = timedelta(minutes=int(os.environ.get("NORMLAB_DIST_TIMEOUT_MIN", "30")))
 
 
@@ -38,6 +39,12 @@ def env_rank_world() -> tuple[int, int, int]:
 def init_process_group(device_name: str) -> torch.device:
     """Join (or create) the default process group; return this rank's device."""
     rank, world, local = env_rank_world()
+    expected = os.environ.get(EXPECTED_WORLD_ENV)
+    if expected is not None and int(expected) != world:
+        raise ConfigError(
+            f"the rendezvous formed a world of {world} processes but this node was launched for "
+            f"{expected} (--nnodes x --nproc-per-node): start every node with the same values"
+        )
     device = resolve_device(device_name)
     if device.type == "cuda":
         if local >= torch.cuda.device_count():

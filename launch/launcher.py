@@ -1,0 +1,149 @@
+"""`normlab launch RECIPE --nproc-per-node N [--nnodes M --node-rank R --master-addr A
+--master-port P] [key=value ...]`: run `normlab train` under torchrun with c10d rendezvous.
+
+The same command, with its own --node-rank, starts every node of a multi-node job. Before
+torchrun starts, the launcher checks what it can check locally, so mistakes end in one clear line
+instead of a rendezvous timeout: the recipe, the engine against the world size, the DeepSpeed
+config, and (on nodes other than 0) that node 0's rendezvous endpoint is reachable. The world
+size every node expects travels in NORMLAB_EXPECTED_WORLD_SIZE; ranks refuse to train in a world
+of another size (nodes started with different --nnodes or --nproc-per-node).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+
+from launch.commands.train import add_recipe_args, resolve
+from launch.config import RunConfig
+from launch.engines.dist import EXPECTED_WORLD_ENV
+from launch.errors import ConfigError, NormlabError
+
+
+class LaunchError(NormlabError):
+    """The job cannot start as asked (rendezvous unreachable, bad node arguments)."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "launch", help="train on N processes per node (and M nodes) with torchrun"
+    )
+    add_recipe_args(p)
+    p.add_argument("--nproc-per-node", type=int, required=True, help="processes on this node")
+    p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1")
+    p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0")
+    p.add_argument(
+        "--master-port",
+        type=int,
+        help="rendezvous port on node 0 (default: 29500 on several nodes, a free port on one node)",
+    )
+    p.add_argument("--run-dir", help="where the run lives (default: runs/<recipe name>)")
+    p.add_argument("--force", action="store_true", help="continue a run dir with another config")
+    p.add_argument(
+        "--connect-timeout", type=float, default=60.0,
+        help="seconds a node other than 0 waits for node 0's rendezvous (default 60)",
+    )  # fmt: skip
+    p.add_argument(
+        "--rdzv-timeout", type=int, default=600,
+        help="seconds the rendezvous waits for every node to join (default 600)",
+    )  # fmt: skip
+    p.add_argument("--dry-run", action="store_true", help="print the torchrun command only")
+    p.set_defaults(func=run)
+
+
+def check_topology(args: argparse.Namespace, cfg: RunConfig) -> int:
+    """Validate node arguments against each other and the recipe; return the world size."""
+    if args.nproc_per_node < 1 or args.nnodes < 1:
+        raise LaunchError(
+            f"--nproc-per-node and --nnodes must be >= 1, got {args.nproc_per_node} and "
+            f"{args.nnodes}"
+        )
+    if not 0 <= args.node_rank < args.nnodes:
+        raise LaunchError(f"--node-rank must lie in 0..{args.nnodes - 1}, got {args.node_rank}")
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        raise LaunchError(f"--master-port must lie in 1..65535, got {args.master_port}")
+    world = args.nproc_per_node * args.nnodes
+    engine = cfg.engine.name
+    if engine == "single" and world > 1:
+        raise ConfigError(
+            f"engine.name is 'single' but the launch asks for {world} processes; set "
+            "engine.name=fsdp or engine.name=deepspeed (or use `normlab train`)"
+        )
+    if engine == "deepspeed":
+        from launch.engines.deepspeed_engine import ds_config
+
+        ds_config(cfg, world)  # the config errors a rank would raise, raised once here
+    return world
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_endpoint(host: str, port: int, timeout: float) -> None:
+    """Retry a TCP connect to node 0's rendezvous until it answers or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    last = "no attempt"
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(5.0, max(timeout, 0.1))):
+                return
+        except OSError as exc:
+            last = exc.strerror or type(exc).__name__
+        if time.monotonic() >= deadline:
+            raise LaunchError(
+                f"cannot reach the rendezvous at {host}:{port} after {timeout:g} s ({last}); "
+                "start node 0 first and check --master-addr, --master-port and the firewall"
+            )
+        time.sleep(0.5)
+
+
+def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> list[str]:
+    # c10d ignores --node-rank (ranks follow the join order); node 0 serves the store
+    is_host = int(args.node_rank == 0)
+    train = ["-m", "launch.cli", "train", args.recipe, *args.overrides, "--run-dir", cfg.run_dir]
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(args.nnodes),
+        "--nproc-per-node", str(args.nproc_per_node),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{args.master_addr}:{port}",
+        "--rdzv-id", f"normlab-{cfg.name or 'run'}",
+        "--rdzv-conf", f"is_host={is_host},join_timeout={args.rdzv_timeout}",
+        "--max-restarts", "0",
+        *train, *(["--force"] if args.force else []),
+    ]  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
+    cfg = resolve(args.recipe, overrides)
+    world = check_topology(args, cfg)
+    port = args.master_port or (free_port() if args.nnodes == 1 else 29500)
+    cmd = torchrun_command(args, cfg, port)
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    from launch.datasets import resolve_dataset  # once per node, before the ranks start
+
+    resolve_dataset(cfg.data)
+    if args.node_rank > 0:
+        wait_for_endpoint(args.master_addr, port, args.connect_timeout)
+    env = {**os.environ, EXPECTED_WORLD_ENV: str(world)}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    code = subprocess.call(cmd, env=env)
+    if code != 0:
+        print(
+            f"normlab launch: torchrun exited with status {code} (the failing rank's error is "
+            "above)",
+            file=sys.stderr,
+        )
+    return code
