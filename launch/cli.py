@@ -20,6 +20,8 @@ COMMANDS = [
     "launch.commands.validate",
     "data.cli",
     "launch.quickstart",
+    "launch.launcher",
+    "launch.export",
     "launch.compare",
     "launch.study",
 ]
