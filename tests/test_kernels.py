@@ -7,7 +7,10 @@ milliseconds per row.
 """
 
 import importlib
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -112,6 +115,15 @@ def test_norm_leading_shape_noncontiguous_and_fp32_weight(rms):
     ref = _grads(_ref_norm(x.float(), w, b, 1e-6, rms), [dy], [x, w, b])
     assert got[1].dtype == torch.float32
     _close_all(got, ref, torch.bfloat16, rows=21)
+
+
+def test_norm_empty_batch():
+    x = torch.zeros(0, 3, 96, device=DEVICE, requires_grad=True)
+    w, b = _params(96, rms=False)
+    y = fn.norm(x, w, b)
+    assert y.shape == (0, 3, 96)
+    gx, gw, gb = torch.autograd.grad(y.sum(), [x, w, b])
+    assert gx.shape == x.shape and not gw.any() and not gb.any()
 
 
 FUSED_SHAPES = [(37, 123), (5, 1000)]
@@ -330,3 +342,23 @@ def test_benchmark_summary_ratios_and_targets():
     assert not bench.summarize(rows)[0]["meets"]
     if not HAS_CUDA:
         assert bench.main([]) == 0  # no CUDA: a message and a clean exit
+
+
+def test_kernels_compile_for_h100_without_spills():
+    """The interpreter skips Triton's compiler: compile every launched variant for sm_90 in a
+    fresh process (bf16, the launch's warps) and check that none spills registers."""
+    root = os.path.join(os.path.dirname(__file__), "..")
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        pytest.skip("triton's bundled CUDA tools (ptxas, cuobjdump) are not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    script = os.path.join(root, "benchmarks", "norm_kernel_resources.py")
+    cmd = [sys.executable, script, "--widths", "123", "2048", "8192", "--json"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout)
+    assert len(rows) == 3 * 2 * 8  # widths x norms x (4 forward + 4 backward variants)
+    spilling = [r for r in rows if r["spill_bytes"] > 0]
+    assert not spilling, spilling

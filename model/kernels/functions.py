@@ -19,37 +19,45 @@ import triton
 from model.kernels import norm_kernels as nk
 
 _sm_count: dict[int, int] = {}
-# Resident warps per SM the persistent backward grid aims for (benchmarks may sweep it).
-BWD_WARPS_PER_SM = 32
+# Backward programs per SM; None: by width (see _bwd_programs). Benchmarks may sweep it.
+BWD_PROGRAMS_PER_SM: int | None = None
 
 
 @dataclass(frozen=True)
 class _Launch:
     block_n: int
-    num_warps: int
+    fwd_warps: int
+    bwd_warps: int
 
 
 def _launch(n: int, dtype: torch.dtype) -> _Launch:
-    """BLOCK_N = next_pow2(N): one row in registers; more warps for wider rows."""
-    max_width = 65536 // torch.empty((), dtype=dtype).element_size()
+    """BLOCK_N = next_pow2(N), so a row lives in registers; warps grow with the width.
+
+    From sm_90 register counts of these kernels (Triton 3.9, cuobjdump): the forward holds ~3
+    row-sized values and runs spill-free at 16 elements per thread; the backward holds ~7 and
+    needs 8 elements per thread (N = 8192: 32 warps, <= 64 registers, no spills; 16 warps spill).
+    """
+    max_width = 65536 // dtype.itemsize
     if n > max_width:
         raise ValueError(
             f"Triton norm kernels hold a row in registers and support width <= {max_width} for "
             f"{dtype}; got {n}. Use norm_backend='torch' for this width."
         )
     block = triton.next_power_of_2(n)
-    warps = 16 if block >= 8192 else 8 if block >= 2048 else 4
-    return _Launch(block, warps)
+    fwd = 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
+    return _Launch(block, fwd, min(32, max(4, block // 256)))
 
 
 def _bwd_programs(rows: int, warps: int, device: torch.device) -> int:
-    """Persistent backward grid: a few programs per SM, each summing many rows' dg partials."""
+    """Persistent backward grid: as many programs as fit on the SMs at once (registers allow
+    two of 8 warps or one of 16+ per SM), each walking a chunk of rows with fp32 dg partials."""
     if device.type != "cuda":
         return max(1, min(rows, 4))  # interpreter: the count only changes the partial sums
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _sm_count:
         _sm_count[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return max(1, min(rows, _sm_count[idx] * max(1, BWD_WARPS_PER_SM // warps)))
+    per_sm = BWD_PROGRAMS_PER_SM or max(1, 16 // warps)
+    return max(1, min(rows, _sm_count[idx] * per_sm))
 
 
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -71,7 +79,7 @@ def _fwd(x, f, z, w, b, eps, alpha, rms, store_r, out_dtype):
             x, x if f is None else f, x if z is None else z, y, r, w, w if b is None else b,
             rstd if rms else mean, rstd, n, eps, alpha,
             IS_RMS=rms, HAS_F=f is not None, HAS_Z=z is not None, STORE_R=store_r,
-            HAS_BIAS=b is not None, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+            HAS_BIAS=b is not None, BLOCK_N=cfg.block_n, num_warps=cfg.fwd_warps,
         )  # fmt: skip
     return y, (r if store_r else None), mean, rstd
 
@@ -82,19 +90,19 @@ def _bwd(x, f, h_dtype, dy, dres, w, b, mean, rstd, rms, alpha, dx_dtype, dx2_dt
     cfg = _launch(n, x.dtype)
     dx = torch.empty((m, n), dtype=dx_dtype, device=x.device)
     dx2 = None if dx2_dtype is None else torch.empty((m, n), dtype=dx2_dtype, device=x.device)
-    grid = _bwd_programs(m, cfg.num_warps, x.device)
-    dw = torch.zeros((grid, n), dtype=torch.float32, device=x.device)
-    db = torch.zeros((grid, n), dtype=torch.float32, device=x.device) if b is not None else dw
+    grid = _bwd_programs(m, cfg.bwd_warps, x.device)
+    # Every program writes its whole partial row (zeros if it gets no rows): no memset needed.
+    dw = torch.empty((grid, n), dtype=torch.float32, device=x.device)
+    db = torch.empty((grid, n), dtype=torch.float32, device=x.device) if b is not None else dw
     r = dx if dx_dtype == h_dtype else torch.empty(1, dtype=h_dtype, device=x.device)
-    if m > 0:
-        nk.norm_bwd_kernel[(grid,)](
-            x, x if f is None else f, r, dy, dy if dres is None else dres, w,
-            rstd if rms else mean, rstd, dx, dx if dx2 is None else dx2, dw, db,
-            m, n, triton.cdiv(m, grid), alpha, scale2,
-            IS_RMS=rms, HAS_F=f is not None, HAS_DRES=dres is not None,
-            STORE_DX2=dx2 is not None, HAS_BIAS=b is not None, BLOCK_N=cfg.block_n,
-            num_warps=cfg.num_warps,
-        )  # fmt: skip
+    nk.norm_bwd_kernel[(grid,)](
+        x, x if f is None else f, r, dy, dy if dres is None else dres, w,
+        rstd if rms else mean, rstd, dx, dx if dx2 is None else dx2, dw, db,
+        m, n, triton.cdiv(m, grid), alpha, scale2,
+        IS_RMS=rms, HAS_F=f is not None, HAS_DRES=dres is not None,
+        STORE_DX2=dx2 is not None, HAS_BIAS=b is not None, BLOCK_N=cfg.block_n,
+        num_warps=cfg.bwd_warps,
+    )  # fmt: skip
     dw_sum = dw.sum(0).to(w.dtype)
     db_sum = db.sum(0).to(b.dtype) if b is not None else None
     return dx, dx2, dw_sum, db_sum

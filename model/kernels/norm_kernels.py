@@ -109,7 +109,6 @@ def norm_bwd_kernel(
     pid = tl.program_id(0).to(tl.int64)  # int64 offsets: M * N may pass 2^31
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_N], dtype=tl.float32)
     row_start = pid * rows_per_program
@@ -126,7 +125,8 @@ def norm_bwd_kernel(
             xh = h * rstd
         else:
             xh = tl.where(mask, (h - tl.load(Mean + row)) * rstd, 0.0)
-        m = w * dy
+        # g is re-read each row (an L1 hit) rather than held: registers are the limit here.
+        m = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) * dy
         c = tl.sum(m * xh, axis=0) / N
         if IS_RMS:
             dh = (m - xh * c) * rstd
