@@ -8,6 +8,7 @@ are read as they stand; a directory that is not a run is an error (exit 2).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def compare(
         raise NotARunError("give at least one run directory")
     runs: list[Run] = [load_run(p) for p in run_dirs]
     rows = [summarize(run) for run in runs]
-    console = console or Console()
+    console = console or Console(width=None if sys.stdout.isatty() else 240)
     print_table(rows, console)
     files: list[Path] = []
     if out is not None:

@@ -131,11 +131,21 @@ def text_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def print_table(rows: list[dict[str, Any]], console: Console) -> None:
+    """One row per run when the console is wide enough, else one row per metric."""
+    cells = text_rows(rows)
+    wide = sum(max(len(h), *(len(c[j]) for c in cells)) + 3 for j, (_, h, _) in enumerate(COLUMNS))
     table = Table(title="normlab compare", caption=NOTES, caption_justify="left")
-    for key, header, spec in COLUMNS:
-        table.add_column(header, justify="left" if not spec else "right", no_wrap=key == "run")
-    for cells in text_rows(rows):
-        table.add_row(*cells)
+    if wide <= console.width:
+        for _, header, spec in COLUMNS:
+            table.add_column(header, justify="left" if not spec else "right", no_wrap=True)
+        for row in cells:
+            table.add_row(*row)
+    else:
+        table.add_column("metric", no_wrap=True)
+        for r in rows:
+            table.add_column(r["run"], justify="right")
+        for j, (_, header, _) in enumerate(COLUMNS[1:], start=1):
+            table.add_row(header, *(c[j] for c in cells))
     console.print(table)
 
 
