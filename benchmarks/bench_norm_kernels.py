@@ -248,6 +248,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--rep-ms", type=int, default=60, help="timing budget per measurement")
     p.add_argument("--bwd-programs-per-sm", type=int, default=None, help="backward grid knob")
+    p.add_argument("--bwd-stages", type=int, default=None, help="backward rows in flight knob")
     p.add_argument("--out", default=None, help="append one JSON line per measurement here")
     p.add_argument("--from-jsonl", default=None, help="only print the table of an --out file")
     return p.parse_args(argv)
@@ -255,10 +256,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_all(args: argparse.Namespace) -> list[dict]:
     """Measure every (op, hidden, tokens, impl); rows are printed and appended to --out as made."""
-    if args.bwd_programs_per_sm is not None:
-        from model.kernels import functions
+    from model.kernels import functions
 
-        functions.BWD_PROGRAMS_PER_SM = args.bwd_programs_per_sm
+    functions.BWD_PROGRAMS_PER_SM = args.bwd_programs_per_sm
+    functions.BWD_STAGES = args.bwd_stages
     dtype = getattr(torch, args.dtype)
     copy_gbs = copy_bandwidth(args.rep_ms)
     print(f"{torch.cuda.get_device_name()}: device copy {copy_gbs:.0f} GB/s", flush=True)

@@ -56,21 +56,25 @@ def resources(kernel, consts: dict, warps: int, arch: int, dtype: str) -> dict:
             [TOOL, "--dump-resource-usage", fh.name], capture_output=True, text=True
         )
     regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", out.stdout).groups()
-    return {"registers": int(regs), "spill_bytes": int(stack), "warps": warps}
+    ptx = compiled.asm["ptx"]
+    return {
+        "registers": int(regs), "spill_bytes": int(stack), "warps": warps,
+        "shared_bytes": compiled.metadata.shared, "cp_async": ptx.count("cp.async.c"),
+    }  # fmt: skip
 
 
 def survey(widths: list[int], arch: int) -> list[dict]:
     rows = []
     for n in widths:
-        cfg = functions._launch(n, torch.bfloat16)
         for rms in (True, False):
+            cfg = functions._launch(n, torch.bfloat16, rms)
             base = dict(IS_RMS=rms, HAS_BIAS=not rms, BLOCK_N=cfg.block_n)
             for op, (f, z, r) in FWD.items():
                 consts = dict(base, HAS_F=f, HAS_Z=z, STORE_R=r)
                 res = resources(norm_kernels.norm_fwd_kernel, consts, cfg.fwd_warps, arch, "bf16")
                 rows.append(dict(res, pass_="fwd", op=op, rms=rms, width=n))
             for op, (f, d, x2) in BWD.items():
-                consts = dict(base, HAS_F=f, HAS_DRES=d, STORE_DX2=x2)
+                consts = dict(base, HAS_F=f, HAS_DRES=d, STORE_DX2=x2, STAGES=cfg.bwd_stages)
                 res = resources(norm_kernels.norm_bwd_kernel, consts, cfg.bwd_warps, arch, "bf16")
                 rows.append(dict(res, pass_="bwd", op=op, rms=rms, width=n))
     return rows
@@ -95,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         kind = "rmsnorm" if r["rms"] else "layernorm"
         print(f"{r['pass_']} {r['op']:<14} {kind:<9} N={r['width']:<6} warps={r['warps']:<3} "
-              f"regs={r['registers']:<4} spill={r['spill_bytes']} B")  # fmt: skip
+              f"regs={r['registers']:<4} spill={r['spill_bytes']} B shared={r['shared_bytes']} B "
+              f"cp.async={r['cp_async']}")  # fmt: skip
     return 0
 
 

@@ -19,8 +19,9 @@ import triton
 from model.kernels import norm_kernels as nk
 
 _sm_count: dict[int, int] = {}
-# Backward programs per SM; None: by width (see _bwd_programs). Benchmarks may sweep it.
+# Overrides of the backward launch (None: the defaults below); benchmarks sweep them.
 BWD_PROGRAMS_PER_SM: int | None = None
+BWD_STAGES: int | None = None
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,18 @@ class _Launch:
     block_n: int
     fwd_warps: int
     bwd_warps: int
+    bwd_stages: int  # rows of h and dy in flight in the backward loop (1: no prefetch)
+    bwd_per_sm: int  # backward programs resident per SM
 
 
-def _launch(n: int, dtype: torch.dtype) -> _Launch:
+def _launch(n: int, dtype: torch.dtype, rms: bool) -> _Launch:
     """BLOCK_N = next_pow2(N), so a row lives in registers; warps grow with the width.
 
-    From sm_90 register counts of these kernels (Triton 3.9, cuobjdump): the forward holds ~3
-    row-sized values and runs spill-free at 16 elements per thread; the backward holds ~7 and
-    needs 8 elements per thread (N = 8192: 32 warps, <= 64 registers, no spills; 16 warps spill).
+    Chosen from sm_90 resource usage (Triton 3.9; benchmarks/norm_kernel_resources.py): the
+    forward holds ~3 row-sized values and runs spill-free at 16 elements per thread; the
+    backward holds ~7 and needs 8 (N = 8192: 32 warps, <= 64 registers; 16 warps spill). Its
+    loop prefetches the next rows (cp.async) except for LayerNorm at 8192, where that spills.
+    With 8 warps RMSNorm's backward fits two programs per SM, LayerNorm's (<= 181 regs) one.
     """
     max_width = 65536 // dtype.itemsize
     if n > max_width:
@@ -45,18 +50,20 @@ def _launch(n: int, dtype: torch.dtype) -> _Launch:
         )
     block = triton.next_power_of_2(n)
     fwd = 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
-    return _Launch(block, fwd, min(32, max(4, block // 256)))
+    bwd = min(32, max(4, block // 256))
+    stages = 3 if block <= 2048 else 1 if (block >= 8192 and not rms) else 2
+    per_sm = max(1, (16 if rms else 8) // bwd)
+    return _Launch(block, fwd, bwd, BWD_STAGES or stages, BWD_PROGRAMS_PER_SM or per_sm)
 
 
-def _bwd_programs(rows: int, warps: int, device: torch.device) -> int:
-    """Persistent backward grid: as many programs as fit on the SMs at once (registers allow
-    two of 8 warps or one of 16+ per SM), each walking a chunk of rows with fp32 dg partials."""
+def _bwd_programs(rows: int, per_sm: int, device: torch.device) -> int:
+    """Persistent backward grid: the programs that fit on the SMs at once, each walking a
+    contiguous chunk of rows and keeping its dg/db partials in fp32 registers."""
     if device.type != "cuda":
         return max(1, min(rows, 4))  # interpreter: the count only changes the partial sums
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _sm_count:
         _sm_count[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    per_sm = BWD_PROGRAMS_PER_SM or max(1, 16 // warps)
     return max(1, min(rows, _sm_count[idx] * per_sm))
 
 
@@ -69,7 +76,7 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
 def _fwd(x, f, z, w, b, eps, alpha, rms, store_r, out_dtype):
     """Launch the forward kernel on (M, N) rows. Returns y, h (or None), mean, rstd."""
     m, n = x.shape
-    cfg = _launch(n, x.dtype)
+    cfg = _launch(n, x.dtype, rms)
     y = torch.empty((m, n), dtype=out_dtype, device=x.device)
     r = torch.empty_like(y) if store_r else y
     mean = torch.empty(m if not rms else 0, dtype=torch.float32, device=x.device)
@@ -87,10 +94,10 @@ def _fwd(x, f, z, w, b, eps, alpha, rms, store_r, out_dtype):
 def _bwd(x, f, h_dtype, dy, dres, w, b, mean, rstd, rms, alpha, dx_dtype, dx2_dtype, scale2):
     """Launch the backward kernel. Returns dh (dx_dtype), scale2*dh (dx2_dtype or None), dw, db."""
     m, n = x.shape
-    cfg = _launch(n, x.dtype)
+    cfg = _launch(n, x.dtype, rms)
     dx = torch.empty((m, n), dtype=dx_dtype, device=x.device)
     dx2 = None if dx2_dtype is None else torch.empty((m, n), dtype=dx2_dtype, device=x.device)
-    grid = _bwd_programs(m, cfg.bwd_warps, x.device)
+    grid = _bwd_programs(m, cfg.bwd_per_sm, x.device)
     # Every program writes its whole partial row (zeros if it gets no rows): no memset needed.
     dw = torch.empty((grid, n), dtype=torch.float32, device=x.device)
     db = torch.empty((grid, n), dtype=torch.float32, device=x.device) if b is not None else dw
@@ -101,7 +108,7 @@ def _bwd(x, f, h_dtype, dy, dres, w, b, mean, rstd, rms, alpha, dx_dtype, dx2_dt
         m, n, triton.cdiv(m, grid), alpha, scale2,
         IS_RMS=rms, HAS_F=f is not None, HAS_DRES=dres is not None,
         STORE_DX2=dx2 is not None, HAS_BIAS=b is not None, BLOCK_N=cfg.block_n,
-        num_warps=cfg.bwd_warps,
+        STAGES=cfg.bwd_stages, num_warps=cfg.bwd_warps,
     )  # fmt: skip
     dw_sum = dw.sum(0).to(w.dtype)
     db_sum = db.sum(0).to(b.dtype) if b is not None else None

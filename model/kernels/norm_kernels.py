@@ -104,6 +104,7 @@ def norm_bwd_kernel(
     STORE_DX2: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """Rows [pid*rows_per_program, ...): dh = r*(m - [mean(m)] - xh*mean(m*xh)); dg, db partials."""
     pid = tl.program_id(0).to(tl.int64)  # int64 offsets: M * N may pass 2^31
@@ -113,7 +114,9 @@ def norm_bwd_kernel(
     db = tl.zeros([BLOCK_N], dtype=tl.float32)
     row_start = pid * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, M)
-    for row in range(row_start, row_end):
+    # Software-pipelined: the next rows' h and dy stream into shared memory (cp.async) while
+    # this row is reduced, keeping enough bytes in flight with one or two programs per SM.
+    for row in tl.range(row_start, row_end, num_stages=STAGES):
         offs = row * N + cols
         h = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_F:
