@@ -1,0 +1,108 @@
+"""Spike policy: bad steps are skipped (weights untouched), N in a row roll back to the last good
+checkpoint, every skip and rollback is counted and printed; without a checkpoint the run stops."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from launch.callbacks import Callback
+from launch.config import load_config
+from launch.instruments import SpikePolicy
+from launch.instruments.policy import last_checkpoint_before
+from launch.metrics import read_jsonl
+from launch.trainer import Trainer
+from tests.conftest import REPO, tiny_overrides
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
+
+
+class Inject(Callback):
+    """Corrupts the gradients on chosen steps and records the weights after each step."""
+
+    name = "inject"
+
+    def __init__(self, nan_steps: set[int], big_steps: set[int]) -> None:
+        self.nan_steps, self.big_steps = nan_steps, big_steps
+        self.weights: dict[int, dict[str, torch.Tensor]] = {}
+
+    def on_after_backward(self, trainer, step: int) -> None:  # noqa: ANN001
+        for p in trainer.engine.model.parameters():
+            if step in self.nan_steps:
+                p.grad.fill_(math.nan)
+            elif step in self.big_steps:
+                p.grad.mul_(1e6)
+
+    def on_step_end(self, trainer, step: int, metrics: dict) -> None:  # noqa: ANN001
+        self.weights[step] = {k: v.clone() for k, v in trainer.engine.model.state_dict().items()}
+
+
+def _trainer(data: Path, run: Path, inject: Inject, **kw: object) -> tuple[Trainer, Console]:
+    overrides = tiny_overrides(data, run, training__steps=10, **kw) + [
+        "instruments.spike_policy.window=3",
+        "instruments.spike_policy.k=3.0",
+        "instruments.spike_policy.max_bad_steps=3",
+    ]
+    console = Console(record=True, width=200)
+    cfg = load_config(REPO / "recipes" / "pre.yaml", overrides)
+    return Trainer(cfg, callbacks=[inject], console=console), console
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_skip_then_rollback_then_spike_skip(tiny_data: Path, tmp_path: Path) -> None:
+    inject = Inject(nan_steps={5, 6, 7}, big_steps={9})
+    trainer, console = _trainer(tiny_data, tmp_path / "run", inject, checkpoint__every=3)
+    assert trainer.run() == 0  # NaN gradients on skipped steps do not end the run
+    w = inject.weights
+    assert same(w[5], w[4]) and same(w[6], w[4])  # skipped: weights untouched
+    assert same(w[7], w[3]) and not same(w[4], w[3])  # rolled back to step_00000003
+    assert same(w[9], w[8]) and not same(w[8], w[7])  # a 1e6x gradient spike is skipped too
+    rows = {r["step"]: r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r}
+    assert [rows[s]["skipped"] for s in range(1, 11)] == [0, 0, 0, 0, 1, 1, 1, 0, 1, 0]
+    assert rows[6]["skipped_steps"] == 2 and rows[10]["skipped_steps"] == 4
+    assert rows[6]["rollbacks"] == 0 and rows[7]["rollbacks"] == 1 and rows[10]["rollbacks"] == 1
+    text = console.export_text()
+    for step in (5, 6, 7, 9):
+        assert f"skipped step {step}:" in text
+    assert "rolled back to step_00000003" in text and "steps 4..7 are skipped" in text
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+
+
+def test_no_checkpoint_to_return_to_lets_the_run_diverge(tiny_data: Path, tmp_path: Path) -> None:
+    inject = Inject(nan_steps={2, 3, 4, 5}, big_steps=set())
+    trainer, console = _trainer(tiny_data, tmp_path / "run", inject, checkpoint__every=0)
+    assert trainer.run() == 1
+    assert "no checkpoint before step 2" in console.export_text()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["diverged_step"] == 5
+
+
+def test_judge_one_sided_window_and_fp16_grad_norm() -> None:
+    policy = SpikePolicy({"window": 4, "k": 2.0})
+    for v in (1.0, 1.2, 0.8, 1.0):
+        policy.windows["loss"].append(v)
+        policy.windows["grad_norm"].append(v)
+    # window mean 1, population std sqrt(0.02) = 0.1414: 1.3 is 2.12 std above, 0.7 below
+    assert "std above" in policy.judge({"loss": 1.3, "grad_norm": 1.0}, fp16=False)
+    assert policy.judge({"loss": 0.7, "grad_norm": 1.0}, fp16=False) is None
+    assert policy.judge({"loss": 1.0, "grad_norm": math.inf}, fp16=True) is None
+    assert "non-finite grad_norm" in policy.judge({"loss": 1.0, "grad_norm": math.inf}, False)
+    assert "non-finite loss" in policy.judge({"loss": math.nan, "grad_norm": 1.0}, fp16=True)
+
+
+def test_last_checkpoint_before() -> None:
+    dirs = [Path(f"step_{s:08d}") for s in (2, 4, 6)]
+    assert last_checkpoint_before(dirs, 5) == Path("step_00000004")
+    assert last_checkpoint_before(dirs, 4) == Path("step_00000002")
+    assert last_checkpoint_before(dirs, 2) is None
