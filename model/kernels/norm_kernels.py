@@ -19,6 +19,10 @@ Forward: one program per row, BLOCK_N = next_pow2(N) so a row lives in registers
 05-layer-norm). Backward: a persistent grid of a few programs per SM; each walks a contiguous chunk
 of rows and keeps its dg/db partials in fp32 registers, written once at the end and summed by the
 caller (the Liger-Kernel scheme; the tutorial's partials are in the input dtype and use locks).
+The row loop is software-pipelined (the next rows' loads are issued while one is reduced) and
+re-reads g each row from L1 instead of holding it: registers, not bandwidth, limit wide rows.
+Bytes per element in bf16 (SCIENCE.md §10): forward 4 (add_then_norm 8, add_norm and norm_add
+6); backward 6 (add_then_norm and add_norm 8, DeepNorm 10, norm_add 6; dx = dy is free).
 """
 
 import triton
