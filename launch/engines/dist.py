@@ -67,6 +67,9 @@ def init_process_group(device_name: str) -> torch.device:
     else:
         if world != 1:
             raise ConfigError(f"WORLD_SIZE={world} without MASTER_ADDR: start with normlab launch")
+        for key in ("RANK", "LOCAL_RANK"):  # what torchrun would set; DeepSpeed reads them
+            os.environ.setdefault(key, "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return device
 
