@@ -1,0 +1,70 @@
+"""normlab study on two tiny recipes with very few steps: runs trained with the instruments on,
+report written, timings recorded; re-running reuses finished runs; bad recipes exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from launch.cli import main
+from launch.metrics import read_jsonl
+from launch.study import DEFAULT_RECIPES, run_study, spike_window, study_configs
+from tests.conftest import tiny_overrides
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
+
+
+def overrides(data: Path) -> list[str]:
+    """The tiny shape without run_dir (the study places runs) or warm-up (recipes differ)."""
+    return [
+        o
+        for o in tiny_overrides(data, Path("unused"))
+        if not o.startswith(("run_dir=", "schedule.warmup_steps="))
+    ]
+
+
+def test_study_trains_and_reports(tiny_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "study"
+    console = Console(record=True, width=250)
+    sets = [*overrides(tiny_data), "schedule.warmup_steps=0"]
+    result = run_study(["pre", "post_nowarmup"], out, sets, steps=6, console=console)
+    assert [r["recipe"] for r in result["runs"]] == ["pre", "post_nowarmup"]
+    assert all(r["status"] == "completed" for r in result["runs"])
+    timing = json.loads((out / "study.json").read_text())
+    assert timing["total_s"] >= sum(r["seconds"] for r in timing["runs"]) - 1
+    for name in ("pre", "post_nowarmup"):
+        rows = [r for r in read_jsonl(out / "runs" / name / "metrics.jsonl") if "loss" in r]
+        assert rows[-1]["step"] == 6
+        assert {"resid_rms/00", "grad_norm/01", "max_logit", "spike_score/loss"} <= rows[-1].keys()
+    md = (out / "compare.md").read_text()
+    assert "| pre | pre | pre |" in md and "| post_nowarmup | post_nowarmup | post |" in md
+    assert (out / "resid_rms_by_depth.png").is_file()
+    again = run_study(["pre"], out, sets, steps=6, console=console)  # reuses the finished run
+    assert again["runs"][0]["seconds"] < result["runs"][0]["seconds"] + 5
+    assert "already trained to step 6" in console.export_text()
+
+
+def test_default_set_and_spike_window() -> None:
+    assert {"post_warmup", "post_nowarmup", "pre", "peri", "olmo2", "deepnorm", "mix"} <= set(
+        DEFAULT_RECIPES
+    )
+    assert spike_window(300, None) == 60 and spike_window(20000, None) == 1000
+    assert spike_window(300, 7) == 7
+    cfgs = study_configs(["peri"], Path("o"), [], steps=200, window=None)
+    assert cfgs[0].instruments["spike_score"] == {"window": 40}
+    assert cfgs[0].instruments["activations"] is True
+    assert cfgs[0].run_dir == str(Path("o") / "runs" / "peri")
+
+
+def test_unknown_recipe_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["study", "no_such_recipe", "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert "no recipe 'no_such_recipe'" in err and "post_warmup" in err
+    assert main(["study", "pre", "--steps", "0", "--out", str(tmp_path / "s")]) == 2
+    assert not (tmp_path / "s").exists()
