@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .kernels import resolve_backend
 
 
 class FusedPatterns:
@@ -64,23 +65,9 @@ class RMSNorm(nn.Module, FusedPatterns):
         nn.init.ones_(self.weight)
 
 
-def resolve_backend(name: str) -> str:
-    """'auto' is triton on CUDA and torch elsewhere; 'triton' must be able to run here."""
-    if name == "torch":
-        return "torch"
-    from .kernels import triton_available
-
-    ok, reason = triton_available()
-    if name == "auto":
-        return "triton" if ok and torch.cuda.is_available() else "torch"
-    if not ok:
-        raise ValueError(f"model.norm_backend 'triton' cannot run here: {reason}; use 'torch'")
-    return "triton"
-
-
 def build_norm(cfg: ModelConfig, dim: int) -> nn.Module:
     """The configured norm (kind, eps, backend) over the last `dim` features."""
-    backend = resolve_backend(cfg.norm_backend)
+    backend = resolve_backend(cfg.norm_backend)  # raises naming why triton cannot run here
     if backend == "triton":
         from .kernels.modules import TritonLayerNorm, TritonRMSNorm
 

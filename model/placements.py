@@ -89,18 +89,25 @@ def deepnorm_constants(n_layers: int) -> tuple[float, float]:
     return (2 * n_layers) ** 0.25, (8 * n_layers) ** -0.25
 
 
+def sublayer_kind(cfg: ModelConfig, layer: int) -> str:
+    """The wrapper kind of block `layer` (1-based): Mix-LN resolves to post or pre by depth."""
+    if cfg.placement == "mix":
+        return "post" if layer <= cfg.n_post_blocks else "pre"
+    if cfg.placement == "pre" and cfg.ln_scaling:
+        return "ln_scaling"
+    return cfg.placement
+
+
 def wrap_sublayer(
     cfg: ModelConfig, layer: int, branch: nn.Module, make_norm: MakeNorm
 ) -> nn.Module:
     """The residual wrapper of block `layer` (1-based) for the configured placement."""
-    placement = cfg.placement
-    if placement == "mix":
-        placement = "post" if layer <= cfg.n_post_blocks else "pre"
-    if placement == "deepnorm":
+    kind = sublayer_kind(cfg, layer)
+    if kind == "deepnorm":
         return DeepNorm(branch, make_norm, alpha=deepnorm_constants(cfg.n_layers)[0])
-    if placement == "pre" and cfg.ln_scaling:
+    if kind == "ln_scaling":
         return ScaledPreNorm(branch, make_norm, layer=layer)
-    return SIMPLE_WRAPPERS[placement](branch, make_norm)
+    return SIMPLE_WRAPPERS[kind](branch, make_norm)
 
 
 SIMPLE_WRAPPERS: dict[str, type[nn.Module]] = {

@@ -11,8 +11,8 @@ from .attention import Attention
 from .config import ModelConfig
 from .init import init_weights
 from .mlp import build_mlp
-from .norms import build_norm
-from .placements import wrap_sublayer
+from .norms import build_norm, resolve_backend
+from .placements import sublayer_kind, wrap_sublayer
 
 
 class Block(nn.Module):
@@ -28,6 +28,22 @@ class Block(nn.Module):
         return self.mlp(self.attn(x))
 
 
+class FusedPreBlock(Block):
+    """Pre-LN block whose attention residual add is fused with the MLP's input norm (triton):
+    (y, h) = N_mlp.add_then_norm(x, F_attn(N_attn(x))); x = h + F_mlp(y). Same math and modules as
+    Block; hooks on the branches and the block fire as usual, those on the two wrappers do not."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, h = self.mlp.norm_in.add_then_norm(x, self.attn.branch(self.attn.norm_in(x)))
+        return h + self.mlp.branch(y)
+
+
+def build_block(cfg: ModelConfig, layer: int) -> Block:
+    """A plain Block, or the fused Pre-LN form when the block is Pre-LN on triton norms."""
+    fused = resolve_backend(cfg.norm_backend) == "triton" and sublayer_kind(cfg, layer) == "pre"
+    return (FusedPreBlock if fused else Block)(cfg, layer)
+
+
 class Transformer(nn.Module):
     """Decoder-only language model; `forward(tokens (B, T)) -> logits (B, T, V)`."""
 
@@ -37,7 +53,7 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.embed_norm = build_norm(cfg, cfg.d_model) if cfg.embed_norm else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(1, cfg.n_layers + 1))
+        self.blocks = nn.ModuleList(build_block(cfg, layer) for layer in range(1, cfg.n_layers + 1))
         self.final_norm = build_norm(cfg, cfg.d_model) if cfg.has_final_norm else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:

@@ -292,6 +292,8 @@ def test_model_triton_backend_matches_torch(placement, norm):
         torch.manual_seed(0)
         models[backend] = Transformer(ModelConfig(**base, norm_backend=backend)).to(DEVICE)
     models["triton"].load_state_dict(models["torch"].state_dict())
+    fused = {type(b).__name__ for b in models["triton"].blocks}
+    assert ("FusedPreBlock" in fused) == (placement in ("pre", "mix"))  # Pre-LN add+norm fused
     tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     logits = {k: m(tokens) for k, m in models.items()}
     torch.testing.assert_close(logits["triton"], logits["torch"], atol=2e-5, rtol=2e-5)

@@ -71,5 +71,5 @@ def test_triton_backend_without_gpu_is_a_clear_error(backend, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: triton can run")
-    with pytest.raises(ValueError, match="norm_backend 'triton' cannot run here"):
+    with pytest.raises(ValueError, match="norm_backend='triton' cannot run here"):
         Transformer(ModelConfig(norm_backend=backend, n_layers=1))
