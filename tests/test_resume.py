@@ -23,7 +23,11 @@ STEPS, EVERY = 40, 5
 
 def _cmd(data: Path, run_dir: Path) -> list[str]:
     over = tiny_overrides(
-        data, run_dir, training__steps=STEPS, checkpoint__every=EVERY, training__eval_every=10,
+        data,
+        run_dir,
+        training__steps=STEPS,
+        checkpoint__every=EVERY,
+        training__eval_every=10,
         model__dropout=0.1,  # dropout draws from the torch RNG: resume must restore it
     )
     return [sys.executable, "-m", "launch.cli", "train", "recipes/pre.yaml", *over]
@@ -38,7 +42,9 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def _kill_after_first_checkpoint(cmd: list[str], run_dir: Path, env: dict[str, str]) -> None:
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     latest = run_dir / "checkpoints" / "latest"
     deadline = time.monotonic() + 120
     while not latest.exists():
