@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from launch.instruments.common import MAX_LOGIT, RESID  # noqa: E402
 from launch.report.runs import Run  # noqa: E402
@@ -70,6 +71,7 @@ def _depth_plot(runs: list[Run], path: Path) -> Path | None:
                 rms = run.blocks(RESID, rows[-1])
                 ax.plot(range(1, len(rms) + 1), _clean(rms), marker="o", label=run.label)
         ax.set(title=f"step {target}", xlabel="block", ylabel="residual RMS")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)

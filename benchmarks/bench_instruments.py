@@ -1,0 +1,118 @@
+"""Step time with the stability instruments off and on, side by side, through the Trainer's step.
+
+Two trainers with the same config (one with every observational instrument: activations,
+gradients, attention_logits, qk_gains, spike_score; one with none) are built once and driven
+alternately, one log window at a time (log_every steps, the last a log step whose values cross to
+the host), so machine load hits both alike. Reports the median seconds per step of each and the
+overhead of "on" over "off" at log_every 10 and at log_every 1 (every step logged: worst case).
+
+    python benchmarks/bench_instruments.py                 # tiny and a larger CPU size
+    python benchmarks/bench_instruments.py --sizes tiny --windows 6 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from launch.config import load_config  # noqa: E402
+from launch.trainer import Trainer  # noqa: E402
+
+OBSERVERS = ["activations", "gradients", "attention_logits", "qk_gains", "spike_score"]
+SIZES = {
+    "tiny": [],  # recipes/base/tiny.yaml: 4 layers, d 128, 4 heads, seq 128, batch 8
+    "small": [  # a larger CPU size: 8 layers, d 256, 8 heads, seq 256, batch 8
+        "model.n_layers=8",
+        "model.d_model=256",
+        "model.n_heads=8",
+        "model.d_ff=704",
+        "data.seq_len=256",
+    ],
+}
+
+
+def build(size: str, log_every: int, on: bool, root: Path) -> Trainer:
+    tag = f"{size}-{log_every}-{'on' if on else 'off'}"
+    overrides = [
+        *SIZES[size],
+        "training.steps=100000",
+        f"training.log_every={log_every}",
+        "training.device=cpu",
+        "schedule.warmup_steps=0",
+        f"run_dir={root / tag}",
+    ]
+    overrides += [f"instruments.{name}=true" for name in OBSERVERS] if on else []
+    trainer = Trainer(load_config(REPO / "recipes" / "pre.yaml", overrides), console=Console())
+    trainer._build()  # engine, model, data: what Trainer.run does before its loop
+    for cb in trainer.callbacks:
+        cb.on_train_start(trainer)
+    return trainer
+
+
+def window(trainer: Trainer, log_every: int) -> float:
+    """Seconds per step over one log window: log_every steps, then the host copy of the log."""
+    start = time.perf_counter()
+    pending = []
+    for _ in range(log_every):
+        trainer.step += 1
+        pending.append(trainer._train_step(trainer.step))
+    trainer._to_host(pending)
+    return (time.perf_counter() - start) / log_every
+
+
+def bench(sizes: list[str], windows: int) -> list[dict]:
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            for log_every in (10, 1):
+                pair = {on: build(size, log_every, on, Path(tmp)) for on in (False, True)}
+                times: dict[bool, list[float]] = {False: [], True: []}
+                n = windows if log_every > 1 else windows * 5
+                for i in range(n + 1):
+                    for on in (False, True) if i % 2 else (True, False):
+                        t = window(pair[on], log_every)
+                        if i > 0:  # the first window warms up both
+                            times[on].append(t)
+                off, on_t = statistics.median(times[False]), statistics.median(times[True])
+                results.append(
+                    {
+                        "size": size,
+                        "log_every": log_every,
+                        "off_ms": 1e3 * off,
+                        "on_ms": 1e3 * on_t,
+                        "overhead_pct": 100.0 * (on_t - off) / off,
+                        "windows": n,
+                    }
+                )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="tiny,small", help="comma list of: tiny, small")
+    parser.add_argument("--windows", type=int, default=6, help="log windows per variant")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    results = bench(args.sizes.split(","), args.windows)
+    print(f"{'size':<6} {'log_every':>9} {'off ms/step':>12} {'on ms/step':>11} {'overhead':>9}")
+    for r in results:
+        print(
+            f"{r['size']:<6} {r['log_every']:>9} {r['off_ms']:>12.1f} {r['on_ms']:>11.1f} "
+            f"{r['overhead_pct']:>8.1f}%"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
