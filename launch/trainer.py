@@ -163,7 +163,7 @@ class Trainer:
             write_config(self.run_dir, self.cfg, replaced=bool(diff))
             self.ckpt.remove_stale()
         self.metrics = (
-            MetricsWriter(self.run_dir, self.cfg.logging, self.step if resumed else None)
+            MetricsWriter(self.run_dir, self.cfg.logging, self.step)  # drops lines past it
             if main
             else None
         )

@@ -191,3 +191,23 @@ def test_non_run_directory_is_refused(tiny_data: Path, tmp_path: Path) -> None:
     (run / "notes.txt").write_text("mine")
     assert main(["train", str(PRE), *tiny_overrides(tiny_data, run)]) == 2
     assert [p.name for p in run.iterdir()] == ["notes.txt"]
+
+
+class _Interrupt(Callback):
+    name = "interrupt"
+
+    def on_step_end(self, trainer: Trainer, step: int, metrics: dict) -> None:
+        if step == 3:
+            raise KeyboardInterrupt
+
+
+def test_restart_before_first_checkpoint_logs_each_step_once(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        _train(tiny_data, run, cbs=[_Interrupt()])
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2]
+    assert _train(tiny_data, run)[1] == 0
+    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+    assert steps == list(range(1, 9))
