@@ -37,6 +37,10 @@ def test_activation_rms_equals_manual_forward(placement: str) -> None:
     tr = fake_trainer(model)
     cb = ActivationStats()
     cb.on_train_start(tr)
+    model.eval()  # an evaluation while armed (log_every 1: eval step then log step) is ignored
+    with torch.no_grad():
+        model(TOKENS.flip(0))
+    model.train()
     metrics = train_step(tr, [cb], 1, TOKENS)
     with torch.no_grad():  # the same forward written out: the stream and each branch output
         x = model.embed(TOKENS[:, :-1])
@@ -138,6 +142,10 @@ def test_max_logits_equal_explicit_qk(kw: dict) -> None:
     tr.step = 1  # resuming after step 1: step 2 is logged, step 3 is not
     cb = AttentionLogits()
     cb.on_train_start(tr)
+    model.eval()
+    with torch.no_grad():  # ignored: an evaluation pass while armed
+        model(TOKENS[:, :-1] * 2 % 97)
+    model.train()
     want = explicit_max_logits(model, TOKENS[:, :-1])
     metrics = train_step(tr, [cb], 2, TOKENS)
     for i in range(want.shape[0]):

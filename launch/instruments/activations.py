@@ -57,7 +57,8 @@ class ActivationStats(Callback):
 
     def _hook(self, k: int, i: int):  # noqa: ANN202 (a forward hook)
         def hook(module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
-            assert self._sumsq is not None
+            if not module.training or self._sumsq is None:
+                return  # an evaluation between two steps is not the training step's statistic
             self._sumsq[k, i] += out.detach().float().square().sum()
             self._count[k][i] += out.numel()
 

@@ -57,7 +57,8 @@ class AttentionLogits(Callback):
 
     def _hook(self, i: int):  # noqa: ANN202 (a forward hook)
         def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
-            assert self._best is not None
+            if not module.training or self._best is None:
+                return  # evaluation passes are not the training step's logits
             self._best[i] = torch.maximum(self._best[i], module.max_logits)
 
         return hook

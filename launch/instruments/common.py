@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from launch.config_loader import suggest
+from launch.errors import ConfigError
 from model.attention import Attention
 
 if TYPE_CHECKING:
@@ -75,9 +77,6 @@ def is_sharded(t: torch.Tensor) -> bool:
 
 def settings_of(settings: Any, allowed: dict[str, Any], name: str) -> dict[str, Any]:
     """Merge an instrument's settings over its defaults; unknown keys are a ConfigError."""
-    from launch.errors import ConfigError
-    from launch.config_loader import suggest
-
     if settings is True or settings is None:
         settings = {}
     if not isinstance(settings, dict):
