@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import torch
 from dist_helpers import (
     assert_same_curve,
     check_ok,
+    env,
     free_port,
     latest_step,
     launch,
@@ -159,3 +161,46 @@ def test_veto_skips_the_update(tiny: dict[str, Path], overrides: tuple[str, ...]
 def test_fsdp_refuses_fp16(tiny: dict[str, Path]) -> None:
     with pytest.raises(ConfigError, match="fp16 is not supported by engine fsdp"):
         _engine(tiny, "engine.name=fsdp", "precision.dtype=fp16")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("engine.name=fsdp",),
+        ("engine.name=deepspeed", "engine.zero_stage=1"),
+        ("engine.name=deepspeed", "engine.zero_stage=2"),
+        ("engine.name=deepspeed", "engine.zero_stage=3"),
+    ],
+    ids=["fsdp", "zero1", "zero2", "zero3"],
+)
+def test_local_tensors_assemble_the_global_statistics(
+    tiny: dict[str, Path], overrides: tuple[str, ...]
+) -> None:
+    """What instruments see on 2 ranks (shards summed, replicas counted once) equals the sums of
+    squares of the single-process weights and gradients of the same global batch."""
+    from dist_worker_stats import batch
+
+    from model import Transformer
+    from model.loss import lm_loss
+
+    out = tiny["root"] / f"stats_{'_'.join(overrides)}.json"
+    worker = Path(__file__).with_name("dist_worker_stats.py")
+    cmd = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d"]
+    cmd += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(worker), str(tiny["r8"]), str(out)]
+    proc = subprocess.run(
+        [sys.executable, *cmd, *overrides], env=env(), capture_output=True, text=True, timeout=300
+    )
+    check_ok(proc)
+    got = json.loads(out.read_text())
+    torch.manual_seed(0)
+    model = Transformer(load_config(tiny["r8"]).model_config())
+    x = batch()
+    lm_loss(model(x[:, :-1]), x[:, 1:])[0].backward()
+    for kind in ("param", "grad"):
+        ref = {
+            n: float((p if kind == "param" else p.grad).detach().square().sum())
+            for n, p in model.named_parameters()
+        }
+        assert set(got[kind]) == set(ref)
+        for name, value in ref.items():
+            assert got[kind][name] == pytest.approx(value, rel=1e-5), (kind, name)

@@ -17,7 +17,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -106,6 +106,18 @@ def skip_shm_comm_build() -> None:
 
     compatible = vars(deepspeed.ops).setdefault("__compatible_ops__", {})
     compatible["deepspeed_shm_comm"] = False
+
+
+def _grad_fragment(p: nn.Parameter) -> torch.Tensor:
+    """The part of p's reduced gradient that ZeRO-1/2 keeps on this rank (empty if none)."""
+    mapping = getattr(p, "_hp_mapping", None)
+    if mapping is None:
+        return p.new_zeros(0, dtype=torch.float32)
+    frag = mapping.get_lp_grad_fragment(p._index_in_param_group).float().flatten()
+    address = mapping.lp_fragment_address
+    if frag.numel() == p.numel():  # some versions hand back the whole gradient
+        frag = frag.narrow(0, address.start, address.numel)
+    return frag
 
 
 class DeepSpeedEngine(DistributedEngine):
@@ -203,6 +215,23 @@ class DeepSpeedEngine(DistributedEngine):
             return self._loss(inputs, targets).detach()
         finally:
             self._ds.train()
+
+    # --- statistics -----------------------------------------------------------------------------
+    def local_tensors(
+        self, params: list[nn.Parameter], kind: Literal["param", "grad"]
+    ) -> list[tuple[torch.Tensor | None, bool]]:
+        """ZeRO-3: each rank's partition of the weights and of the fp32 gradient (shards).
+        ZeRO-1/2: full weight replicas; the gradient as this rank's fragment of the reduced
+        fp32 gradient partition, which exists only between the backward and the step."""
+        if self.cfg.engine.zero_stage == 3:
+            from deepspeed.utils import safe_get_local_grad
+
+            if kind == "param":
+                return [(p.ds_tensor, True) for p in params]
+            return [(safe_get_local_grad(p), True) for p in params]
+        if kind == "param":
+            return [(p, False) for p in params]
+        return [(_grad_fragment(p), True) for p in params]
 
     # --- checkpoints --------------------------------------------------------------------------
     def save(self, ckpt_dir: Path, extra_state: dict[str, Any]) -> None:
