@@ -80,6 +80,21 @@ class Engine(ABC):
     def load(self, ckpt_dir: Path) -> dict[str, Any]:
         """Restore what `save` wrote; return this rank's extra_state. Raises CheckpointError."""
 
+    # --- statistics -----------------------------------------------------------------------------
+    def local_tensors(
+        self, params: list[nn.Parameter], kind: Literal["param", "grad"]
+    ) -> list[tuple[torch.Tensor | None, bool]]:
+        """For instruments: this rank's part of each parameter (or of its gradient, between the
+        backward and the step) and whether the parts are shards to sum across ranks (True) or
+        full replicas to count once (False); None where there is no gradient. FSDP2 DTensors give
+        their local shard; DeepSpeed ZeRO overrides this (its shards are not DTensors)."""
+        out: list[tuple[torch.Tensor | None, bool]] = []
+        for p in params:
+            t = p if kind == "param" else p.grad
+            sharded = t is not None and hasattr(t, "to_local")
+            out.append((t.to_local() if sharded else t, sharded))  # type: ignore[union-attr]
+        return out
+
     # --- process group ------------------------------------------------------------------------
     @property
     def rank(self) -> int:
