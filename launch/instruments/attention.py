@@ -23,10 +23,9 @@ from launch.instruments.common import (
     block_key,
     blocks,
     is_log_step,
-    is_sharded,
-    local,
     settings_of,
 )
+from launch.instruments.gradients import local_parts, sum_squares
 
 if TYPE_CHECKING:
     from launch.trainer import Trainer
@@ -107,8 +106,7 @@ class QKGains(Callback):
     def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
         if not self._gains or not is_log_step(trainer, step):
             return
-        sq = torch.stack([local(w).detach().float().square().sum() for _, w in self._gains])
-        sharded = torch.tensor([is_sharded(w) for _, w in self._gains], device=sq.device)
-        sq = torch.where(sharded, trainer.engine.all_reduce(sq * sharded, "sum"), sq)
+        parts = local_parts(trainer, [w for _, w in self._gains], "param")
+        sq = sum_squares(trainer, [[part] for part in parts])
         for (key, _), value in zip(self._gains, sq.sqrt(), strict=True):
             metrics[key] = value

@@ -3,14 +3,16 @@
 The gradient norm of block i is the L2 norm over all of its parameters, before clipping and without
 the fp16 loss scale: the block's share of the raw norm times the engine's unscaled global norm
 (a uniform loss scale cancels in the ratio). The update ratio is ||W_after - W_before|| /
-||W_before|| over the block's parameters (0 on a skipped step).
+||W_before|| over the block's parameters (0 on a skipped step). Sharded engines hand over their
+local parts through `Engine.local_tensors`; shards are summed across ranks, replicas counted once.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from torch import nn
 
 from launch.callbacks import Callback
 from launch.instruments.common import (
@@ -28,16 +30,27 @@ from launch.instruments.common import (
 if TYPE_CHECKING:
     from launch.trainer import Trainer
 
+Parts = list[tuple[torch.Tensor | None, bool]]
 
-def sum_squares(
-    trainer: Trainer, groups: list[list[torch.Tensor]], sharded: list[list[bool]]
-) -> torch.Tensor:
+
+def local_parts(
+    trainer: Trainer, params: list[nn.Parameter], kind: Literal["param", "grad"]
+) -> Parts:
+    """(this rank's part, is a shard) of each parameter or gradient, as the engine defines it."""
+    engine = trainer.engine
+    if hasattr(engine, "local_tensors"):
+        return engine.local_tensors(params, kind)
+    tensors = [p if kind == "param" else p.grad for p in params]
+    return [(None, False) if t is None else (local(t), is_sharded(t)) for t in tensors]
+
+
+def sum_squares(trainer: Trainer, groups: list[Parts]) -> torch.Tensor:
     """(len(groups),) global sums of squares: shards summed across ranks, replicas counted once."""
-    device = trainer.engine.device
-    parts = torch.zeros(2, len(groups), device=device)  # row 0: sharded, row 1: replicated
-    for i, (group, flags) in enumerate(zip(groups, sharded, strict=True)):
-        for t, flag in zip(group, flags, strict=True):
-            parts[0 if flag else 1, i] += local(t).detach().float().square().sum()
+    parts = torch.zeros(2, len(groups), device=trainer.engine.device)  # rows: sharded, replicated
+    for i, group in enumerate(groups):
+        for t, sharded in group:
+            if t is not None:
+                parts[0 if sharded else 1, i] += t.detach().float().square().sum()
     return trainer.engine.all_reduce(parts[0], "sum") + parts[1]
 
 
@@ -48,38 +61,42 @@ class GradientStats(Callback):
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         settings_of(settings, {}, self.name)
-        self._before: list[list[torch.Tensor]] | None = None
+        self._before: list[Parts] | None = None
         self._grad_sq: torch.Tensor | None = None
 
     def on_train_start(self, trainer: Trainer) -> None:
         self._params = [list(b.parameters()) for b in blocks(trainer)]
-        self._params.append(list(unwrap(trainer.engine.model).parameters()))  # the global norm
-        self._sharded = [[is_sharded(p) for p in ps] for ps in self._params]
+        self._all = list(unwrap(trainer.engine.model).parameters())  # for the global norm
 
     def on_after_backward(self, trainer: Trainer, step: int) -> None:
         if not is_log_step(trainer, step):
             return
-        grads, flags = [], []
-        for ps, fs in zip(self._params, self._sharded, strict=True):
-            with_grad = [(p.grad, f) for p, f in zip(ps, fs, strict=True) if p.grad is not None]
-            grads.append([g for g, _ in with_grad])
-            flags.append([f for _, f in with_grad])
-        self._grad_sq = sum_squares(trainer, grads, flags)
-        self._before = [[local(p).detach().clone() for p in ps] for ps in self._params[:-1]]
+        grads = [local_parts(trainer, ps, "grad") for ps in [*self._params, self._all]]
+        self._grad_sq = sum_squares(trainer, grads)
+        self._before = [
+            [
+                (None if t is None else t.detach().clone(), s)
+                for t, s in local_parts(trainer, ps, "param")
+            ]
+            for ps in self._params
+        ]
 
     def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
         if self._before is None or self._grad_sq is None:
             return
         share = (self._grad_sq[:-1] / self._grad_sq[-1]).sqrt()
-        norms = share * metrics["grad_norm"].float()
-        diffs = [
-            [local(p).detach() - old for p, old in zip(ps, olds, strict=True)]
-            for ps, olds in zip(self._params[:-1], self._before, strict=True)
-        ]
-        flags = self._sharded[:-1]
+        norms = share * torch.as_tensor(metrics["grad_norm"]).float()
+        diffs = []
+        for ps, olds in zip(self._params, self._before, strict=True):
+            now = local_parts(trainer, ps, "param")
+            diffs.append(
+                [
+                    (None if t is None or o is None else t.detach() - o, s)
+                    for (t, s), (o, _) in zip(now, olds, strict=True)
+                ]
+            )
         ratio = (
-            sum_squares(trainer, diffs, flags)
-            / sum_squares(trainer, self._before, flags).clamp_min(1e-30)
+            sum_squares(trainer, diffs) / sum_squares(trainer, self._before).clamp_min(1e-30)
         ).sqrt()
         for i in range(len(self._before)):
             metrics[block_key(GRAD, i)] = norms[i]
