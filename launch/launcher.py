@@ -22,6 +22,7 @@ import time
 from launch.commands.train import add_recipe_args, resolve
 from launch.config import RunConfig
 from launch.engines.dist import EXPECTED_WORLD_ENV
+from launch.engines.single import resolve_device
 from launch.errors import ConfigError, NormlabError
 
 
@@ -79,6 +80,11 @@ def check_topology(args: argparse.Namespace, cfg: RunConfig) -> int:
         from launch.engines.deepspeed_engine import ds_config
 
         ds_config(cfg, world)  # the config errors a rank would raise, raised once here
+        if cfg.precision.dtype == "fp16" and resolve_device(cfg.training.device).type == "cpu":
+            raise ConfigError(
+                "precision.dtype fp16 with engine deepspeed needs CUDA devices: DeepSpeed's CPU "
+                "accelerator has no fp16 support; use bf16 or fp32 on CPU"
+            )
     return world
 
 

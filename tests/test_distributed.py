@@ -77,6 +77,25 @@ def test_deepspeed_zero_reproduces_single_curve(tiny: dict[str, Path], stage: in
     assert (run / "checkpoints" / "step_00000008" / "deepspeed").is_dir()
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [("engine.name=fsdp",), ("engine.name=deepspeed", "engine.zero_stage=2")],
+    ids=["fsdp", "zero2"],
+)
+def test_bf16_two_ranks_follow_single_bf16_curve(
+    tiny: dict[str, Path], overrides: tuple[str, ...]
+) -> None:
+    """bf16 compute with fp32 master weights and fp32 reduction (FSDP2 MixedPrecisionPolicy,
+    DeepSpeed bf16): within 2e-3 of the single engine's autocast curve (observed <= 6e-4)."""
+    bf16 = "precision.dtype=bf16"
+    ref = tiny["root"] / "single_bf16"
+    if not ref.exists():
+        check_ok(normlab("train", str(tiny["r8"]), bf16, "--run-dir", str(ref)))
+    run = tiny["root"] / f"bf16_{overrides[0]}"
+    check_ok(launch(tiny["r8"], run, 2, *overrides, bf16, HALF))
+    assert_same_curve(run, losses(ref), tol=2e-3)
+
+
 def test_fsdp_checkpoint_of_two_ranks_resumes_on_one(tiny: dict[str, Path], fsdp_run: Path) -> None:
     """DCP reshards on load: step 4 of the 2-rank run continues on 1 rank (batch 4)."""
     run = tiny["root"] / "fsdp_2to1"

@@ -74,6 +74,11 @@ def test_dry_run_prints_the_torchrun_command(tiny: dict[str, Path]) -> None:
             "engine deepspeed needs engine.zero_stage 1, 2 or 3",
         ),
         (["--nproc-per-node", "2", "engine.name=fdsp"], "did you mean 'fsdp'"),
+        (
+            ["--nproc-per-node", "2", "engine.name=deepspeed", "engine.zero_stage=2"]
+            + ["precision.dtype=fp16", "training.device=cpu"],
+            "DeepSpeed's CPU accelerator has no fp16 support",
+        ),
     ],
 )
 def test_bad_launch_arguments_fail_before_torchrun(
