@@ -16,7 +16,7 @@ from rich.console import Console
 
 from launch.report.plots import write_plots
 from launch.report.runs import NotARunError, Run, load_run
-from launch.report.table import markdown, print_table, summarize, write_csv
+from launch.report.table import depth_markdown, markdown, print_table, summarize, write_csv
 
 DEFAULT_OUT = "compare"
 
@@ -39,7 +39,8 @@ def compare(
         if out_dir.exists() and not out_dir.is_dir():
             raise NotARunError(f"--out {out_dir} exists and is not a directory")
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "compare.md").write_text(markdown(rows))
+        depth = depth_markdown(runs)
+        (out_dir / "compare.md").write_text(markdown(rows) + ("\n" + depth if depth else ""))
         write_csv(rows, out_dir / "compare.csv")
         files = [out_dir / "compare.md", out_dir / "compare.csv", *write_plots(runs, out_dir)]
         console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)

@@ -72,6 +72,8 @@ def test_table_values_follow_the_metrics(finished: Path, tmp_path: Path) -> None
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "compare.md").read_text()
     assert "| run | recipe | placement |" in md and "| pre_run | pre | pre |" in md
+    resid = [f"{train[-1][f'resid_rms/{i:02d}']:.3g}" for i in range(2)]
+    assert f"| pre_run | 8 | {resid[0]} | {resid[1]} |" in md  # the depth table
     with (out / "compare.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert float(rows[0]["final_loss"]) == row["final_loss"] and rows[0]["fp16_clamps"] == ""

@@ -156,6 +156,28 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n\n" + NOTES + "\n"
 
 
+def depth_markdown(runs: list[Run]) -> str:
+    """Residual-stream RMS per block at each run's last logged step (empty without the data)."""
+    found = []
+    for run in runs:
+        row = next((r for r in reversed(run.train) if run.blocks(RESID, r)), None)
+        if row is not None:
+            found.append((run.label, int(row["step"]), run.blocks(RESID, row)))
+    if not found:
+        return ""
+    depth = max(len(rms) for _, _, rms in found)
+    head = ["run", "step", *(f"block {i + 1}" for i in range(depth))]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:" + "|---:" * depth + "|"]
+    for label, step, rms in found:
+        cells = [label, str(step), *(f"{v:.3g}" for v in rms), *([""] * (depth - len(rms)))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return (
+        "Residual-stream RMS (output of each block) at the last logged step:\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     """Raw values (full precision; empty where not measured)."""
     with path.open("w", newline="") as fh:
