@@ -7,6 +7,7 @@ Prepares the bundled corpus, trains a handful of norm placements at the tiny siz
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ def _overrides(args: argparse.Namespace, name: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from launch.trainer import Trainer
 
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=120)  # no truncated names
     names = [n.strip() for n in args.recipes.split(",") if n.strip()]
     configs = [load_config(RECIPE_DIR / f"{n}.yaml", _overrides(args, n)) for n in names]
     start = time.perf_counter()
