@@ -18,7 +18,9 @@ def build(**kw) -> Transformer:
 @pytest.mark.parametrize("depth", [12, 24, 48])
 def test_deepnorm_alpha_beta(depth):
     alpha, beta = deepnorm_constants(depth)
-    assert alpha == pytest.approx((2 * depth) ** 0.25) and beta == pytest.approx((8 * depth) ** -0.25)
+    assert alpha == pytest.approx((2 * depth) ** 0.25) and beta == pytest.approx(
+        (8 * depth) ** -0.25
+    )
     model = build(placement="deepnorm", n_layers=depth, d_model=64, d_ff=128)
     assert model.config.init == "deepnorm"  # the placement's default
     assert all(b.attn.alpha == alpha and b.mlp.alpha == alpha for b in model.blocks)
@@ -32,8 +34,11 @@ def test_deepnorm_beta_on_exactly_the_named_weights():
             continue
         fan_out, fan_in = p.shape
         xavier = math.sqrt(2.0 / (fan_in + fan_out))
-        gain = beta if name.split(".")[-2] in ("v_proj", "o_proj", "gate_proj", "up_proj",
-                                               "down_proj") else 1.0
+        gain = (
+            beta
+            if name.split(".")[-2] in ("v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+            else 1.0
+        )
         assert p.std().item() == pytest.approx(gain * xavier, rel=0.05), name
 
 
@@ -50,7 +55,9 @@ def test_gpt2_scales_residual_outputs_by_depth():
 
 def test_olmo2_truncated_normal_without_depth_scaling():
     model = build(placement="olmo2", init="olmo2", qk_norm="flat")
-    sigma = math.sqrt(1 - 2 * 3 * math.exp(-4.5) / math.sqrt(2 * math.pi) / 0.9973)  # std of N(0,1) cut at 3
+    sigma = math.sqrt(
+        1 - 2 * 3 * math.exp(-4.5) / math.sqrt(2 * math.pi) / 0.9973
+    )  # std of N(0,1) cut at 3
     for name, p in model.named_parameters():
         if p.dim() == 2:
             assert p.abs().max().item() <= 0.06 + 1e-7, name
@@ -70,8 +77,18 @@ def test_xavier_analysis_setting():
 
 def squared_norms_by_depth(placement: str, d: int = 128, depth: int = 12, seeds: int = 12):
     """E||x_l||^2 / d at init in Xiong et al.'s setting, for inputs with E||x||^2 = d."""
-    cfg = ModelConfig(n_layers=depth, d_model=d, n_heads=4, d_ff=d, mlp="relu", norm="layernorm",
-                      placement=placement, init="xavier", vocab_size=8, max_seq_len=64)
+    cfg = ModelConfig(
+        n_layers=depth,
+        d_model=d,
+        n_heads=4,
+        d_ff=d,
+        mlp="relu",
+        norm="layernorm",
+        placement=placement,
+        init="xavier",
+        vocab_size=8,
+        max_seq_len=64,
+    )
     total = torch.zeros(depth)
     for seed in range(seeds):
         torch.manual_seed(seed)

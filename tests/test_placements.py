@@ -15,8 +15,16 @@ D = 32
 def make(placement: str, norm: str = "layernorm", **kw) -> Transformer:
     torch.manual_seed(0)
     cfg = ModelConfig(
-        n_layers=4, d_model=D, n_heads=4, d_ff=64, vocab_size=50, max_seq_len=16,
-        placement=placement, norm=norm, norm_eps=1e-5, **kw,
+        n_layers=4,
+        d_model=D,
+        n_heads=4,
+        d_ff=64,
+        vocab_size=50,
+        max_seq_len=16,
+        placement=placement,
+        norm=norm,
+        norm_eps=1e-5,
+        **kw,
     )
     model = Transformer(cfg).double()
     for p in model.parameters():  # non-trivial gains and biases so a missing norm shows
@@ -67,8 +75,14 @@ def by_hand(placement, block, x, layer):
     raise AssertionError(placement)
 
 
-CASES = [("post", {}), ("pre", {}), ("peri", {}), ("olmo2", {}), ("deepnorm", {}),
-         ("ln_scaling", {"ln_scaling": True})]
+CASES = [
+    ("post", {}),
+    ("pre", {}),
+    ("peri", {}),
+    ("olmo2", {}),
+    ("deepnorm", {}),
+    ("ln_scaling", {"ln_scaling": True}),
+]
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
@@ -94,8 +108,15 @@ def test_mix_switches_at_floor_ratio_times_depth(ratio, n_post):
 
 
 @pytest.mark.parametrize(
-    "placement,final", [("post", False), ("pre", True), ("peri", True), ("olmo2", True),
-                        ("deepnorm", False), ("mix", True)],
+    "placement,final",
+    [
+        ("post", False),
+        ("pre", True),
+        ("peri", True),
+        ("olmo2", True),
+        ("deepnorm", False),
+        ("mix", True),
+    ],
 )
 def test_final_norm_presence(placement, final):
     model = make(placement)
@@ -126,8 +147,16 @@ def test_peri_output_gains_are_learnable():
 @pytest.mark.parametrize("qk", ["head", "flat"])
 def test_qk_norm_axis_before_rope(qk):
     torch.manual_seed(0)
-    cfg = ModelConfig(n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=50,
-                      qk_norm=qk, max_seq_len=8)
+    cfg = ModelConfig(
+        n_layers=1,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=64,
+        vocab_size=50,
+        qk_norm=qk,
+        max_seq_len=8,
+    )
     attn = Transformer(cfg).double().blocks[0].attn.branch
     attn.q_norm.weight.data.normal_(1, 0.3)
     attn.k_norm.weight.data.normal_(1, 0.3)
@@ -142,8 +171,10 @@ def test_qk_norm_axis_before_rope(qk):
         q, k = q.view(2, 8, 4, 8), k.view(2, 8, 2, 8)
         assert attn.q_norm.weight.shape == (32,) and attn.k_norm.weight.shape == (16,)
     else:  # each head's d_head vector, one gain shared by the heads
-        q, k = rms(q.view(2, 8, 4, 8), attn.q_norm.weight), rms(k.view(2, 8, 2, 8),
-                                                                 attn.k_norm.weight)
+        q, k = (
+            rms(q.view(2, 8, 4, 8), attn.q_norm.weight),
+            rms(k.view(2, 8, 2, 8), attn.k_norm.weight),
+        )
         assert attn.q_norm.weight.shape == (8,)
     pos = torch.arange(8, dtype=torch.float64)
     inv = 1 / 10000 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8)
@@ -157,7 +188,9 @@ def test_qk_norm_axis_before_rope(qk):
     torch.testing.assert_close(attn(x), expected, rtol=1e-9, atol=1e-9)
     attn.record_max_logits = True
     attn(x)
-    torch.testing.assert_close(attn.max_logits.double(), s.amax(dim=(0, 2, 3)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        attn.max_logits.double(), s.amax(dim=(0, 2, 3)), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_hooks_observe_stream_and_branches():
@@ -175,7 +208,10 @@ def test_hooks_observe_stream_and_branches():
 
 
 def test_deepnorm_constants_named_in_science():
-    for m, (alpha, beta) in {12: (2.2134, 0.3195), 24: (2.6321, 0.2686),
-                             48: (3.1302, 0.2259)}.items():
+    for m, (alpha, beta) in {
+        12: (2.2134, 0.3195),
+        24: (2.6321, 0.2686),
+        48: (3.1302, 0.2259),
+    }.items():
         a, b = deepnorm_constants(m)
         assert a == pytest.approx(alpha, abs=1e-4) and b == pytest.approx(beta, abs=1e-4)
