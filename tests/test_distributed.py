@@ -130,6 +130,36 @@ def test_deepspeed_save_kill_resume_same_curve(tiny: dict[str, Path]) -> None:
     _killed_and_resumed(tiny, "ds_kill", "engine.name=deepspeed", "engine.zero_stage=3")
 
 
+SPIKY = "instruments.spike_policy={window: 2, k: 0.01, max_bad_steps: 2, rollback: true}"
+
+
+def _policy_rows(run: Path) -> list[tuple[int, float, float, float]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"], r["skipped"], r["rollbacks"]) for r in rows if "loss" in r]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [("engine.name=fsdp",), ("engine.name=deepspeed", "engine.zero_stage=2")],
+    ids=["fsdp", "zero2"],
+)
+def test_spike_policy_skips_and_rolls_back_as_in_one_process(
+    tiny: dict[str, Path], overrides: tuple[str, ...]
+) -> None:
+    """A hair-trigger spike policy (k = 0.01) vetoes most steps and rolls back to checkpoints:
+    the same steps are skipped and rolled back, with the same losses, as in one process."""
+    ref = tiny["root"] / "single_spiky"
+    if not ref.exists():
+        check_ok(normlab("train", str(tiny["r16"]), SPIKY, "--run-dir", str(ref)))
+    run = tiny["root"] / f"spiky_{overrides[0]}"
+    check_ok(launch(tiny["r16"], run, 2, *overrides, SPIKY, HALF))
+    expected, got = _policy_rows(ref), _policy_rows(run)
+    assert sum(r[3] > 0 for r in expected) > 0 and sum(r[2] for r in expected) > 2  # it acted
+    assert [r[::2] for r in got] == [r[::2] for r in expected]  # step, skipped
+    assert [r[3] for r in got] == [r[3] for r in expected]  # rollbacks
+    assert max(abs(a[1] - b[1]) for a, b in zip(got, expected, strict=True)) < 1e-4
+
+
 # --- in-process checks on a one-rank group -----------------------------------------------------
 def _weights(engine) -> dict[str, torch.Tensor]:
     sd = engine.model.state_dict()
