@@ -160,6 +160,47 @@ def test_spike_policy_skips_and_rolls_back_as_in_one_process(
     assert max(abs(a[1] - b[1]) for a, b in zip(got, expected, strict=True)) < 1e-4
 
 
+OBSERVE = (
+    "instruments={activations: true, gradients: true, attention_logits: true, qk_gains: true, "
+    "spike_score: true}",
+    "model.qk_norm=head",
+)
+
+
+def _observed(run: Path) -> dict[int, dict[str, float]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    skip = {"step", "step_time", "tokens_per_s"}
+    return {r["step"]: {k: v for k, v in r.items() if k not in skip} for r in rows if "loss" in r}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [("engine.name=fsdp",), ("engine.name=deepspeed", "engine.zero_stage=3")],
+    ids=["fsdp", "zero3"],
+)
+def test_instruments_report_the_single_process_statistics(
+    tiny: dict[str, Path], overrides: tuple[str, ...]
+) -> None:
+    """Per-block activation, gradient, update-ratio, attention-logit and QK-gain statistics
+    reduced across 2 ranks equal the single-process values at every log step."""
+    ref = tiny["root"] / "single_observed"
+    if not ref.exists():
+        check_ok(normlab("train", str(tiny["r8"]), *OBSERVE, "--run-dir", str(ref)))
+    run = tiny["root"] / f"observed_{overrides[0]}"
+    check_ok(launch(tiny["r8"], run, 2, *overrides, *OBSERVE, HALF))
+    expected, got = _observed(ref), _observed(run)
+    assert sorted(got) == sorted(expected)
+    keys = set(expected[8])
+    assert {"grad_norm/00", "update_ratio/01", "qk_gain/01/k"} <= keys and len(keys) > 20
+    for step, row in expected.items():
+        assert set(got[step]) == set(row), step
+        for key, value in row.items():
+            if isinstance(value, str):  # non-finite values are written as strings ('nan')
+                assert got[step][key] == value, key
+            else:
+                assert got[step][key] == pytest.approx(value, rel=1e-3, abs=1e-6), key
+
+
 # --- in-process checks on a one-rank group -----------------------------------------------------
 def _weights(engine) -> dict[str, torch.Tensor]:
     sd = engine.model.state_dict()
