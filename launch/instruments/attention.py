@@ -19,7 +19,7 @@ from launch.callbacks import Callback
 from launch.instruments.common import (
     MAX_LOGIT,
     QK_GAIN,
-    attentions,
+    attention_of,
     block_key,
     blocks,
     is_log_step,
@@ -46,7 +46,7 @@ class AttentionLogits(Callback):
             self._arm(trainer)
 
     def _arm(self, trainer: Trainer) -> None:
-        atts = [attentions(b) for b in blocks(trainer)]
+        atts = [attention_of(b) for b in blocks(trainer)]
         device = atts[0].q_proj.weight.device
         self._best = torch.full((len(atts), atts[0].n_heads), float("-inf"), device=device)
         for i, att in enumerate(atts):
@@ -98,7 +98,7 @@ class QKGains(Callback):
     def on_train_start(self, trainer: Trainer) -> None:
         self._gains: list[tuple[str, torch.Tensor]] = []
         for i, block in enumerate(blocks(trainer)):
-            att = attentions(block)
+            att = attention_of(block)
             for sub, norm in (("q", att.q_norm), ("k", att.k_norm)):
                 if getattr(norm, "weight", None) is not None:
                     self._gains.append((block_key(QK_GAIN, i, sub), norm.weight))

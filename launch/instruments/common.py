@@ -60,7 +60,7 @@ def blocks(trainer: Trainer) -> nn.ModuleList:
     return unwrap(trainer.engine.model).blocks
 
 
-def attentions(block: nn.Module) -> Attention:
+def attention_of(block: nn.Module) -> Attention:
     """The attention module of one block (the residual wrapper's `branch`)."""
     return block.attn.branch
 

@@ -62,7 +62,7 @@ class SpikePolicy(Callback):
             if len(win) == win.maxlen:
                 mean = sum(win) / len(win)
                 std = math.sqrt(sum((w - mean) ** 2 for w in win) / len(win))
-                if v - mean > self.k * std and v > mean:
+                if v - mean > self.k * std:
                     return f"{key} {v:.4g} is {(v - mean) / max(std, 1e-30):.1f} std above mean"
         return None
 
