@@ -63,10 +63,9 @@ def study_configs(
         for instrument in OBSERVERS:
             cfg.instruments.setdefault(instrument, True)
         score = cfg.instruments.get("spike_score")
-        if score is None or score is True or isinstance(score, dict):
-            settings = dict(score) if isinstance(score, dict) else {}
-            settings.setdefault("window", spike_window(cfg.training.steps, window))
-            cfg.instruments["spike_score"] = settings
+        settings = dict(score) if isinstance(score, dict) else {}
+        settings["window"] = spike_window(cfg.training.steps, window)  # the study's choice
+        cfg.instruments["spike_score"] = settings
         cfgs.append(cfg)
     names = [c.name for c in cfgs]
     if len(set(names)) != len(names):

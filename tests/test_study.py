@@ -57,7 +57,7 @@ def test_default_set_and_spike_window() -> None:
     assert spike_window(300, None) == 60 and spike_window(20000, None) == 1000
     assert spike_window(300, 7) == 7
     cfgs = study_configs(["peri"], Path("o"), [], steps=200, window=None)
-    assert cfgs[0].instruments["spike_score"] == {"window": 40}
+    assert cfgs[0].instruments["spike_score"] == {"window": 40, "k": 7.0}  # k from the recipe
     assert cfgs[0].instruments["activations"] is True
     assert cfgs[0].run_dir == str(Path("o") / "runs" / "peri")
 
