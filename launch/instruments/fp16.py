@@ -3,10 +3,10 @@
 fp16 tops out at 65504, and Pre-LN's residual stream grows with depth. Like T5, each fp16 output is
 clamped to +-(finfo.max - 1000) (64512 after rounding) when any element is inf, else to
 +-finfo.max, chosen with `torch.where` so no Python branch depends on the data. The hooks sit on
-every residual wrapper (`blocks.i.attn`, `blocks.i.mlp`: the stream after each sub-layer, the
-second being the block output) and on every norm module; the per-block counter adds one for each
-hooked output that held an inf, as a device tensor. Clamping removes inf from an add; it cannot
-repair a NaN already made (inf - inf).
+every residual wrapper (`blocks.i.attn`, `blocks.i.mlp`: the stream after each sub-layer), on each
+block's output (a fused Pre-LN block skips its wrappers) and on every norm module; the per-block
+counter adds one for each hooked output that held an inf, as a device tensor. Clamping removes
+inf from an add; it cannot repair a NaN already made (inf - inf).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ class ClampHooks:
         self.counts = torch.zeros(n + 1, device=next(model.parameters()).device)
         self.handles: list[RemovableHandle] = []
         for i, block in enumerate(model.blocks):
-            targets = [block.attn, block.mlp] + [m for m in block.modules() if _is_norm(m)]
+            # the wrappers (skipped by a fused Pre-LN block) and the block output itself
+            targets = [block.attn, block.mlp, block] + [m for m in block.modules() if _is_norm(m)]
             for module in targets:
                 self.handles.append(module.register_forward_hook(self._hook(i)))
         for module in (model.embed_norm, model.final_norm):
