@@ -12,6 +12,7 @@ for every rank, lets the engine drop its references and destroys the group, once
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 from datetime import timedelta
 
@@ -74,16 +75,6 @@ def init_process_group(device_name: str) -> torch.device:
     return device
 
 
-def destroy_process_group() -> None:
-    """Barrier, then destroy the default group (a no-op when none exists)."""
-    if not dist.is_initialized():
-        return
-    try:
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def _destroy_at_exit() -> None:
     """A rank leaving through an exception skips the barrier (its peers may never reach it) but
     still destroys the group before the interpreter tears down gloo's threads."""
@@ -130,10 +121,19 @@ class DistributedEngine(Engine):
         """Drop the wrapped model and optimizer (subclasses); called before the group goes."""
 
     def shutdown(self) -> None:
+        """Barrier, drop the engine's objects, then destroy the group. A process group that is
+        still referenced after `destroy_process_group` (FSDP/DeepSpeed state lives in reference
+        cycles) is destroyed during interpreter exit, where gloo aborts with `terminate called
+        without an active exception`; collecting the cycles first destroys it here instead."""
         if self._closed:
             return
         self._closed = True
         try:
+            if dist.is_initialized():
+                dist.barrier()
             self.release()
+            gc.collect()
         finally:
-            destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            gc.collect()

@@ -190,5 +190,11 @@ class FSDPEngine(DistributedEngine):
         return read_extra(ckpt_dir, self._rank)
 
     def release(self) -> None:
-        for attr in ("_optimizer", "_module", "_mesh"):
+        for attr in ("_optimizer", "_module"):
             self.__dict__.pop(attr, None)
+        mesh = self.__dict__.pop("_mesh", None)
+        # DTensors that outlive the engine (held by callbacks, say) reach the process group
+        # through their mesh; without this the group dies at interpreter exit (see shutdown)
+        registry = getattr(mesh, "_pg_registry", None)
+        if isinstance(registry, dict):
+            registry.clear()
