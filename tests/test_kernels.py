@@ -97,7 +97,17 @@ def test_norm_matches_torch(rows, n, dtype, rms):
     _close(y, y_ref, dtype)
     got = _grads(y, [dy], [x, w, b])
     ref = _grads(y_ref, [dy], [x, w, b])
-    _close_all(got, ref, dtype, rows)
+    if dtype == torch.float32:
+        _close_all(got, ref, dtype, rows)
+        return
+    # Low precision: torch's own bf16/fp16 weight-gradient sums depend on its thread count, so
+    # measure both against fp64 and require the kernel to be no less accurate than torch.
+    exact = [t.detach().double().requires_grad_() if t is not None else None for t in (x, w, b)]
+    ref64 = _grads(_ref_norm(*exact[:3], eps, rms), [dy.double()], exact)
+    for g, r, e in zip(got, ref, ref64, strict=True):
+        kernel_err = (g.double() - e).abs().max().item()
+        torch_err = (r.double() - e).abs().max().item()
+        assert kernel_err <= 2 * torch_err + TOL[dtype][0], (kernel_err, torch_err)
 
 
 @pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
