@@ -36,18 +36,23 @@ class Engine(ABC):
     def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
         """Build the model (initialised identically on every rank), wrap it, build the optimizer."""
 
+    # Each engine sets these three in setup(); the accessors below are shared.
+    _module: nn.Module
+    _optimizer: torch.optim.Optimizer
+    _device: torch.device
+
     @property
-    @abstractmethod
     def model(self) -> nn.Module:
         """The local (possibly wrapped) module; hooks of instruments attach to its submodules."""
+        return self._module
 
     @property
-    @abstractmethod
-    def optimizer(self) -> torch.optim.Optimizer: ...
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
 
     @property
-    @abstractmethod
-    def device(self) -> torch.device: ...
+    def device(self) -> torch.device:
+        return self._device
 
     # --- one optimizer step -------------------------------------------------------------------
     @abstractmethod
@@ -68,8 +73,17 @@ class Engine(ABC):
     def zero_grad(self) -> None: ...
 
     @abstractmethod
+    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and loss of one batch (with the engine's autocast/wrapping)."""
+
+    @torch.no_grad()
     def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Loss of one batch without gradients, in eval mode."""
+        self._module.eval()
+        try:
+            return self._loss(inputs, targets).detach()
+        finally:
+            self._module.train()
 
     # --- checkpoints --------------------------------------------------------------------------
     @abstractmethod

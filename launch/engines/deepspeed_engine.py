@@ -140,11 +140,11 @@ class DeepSpeedEngine(DistributedEngine):
             for block in module.blocks:
                 block.compile()
         self._module = module
-        self._base_optimizer = build_optimizer(module)
-        self._gate_optimizer(self._base_optimizer)
+        self._optimizer = build_optimizer(module)
+        self._gate_optimizer(self._optimizer)
         try:
             self._ds, *_ = deepspeed.initialize(
-                model=module, optimizer=self._base_optimizer, config=config
+                model=module, optimizer=self._optimizer, config=config
             )
         except (AssertionError, ValueError) as exc:
             raise ConfigError(f"DeepSpeed rejected the generated config: {exc}") from None
@@ -165,18 +165,6 @@ class DeepSpeedEngine(DistributedEngine):
             return None if self._decision else inner(*args, **kwargs)
 
         optimizer.step = gated_step  # type: ignore[method-assign]
-
-    @property
-    def model(self) -> nn.Module:
-        return self._module
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self._base_optimizer
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self._ds(inputs.to(self._device, non_blocking=True))
@@ -207,14 +195,6 @@ class DeepSpeedEngine(DistributedEngine):
     def zero_grad(self) -> None:
         self._micro = 0
         self._ds.zero_grad()
-
-    @torch.no_grad()
-    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        self._ds.eval()
-        try:
-            return self._loss(inputs, targets).detach()
-        finally:
-            self._ds.train()
 
     # --- statistics -----------------------------------------------------------------------------
     def local_tensors(
@@ -273,5 +253,5 @@ class DeepSpeedEngine(DistributedEngine):
         ds = self.__dict__.pop("_ds", None)
         if ds is not None:
             ds.destroy()
-        for attr in ("_base_optimizer", "_module"):
+        for attr in ("_optimizer", "_module"):
             self.__dict__.pop(attr, None)

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, init_device_mesh
@@ -96,18 +95,6 @@ class FSDPEngine(DistributedEngine):
             fully_shard(block, mesh=self._mesh, mp_policy=policy, reshard_after_forward=i < n - 1)
         fully_shard(module, mesh=self._mesh, mp_policy=policy)
 
-    @property
-    def model(self) -> nn.Module:
-        return self._module
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self._optimizer
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self._module(inputs.to(self._device, non_blocking=True))
         targets = targets.to(self._device, non_blocking=True)
@@ -145,14 +132,6 @@ class FSDPEngine(DistributedEngine):
     def zero_grad(self) -> None:
         self._micro = 0
         self._optimizer.zero_grad(set_to_none=True)
-
-    @torch.no_grad()
-    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        self._module.eval()
-        try:
-            return self._loss(inputs, targets).detach()
-        finally:
-            self._module.train()
 
     # --- checkpoints --------------------------------------------------------------------------
     def save(self, ckpt_dir: Path, extra_state: dict[str, Any]) -> None:

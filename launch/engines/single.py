@@ -53,18 +53,6 @@ class SingleEngine(Engine):
             enabled=prec.dtype == "fp16",
         )
 
-    @property
-    def model(self) -> nn.Module:
-        return self._module
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self._optimizer
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self._amp_dtype is None:
             return contextlib.nullcontext()
@@ -100,14 +88,6 @@ class SingleEngine(Engine):
 
     def zero_grad(self) -> None:
         self._optimizer.zero_grad(set_to_none=True)
-
-    @torch.no_grad()
-    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        self._module.eval()
-        try:
-            return self._loss(inputs, targets).detach()
-        finally:
-            self._module.train()
 
     def save(self, ckpt_dir: Path, extra_state: dict[str, Any]) -> None:
         torch.save(self._module.state_dict(), ckpt_dir / MODEL_FILE)
