@@ -40,6 +40,8 @@ class Attention(nn.Module):
 
     With `record_max_logits` set, also stores `max_logits` (n_heads,): the exact per-head maximum
     pre-softmax logit over the batch and all unmasked (i, j), as QK-Clip needs (SCIENCE.md 7).
+    With `record_lse_bound` set, runs a fused kernel that also returns each row's log-sum-exp and
+    stores `lse_bounds` (lower, upper), each (n_heads,): the cheap bound on that maximum.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -56,6 +58,8 @@ class Attention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.record_max_logits = False
         self.max_logits: torch.Tensor | None = None
+        self.record_lse_bound = False
+        self.lse_bounds: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rope_args = (cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
@@ -80,14 +84,13 @@ class Attention(nn.Module):
         )  # (B, H, T, D)
         if self.record_max_logits:
             self.max_logits = causal_max_logits(q, k)
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            is_causal=True,
-            dropout_p=self.dropout_p if self.training else 0.0,
-            enable_gqa=self.n_kv_heads != self.n_heads,
-        )
+        dropout_p = self.dropout_p if self.training else 0.0
+        if self.record_lse_bound:
+            y, self.lse_bounds = attention_with_lse_bounds(q, k, v, dropout_p)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=dropout_p, enable_gqa=k.shape[1] != q.shape[1]
+            )
         return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(B, T, -1)))
 
 
@@ -107,3 +110,36 @@ def causal_max_logits(q: torch.Tensor, k: torch.Tensor, chunk: int = 256) -> tor
         s = s.masked_fill(torch.arange(T, device=q.device)[None, :] > rows, float("-inf"))
         best = torch.maximum(best, s.amax(dim=(0, 2, 3)))
     return best
+
+
+def attention_with_lse_bounds(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Causal fused attention that also yields per-head bounds on the max logit (SCIENCE.md 7).
+
+    The fused kernels keep each row's lse_i = log sum_j exp(s_ij); with n_i = i + 1 unmasked keys,
+    lse_i - log(n_i) <= max_j s_ij <= lse_i. Returns the output (B, H, T, D) and the (lower, upper)
+    bounds (H,) maximised over batch and rows. Uses ATen's fused ops directly: the public SDPA call
+    does not return its lse.
+    """
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    y, lse = _fused_attention_lse(q, k, v, dropout_p)  # lse (B, H, T) in fp32
+    log_n = torch.arange(1, q.shape[2] + 1, device=q.device, dtype=torch.float32).log()
+    lower = (lse.float() - log_n).amax(dim=(0, 2))
+    return y, (lower.detach(), lse.float().amax(dim=(0, 2)).detach())
+
+
+def _fused_attention_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    aten = torch.ops.aten
+    if q.device.type == "cpu":
+        y, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, True)[:2]
+    elif q.dtype in (torch.float16, torch.bfloat16):
+        y, lse = aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, True)[:2]
+    else:  # fp32 on CUDA: the memory-efficient kernel computes the lse on request
+        y, lse = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, dropout_p, True)[
+            :2
+        ]
+    return y, lse

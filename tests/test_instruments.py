@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from launch.config import load_config
+from launch.errors import ConfigError
 from launch.instruments import ActivationStats, AttentionLogits, GradientStats, QKGains
 from launch.instruments.common import block_key, parse_block_key
 from launch.metrics import read_jsonl
@@ -221,3 +222,27 @@ def test_no_host_sync_on_unlogged_steps(
     rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in rows] == [4, 8]
     assert {"resid_rms/01", "grad_norm/00", "max_logit/01/h1", "qk_gain/00/q"} <= rows[-1].keys()
+
+
+def test_lse_bound_mode_brackets_the_exact_max_logits() -> None:
+    model = tiny_model()
+    with torch.no_grad():
+        for b in model.blocks:
+            b.attn.branch.q_proj.weight.mul_(8)
+    tr = fake_trainer(model, log_every=2)
+    tr.step = 1
+    cb = AttentionLogits({"mode": "lse_bound"})
+    cb.on_train_start(tr)
+    want = explicit_max_logits(model, TOKENS[:, :-1])
+    metrics = train_step(tr, [cb], 2, TOKENS)
+    seq = TOKENS.shape[1] - 1
+    for i in range(want.shape[0]):
+        for h in range(want.shape[1]):
+            lower = float(metrics[block_key("max_logit_lower", i, f"h{h}")])
+            upper = float(metrics[block_key("max_logit_upper", i, f"h{h}")])
+            assert lower - 1e-4 <= float(want[i, h]) <= upper + 1e-4
+            assert upper - lower <= math.log(seq) + 1e-4
+    assert "max_logit" not in metrics  # the bound is never reported as the exact value
+    assert not model.blocks[0].attn.branch.record_lse_bound  # disarmed after the log step
+    with pytest.raises(ConfigError, match="mode must be one of"):
+        AttentionLogits({"mode": "approx"})

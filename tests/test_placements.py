@@ -215,3 +215,29 @@ def test_deepnorm_constants_named_in_science():
     }.items():
         a, b = deepnorm_constants(m)
         assert a == pytest.approx(alpha, abs=1e-4) and b == pytest.approx(beta, abs=1e-4)
+
+
+def test_lse_bounds_bracket_the_exact_max_logit_and_keep_gradients():
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        n_layers=1,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=64,
+        vocab_size=50,
+        max_seq_len=16,
+        init_std=0.3,
+    )
+    attn = Transformer(cfg).blocks[0].attn.branch
+    x = torch.randn(3, 16, 32, requires_grad=True)
+    reference = attn(x)
+    (grad_ref,) = torch.autograd.grad(reference.square().sum(), x)
+    attn.record_max_logits = attn.record_lse_bound = True
+    fused = attn(x)
+    (grad_fused,) = torch.autograd.grad(fused.square().sum(), x)
+    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad_fused, grad_ref, rtol=1e-4, atol=1e-5)
+    lower, upper = attn.lse_bounds
+    assert torch.all(lower <= attn.max_logits + 1e-5) and torch.all(attn.max_logits <= upper + 1e-5)
+    assert torch.all(upper - lower <= math.log(16) + 1e-5)  # the bound's width is at most log n

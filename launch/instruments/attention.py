@@ -1,10 +1,12 @@
 """Per-head maximum attention logit (SCIENCE.md section 7) and QK-Norm gain norms.
 
-On log steps each attention runs its exact streaming max of q k^T / sqrt(d_head) (causal mask
-respected; `model.attention.causal_max_logits`) beside the fused SDPA call; a forward hook folds
-every micro-batch's value into a running max, reduced with MAX across ranks. Unlogged steps run the
-fused path only. This logs the exact value, not the log-sum-exp bound: the model's SDPA call does
-not return its LSE, so the bound would cost a second attention pass, no cheaper than the exact max.
+Mode `exact` (default): on log steps each attention runs its exact streaming max of
+q k^T / sqrt(d_head) (causal mask respected; `model.attention.causal_max_logits`) beside the fused
+SDPA call. Mode `lse_bound`: on log steps attention runs a fused kernel that also returns each
+row's log-sum-exp, and the cheap bound lse_i - log(n_i) <= max_j s_ij <= lse_i is logged instead
+(`max_logit_lower/...`, `max_logit_upper/...`): no T x T work beyond the attention itself. A forward
+hook folds every micro-batch into a running max, reduced with MAX across ranks. Unlogged steps run
+the plain fused path only.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from launch.callbacks import Callback
+from launch.errors import ConfigError
 from launch.instruments.common import (
     MAX_LOGIT,
+    MAX_LOGIT_LOWER,
+    MAX_LOGIT_UPPER,
     QK_GAIN,
     attention_of,
     block_key,
@@ -30,6 +35,9 @@ from launch.instruments.gradients import local_parts, sum_squares
 if TYPE_CHECKING:
     from launch.trainer import Trainer
 
+# mode -> the metric kinds it logs, in the order the attention module reports them
+MODES = {"exact": (MAX_LOGIT,), "lse_bound": (MAX_LOGIT_LOWER, MAX_LOGIT_UPPER)}
+
 
 class AttentionLogits(Callback):
     """Logs `max_logit/i/hj` per head, `max_logit/i` per block and `max_logit` over the model."""
@@ -37,9 +45,13 @@ class AttentionLogits(Callback):
     name = "attention_logits"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        settings_of(settings, {}, self.name)
+        self.mode = settings_of(settings, {"mode": "exact"}, self.name)["mode"]
+        if self.mode not in MODES:
+            raise ConfigError(
+                f"instruments.{self.name}.mode must be one of {sorted(MODES)}, got {self.mode!r}"
+            )
         self._handles: list[RemovableHandle] = []
-        self._best: torch.Tensor | None = None
+        self._best: torch.Tensor | None = None  # (blocks, heads): exact max, or [upper, lower]
 
     def on_train_start(self, trainer: Trainer) -> None:
         if is_log_step(trainer, trainer.step + 1):
@@ -48,9 +60,12 @@ class AttentionLogits(Callback):
     def _arm(self, trainer: Trainer) -> None:
         atts = [attention_of(b) for b in blocks(trainer)]
         device = atts[0].q_proj.weight.device
-        self._best = torch.full((len(atts), atts[0].n_heads), float("-inf"), device=device)
+        shape = (len(MODES[self.mode]), len(atts), atts[0].n_heads)
+        self._best = torch.full(shape, float("-inf"), device=device)
         for i, att in enumerate(atts):
-            att.record_max_logits = True
+            setattr(
+                att, "record_lse_bound" if self.mode == "lse_bound" else "record_max_logits", True
+            )
             self._handles.append(att.register_forward_hook(self._hook(i)))
         self._atts = atts
 
@@ -58,7 +73,9 @@ class AttentionLogits(Callback):
         def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
             if not module.training or self._best is None:
                 return  # evaluation passes are not the training step's logits
-            self._best[i] = torch.maximum(self._best[i], module.max_logits)
+            values = module.lse_bounds if self.mode == "lse_bound" else (module.max_logits,)
+            for slot, value in enumerate(values):  # the bounds: (lower, upper)
+                self._best[slot, i] = torch.maximum(self._best[slot, i], value)
 
         return hook
 
@@ -68,17 +85,19 @@ class AttentionLogits(Callback):
         self._handles = []
         for att in getattr(self, "_atts", []):
             att.record_max_logits, att.max_logits = False, None
+            att.record_lse_bound, att.lse_bounds = False, None
 
     def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
         if self._handles:
             self._disarm()
-            best = trainer.engine.all_reduce(self._best, "max")
-            per_block = best.amax(dim=1)
-            for i in range(best.shape[0]):
-                for h in range(best.shape[1]):
-                    metrics[block_key(MAX_LOGIT, i, f"h{h}")] = best[i, h]
-                metrics[block_key(MAX_LOGIT, i)] = per_block[i]
-            metrics[MAX_LOGIT] = per_block.amax()
+            all_best = trainer.engine.all_reduce(self._best, "max")
+            for kind, best in zip(MODES[self.mode], all_best, strict=True):
+                per_block = best.amax(dim=1)
+                for i in range(best.shape[0]):
+                    for h in range(best.shape[1]):
+                        metrics[block_key(kind, i, f"h{h}")] = best[i, h]
+                    metrics[block_key(kind, i)] = per_block[i]
+                metrics[kind] = per_block.amax()
         if is_log_step(trainer, step + 1):
             self._arm(trainer)
 

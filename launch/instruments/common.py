@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 RESID, ATTN_OUT, MLP_OUT = "resid_rms", "attn_out_rms", "mlp_out_rms"
 GRAD, UPDATE = "grad_norm", "update_ratio"
 MAX_LOGIT, QK_GAIN = "max_logit", "qk_gain"
+MAX_LOGIT_LOWER, MAX_LOGIT_UPPER = "max_logit_lower", "max_logit_upper"  # the lse bound
 FP16_CLAMPS = "fp16_clamps"
 SPIKE_LOSS, SPIKE_GRAD = "spike_score/loss", "spike_score/grad_norm"
 SKIPPED, ROLLBACKS, NONFINITE = "skipped_steps", "rollbacks", "nonfinite_steps"
