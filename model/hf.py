@@ -32,6 +32,12 @@ FAMILIES: dict[str, tuple[str, str, dict[str, str]]] = {
         {"attn.norm_out": "post_attention_layernorm", "mlp.norm_out": "post_feedforward_layernorm"},
     ),
 }
+# model_type -> (config class, model class) in transformers
+HF_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+}
 LINEARS = {
     "attn.branch.q_proj": "self_attn.q_proj",
     "attn.branch.k_proj": "self_attn.k_proj",
@@ -78,11 +84,7 @@ def hf_config(cfg: ModelConfig) -> Any:
     import transformers
 
     family = hf_family(cfg)
-    config_cls = {
-        "llama": transformers.LlamaConfig,
-        "qwen3": transformers.Qwen3Config,
-        "olmo2": transformers.Olmo2Config,
-    }[family]
+    config_cls = getattr(transformers, HF_CLASSES[family][0])
     return config_cls(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.d_model,
@@ -107,11 +109,7 @@ def to_hf(model: Transformer) -> Any:
 
     cfg = model.config
     family = hf_family(cfg)
-    model_cls = {
-        "llama": transformers.LlamaForCausalLM,
-        "qwen3": transformers.Qwen3ForCausalLM,
-        "olmo2": transformers.Olmo2ForCausalLM,
-    }[family]
+    model_cls = getattr(transformers, HF_CLASSES[family][1])
     hf = model_cls(hf_config(cfg)).to(model.embed.weight.dtype)
     ours = model.state_dict()
     theirs = {hf_key: ours[key] for key, hf_key in key_map(cfg, family).items()}

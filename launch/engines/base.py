@@ -17,6 +17,7 @@ from torch import nn
 
 from launch.config import RunConfig
 from model import ModelConfig
+from model.loss import lm_loss
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 StepVeto = Callable[[torch.Tensor], bool]
@@ -73,8 +74,15 @@ class Engine(ABC):
     def zero_grad(self) -> None: ...
 
     @abstractmethod
+    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Logits of one batch already on the device (with the engine's wrapping and autocast)."""
+
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Forward and loss of one batch (with the engine's autocast/wrapping)."""
+        """Loss of one batch: move it to the device, forward, cross-entropy (+ z-loss) in fp32."""
+        logits = self._forward(inputs.to(self._device, non_blocking=True))
+        targets = targets.to(self._device, non_blocking=True)
+        loss, _ = lm_loss(logits, targets, z_loss_coef=self.cfg.optim.z_loss)
+        return loss
 
     @torch.no_grad()
     def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,6 @@ from launch.engines.fsdp import (
 )
 from launch.errors import CheckpointError, ConfigError
 from model import ModelConfig, Transformer
-from model.loss import lm_loss
 
 DS_TAG = "deepspeed"  # the sub-directory DeepSpeed writes inside a step directory
 RECIPE_OWNED = ("optimizer", "scheduler")
@@ -166,11 +165,8 @@ class DeepSpeedEngine(DistributedEngine):
 
         optimizer.step = gated_step  # type: ignore[method-assign]
 
-    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self._ds(inputs.to(self._device, non_blocking=True))
-        targets = targets.to(self._device, non_blocking=True)
-        loss, _ = lm_loss(logits.float(), targets, z_loss_coef=self.cfg.optim.z_loss)
-        return loss
+    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self._ds(inputs)
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self._micro += 1

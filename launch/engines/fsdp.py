@@ -27,7 +27,6 @@ from launch.engines.dist import DistributedEngine
 from launch.engines.single import read_file
 from launch.errors import CheckpointError, ConfigError
 from model import ModelConfig, Transformer
-from model.loss import lm_loss
 
 DCP_DIR, META_FILE = "dcp", "engine.json"
 
@@ -95,11 +94,8 @@ class FSDPEngine(DistributedEngine):
             fully_shard(block, mesh=self._mesh, mp_policy=policy, reshard_after_forward=i < n - 1)
         fully_shard(module, mesh=self._mesh, mp_policy=policy)
 
-    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self._module(inputs.to(self._device, non_blocking=True))
-        targets = targets.to(self._device, non_blocking=True)
-        loss, _ = lm_loss(logits.float(), targets, z_loss_coef=self.cfg.optim.z_loss)
-        return loss
+    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self._module(inputs)
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         accum = self.cfg.training.grad_accum

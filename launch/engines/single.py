@@ -14,7 +14,6 @@ from torch import nn
 from launch.engines.base import Engine, OptimizerFactory, StepVeto
 from launch.errors import CheckpointError
 from model import ModelConfig, Transformer
-from model.loss import lm_loss
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 MODEL_FILE, OPTIM_FILE, ENGINE_FILE, TRAINER_FILE = (
@@ -58,13 +57,9 @@ class SingleEngine(Engine):
             return contextlib.nullcontext()
         return torch.autocast(self._device.type, dtype=self._amp_dtype)
 
-    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        inputs = inputs.to(self._device, non_blocking=True)
-        targets = targets.to(self._device, non_blocking=True)
+    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
         with self._autocast():
-            logits = self._model(inputs)
-        loss, _ = lm_loss(logits, targets, z_loss_coef=self.cfg.optim.z_loss)
-        return loss
+            return self._model(inputs)
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss = self._loss(inputs, targets)
