@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from launch.config_loader import suggest
+from launch.config.loader import suggest
 from launch.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from launch.config import RunConfig
-from launch.config_loader import deep_merge
+from launch.config.loader import deep_merge
 from launch.engines.base import OptimizerFactory, StepVeto
 from launch.engines.dist import DistributedEngine
 from launch.engines.fsdp import (

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from launch.config_loader import suggest
+from launch.config.loader import suggest
 from launch.errors import ConfigError
 from model.attention import Attention
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-from launch.config_loader import apply_overrides, build, deep_merge, load_yaml, suggest, to_plain
+from launch.config.loader import apply_overrides, build, deep_merge, load_yaml, suggest, to_plain
 from launch.errors import ConfigError
 from model import ModelConfig
 from model.presets import PRESETS
