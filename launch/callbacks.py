@@ -1,21 +1,19 @@
 """Callbacks: the seam the stability instruments plug into.
 
-Built from the `instruments:` section (name -> settings) through the CALLBACKS registry; each
+Built from the `instruments:` section (name -> settings) through launch.registry.INSTRUMENTS; each
 callback's state is saved in checkpoints under its `name`. Losses and metrics reach callbacks as
 device tensors: the trainer copies them to the host only on log steps.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from launch.config.loader import suggest
 from launch.errors import ConfigError
+from launch.registry import INSTRUMENTS, resolve
 
 if TYPE_CHECKING:
     from launch.trainer import Trainer
@@ -54,26 +52,16 @@ class Callback:
         """Restore what state_dict returned."""
 
 
-# instrument name -> factory(settings dict) -> Callback; launch.instruments registers its own.
-CALLBACKS: dict[str, Callable[[dict[str, Any]], Callback]] = {}
-
-
-def _register_instruments() -> None:
-    if importlib.util.find_spec("launch.instruments") is not None:
-        importlib.import_module("launch.instruments")
-
-
 def build_callbacks(section: dict[str, Any]) -> list[Callback]:
     """One callback per entry of `instruments:`; an entry set to false/null is switched off."""
-    _register_instruments()
     out = []
     for name, settings in section.items():
-        if name not in CALLBACKS:
-            hint = suggest(name, list(CALLBACKS), "instruments.")
+        if name not in INSTRUMENTS:
+            hint = suggest(name, list(INSTRUMENTS), "instruments.")
             raise ConfigError(f"unknown instrument 'instruments.{name}'{hint}")
         if settings is False or settings is None:
             continue
-        out.append(CALLBACKS[name]({} if settings is True else settings))
+        out.append(resolve(INSTRUMENTS, name)({} if settings is True else settings))
     return out
 
 

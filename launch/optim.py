@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
 from launch.config import OptimSection
+from launch.registry import OPTIMIZERS, resolve
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -37,14 +36,8 @@ def build_adamw(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
     )
 
 
-# name -> factory(model, section). Later optimizers (muon) register here.
-OPTIMIZERS: dict[str, Callable[[nn.Module, OptimSection], torch.optim.Optimizer]] = {
-    "adamw": build_adamw,
-}
-
-
 def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
-    opt = OPTIMIZERS[cfg.name](model, cfg)
+    opt = resolve(OPTIMIZERS, cfg.name)(model, cfg)
     for group in opt.param_groups:
         group.setdefault("initial_lr", group["lr"])  # schedules scale from here
     return opt

@@ -23,11 +23,12 @@ from launch.callbacks import Callback, build_callbacks, overrides_skip
 from launch.checkpoint import CheckpointManager
 from launch.config import RunConfig
 from launch.datasets import resolve_dataset
-from launch.engines import ENGINES, Engine
+from launch.engines.base import Engine
 from launch.errors import ConfigError
 from launch.metrics import MetricsWriter
 from launch.optim import build_optimizer, set_lr
 from launch.progress import ProgressDisplay
+from launch.registry import ENGINES, resolve
 from launch.rundir import check_run_dir, read_summary, write_config, write_summary
 from launch.schedule import build_schedule
 
@@ -90,7 +91,7 @@ class Trainer:
         if cfg.training.threads:
             torch.set_num_threads(cfg.training.threads)
         seed_everything(cfg.training.seed)
-        self.engine = ENGINES[cfg.engine.name](cfg)
+        self.engine = resolve(ENGINES, cfg.engine.name)(cfg)
         data_dir = resolve_dataset(cfg.data, quiet=True)
         d = cfg.data
         rank, world = self._rank_world()

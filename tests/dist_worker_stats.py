@@ -14,7 +14,7 @@ from functools import partial
 import torch
 
 from launch.config import load_config
-from launch.engines import ENGINES
+from launch.registry import ENGINES, resolve
 from launch.optim import build_optimizer
 
 GLOBAL_BATCH, VOCAB, SEQ = 4, 512, 32
@@ -29,7 +29,7 @@ def batch() -> torch.Tensor:
 def main() -> None:
     cfg = load_config(sys.argv[1], sys.argv[3:])
     torch.manual_seed(0)
-    engine = ENGINES[cfg.engine.name](cfg)
+    engine = resolve(ENGINES, cfg.engine.name)(cfg)
     engine.setup(cfg.model_config(), partial(build_optimizer, cfg=cfg.optim))
     per = GLOBAL_BATCH // engine.world_size
     x = batch()[engine.rank * per : (engine.rank + 1) * per]

@@ -210,12 +210,12 @@ def _weights(engine) -> dict[str, torch.Tensor]:
 def _engine(tiny: dict[str, Path], *overrides: str):
     from functools import partial
 
-    from launch.engines import ENGINES
+    from launch.registry import ENGINES, resolve
     from launch.optim import build_optimizer
 
     cfg = load_config(tiny["r8"], list(overrides))
     torch.manual_seed(0)
-    engine = ENGINES[cfg.engine.name](cfg)
+    engine = resolve(ENGINES, cfg.engine.name)(cfg)
     engine.setup(cfg.model_config(), partial(build_optimizer, cfg=cfg.optim))
     return engine
 

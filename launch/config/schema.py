@@ -17,6 +17,7 @@ import yaml
 
 from launch.config.loader import apply_overrides, build, deep_merge, load_yaml, suggest, to_plain
 from launch.errors import ConfigError
+from launch.registry import ENGINES, OPTIMIZERS
 from model import ModelConfig
 from model.presets import PRESETS
 
@@ -53,7 +54,7 @@ class DataSection:
 
 @dataclass
 class OptimSection:
-    name: str = "adamw"  # a key of launch.optim.OPTIMIZERS
+    name: str = "adamw"  # a key of launch.registry.OPTIMIZERS
     lr: float = 3e-4
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
@@ -104,7 +105,7 @@ class CheckpointSection:
 
 @dataclass
 class EngineSection:
-    name: str = "single"  # a key of launch.engines.ENGINES
+    name: str = "single"  # a key of launch.registry.ENGINES
     zero_stage: Literal[0, 1, 2, 3] = 0
     activation_checkpointing: bool = False
     compile: bool = False
@@ -193,8 +194,6 @@ def validate(cfg: RunConfig) -> None:
 
 
 def _validate_optim(cfg: RunConfig) -> None:
-    from launch.optim import OPTIMIZERS
-
     o = cfg.optim
     if o.name not in OPTIMIZERS:
         raise ConfigError(f"unknown optim.name {o.name!r}{suggest(o.name, list(OPTIMIZERS))}")
@@ -224,8 +223,6 @@ def _validate_schedule(cfg: RunConfig) -> None:
 
 
 def _validate_engine(cfg: RunConfig) -> None:
-    from launch.engines import ENGINES
-
     e = cfg.engine
     if e.name not in ENGINES:
         raise ConfigError(f"unknown engine.name {e.name!r}{suggest(e.name, list(ENGINES))}")

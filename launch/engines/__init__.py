@@ -1,16 +1,8 @@
-"""Training engines by name; the trainer builds `ENGINES[cfg.engine.name](cfg)`."""
+"""Training engines: single process, FSDP2 and DeepSpeed ZeRO, behind the Engine seam.
 
-from __future__ import annotations
+Engines are looked up by name in launch.registry.ENGINES; DeepSpeed is imported only when used.
+"""
 
 from launch.engines.base import Engine
-from launch.engines.deepspeed_engine import DeepSpeedEngine
-from launch.engines.fsdp import FSDPEngine
-from launch.engines.single import SingleEngine
 
-ENGINES: dict[str, type[Engine]] = {
-    "single": SingleEngine,
-    "fsdp": FSDPEngine,
-    "deepspeed": DeepSpeedEngine,  # imports deepspeed only in setup()
-}
-
-__all__ = ["ENGINES", "Engine", "SingleEngine"]
+__all__ = ["Engine"]

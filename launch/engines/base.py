@@ -2,7 +2,7 @@
 
 The trainer loop never touches torch.distributed, wrappers or loss scaling directly: it asks its
 Engine. `single` runs one process (CPU or one GPU); FSDP2 and DeepSpeed engines implement the same
-methods and register in `launch.engines.ENGINES`.
+methods and are listed by name in `launch.registry.ENGINES`.
 """
 
 from __future__ import annotations

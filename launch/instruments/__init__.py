@@ -1,28 +1,16 @@
-"""Stability instruments: callbacks registered in launch.callbacks.CALLBACKS by name.
+"""Stability instruments: callbacks listed by name in launch.registry.INSTRUMENTS.
 
 A recipe switches them on in its `instruments:` section, e.g.
 `instruments: {activations: true, spike_score: {window: 1000, k: 7}}`. Metric keys are listed in
 `launch.instruments.common`.
 """
 
-from launch.callbacks import CALLBACKS
 from launch.instruments.activations import ActivationStats
 from launch.instruments.attention import AttentionLogits, QKGains
 from launch.instruments.fp16 import ClampHooks, FP16Clamp, clamp_fp16
 from launch.instruments.gradients import GradientStats
 from launch.instruments.policy import SpikePolicy
 from launch.instruments.spikes import RollingSpikeScore, SpikeScore, spike_score
-
-for _cls in (
-    ActivationStats,
-    GradientStats,
-    AttentionLogits,
-    QKGains,
-    SpikeScore,
-    SpikePolicy,
-    FP16Clamp,
-):
-    CALLBACKS[_cls.name] = _cls
 
 OBSERVERS = ["activations", "gradients", "attention_logits", "qk_gains", "spike_score"]
 
