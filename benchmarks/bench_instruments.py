@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from launch.config import load_config  # noqa: E402
-from launch.trainer import Trainer  # noqa: E402
+from launch.training.trainer import Trainer  # noqa: E402
 
 OBSERVERS = ["activations", "gradients", "attention_logits", "qk_gains", "spike_score"]
 SIZES = {

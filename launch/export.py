@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from launch.checkpoint import CheckpointManager, step_dir_name
+from launch.training.checkpoint import CheckpointManager, step_dir_name
 from launch.config import RunConfig, load_config
 from launch.engines.fsdp import DCP_DIR, read_meta
 from launch.engines.single import MODEL_FILE, check_compatible, read_file

@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
-    from launch.datasets import resolve_dataset  # once per node, before the ranks start
+    from launch.training.datasets import resolve_dataset  # once per node, before the ranks start
 
     resolve_dataset(cfg.data)
     if args.node_rank > 0:

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from launch.config import load_config
-from launch.datasets import resolve_dataset
+from launch.training.datasets import resolve_dataset
 
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"
 DEFAULT = ["post_warmup", "post_nowarmup", "pre", "peri", "olmo2", "deepnorm"]
@@ -42,7 +42,7 @@ def _overrides(args: argparse.Namespace, name: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.trainer import Trainer
+    from launch.training.trainer import Trainer
 
     console = Console() if sys.stdout.isatty() else Console(width=120)  # no truncated names
     names = [n.strip() for n in args.recipes.split(",") if n.strip()]

@@ -82,7 +82,7 @@ def run_study(
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Train every recipe, then compare them; returns {'runs': [...], 'rows': ..., 'files': ...}."""
-    from launch.trainer import Trainer  # heavy imports after the arguments are checked
+    from launch.training.trainer import Trainer  # heavy imports after the arguments are checked
 
     out = Path(out)
     console = console or Console(width=None if sys.stdout.isatty() else 240)

@@ -16,8 +16,8 @@ from rich.console import Console
 from launch.cli import main
 from launch.compare import compare
 from launch.config import load_config
-from launch.metrics import read_jsonl
-from launch.trainer import Trainer
+from launch.training.metrics import read_jsonl
+from launch.training.trainer import Trainer
 from tests.conftest import REPO, tiny_overrides
 from tests.test_spike_policy import Inject
 

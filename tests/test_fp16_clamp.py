@@ -14,8 +14,8 @@ from launch.config import load_config
 from launch.errors import ConfigError
 from launch.instruments import ClampHooks, FP16Clamp, clamp_fp16
 from launch.instruments.common import FP16_CLAMPS, block_key
-from launch.metrics import read_jsonl
-from launch.trainer import Trainer
+from launch.training.metrics import read_jsonl
+from launch.training.trainer import Trainer
 from tests.conftest import REPO, tiny_overrides
 from tests.instrument_helpers import fake_trainer, tiny_model
 

@@ -13,8 +13,8 @@ from launch.config import load_config
 from launch.errors import ConfigError
 from launch.instruments import ActivationStats, AttentionLogits, GradientStats, QKGains
 from launch.instruments.common import block_key, parse_block_key
-from launch.metrics import read_jsonl
-from launch.trainer import Trainer
+from launch.training.metrics import read_jsonl
+from launch.training.trainer import Trainer
 from model.rope import apply_rope
 from tests.conftest import REPO, tiny_overrides
 from tests.instrument_helpers import fake_trainer, tiny_model, train_step

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.metrics import read_jsonl
+from launch.training.metrics import read_jsonl
 from tests.conftest import REPO, tiny_overrides
 
 STEPS, EVERY = 40, 5

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from launch.config import ScheduleSection
-from launch.schedule import build_schedule
+from launch.training.schedule import build_schedule
 
 TOTAL = 100
 

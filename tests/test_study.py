@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from launch.cli import main
-from launch.metrics import read_jsonl
+from launch.training.metrics import read_jsonl
 from launch.study import DEFAULT_RECIPES, run_study, spike_window, study_configs
 from tests.conftest import tiny_overrides
 

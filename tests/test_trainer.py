@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch.callbacks import Callback
+from launch.training.callbacks import Callback
 from launch.cli import main
 from launch.config import load_config
-from launch.metrics import read_jsonl
-from launch.schedule import build_schedule
-from launch.trainer import Trainer
+from launch.training.metrics import read_jsonl
+from launch.training.schedule import build_schedule
+from launch.training.trainer import Trainer
 from tests.conftest import REPO, tiny_overrides
 
 PRE, PERI = REPO / "recipes" / "pre.yaml", REPO / "recipes" / "peri.yaml"

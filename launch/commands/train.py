@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
     cfg = resolve(args.recipe, overrides)
-    from launch.trainer import Trainer  # heavy imports only once the config is valid
+    from launch.training.trainer import Trainer  # heavy imports only once the config is valid
 
     trainer = Trainer(cfg, force=args.force)
     status = trainer.run()

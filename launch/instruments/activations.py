@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from launch.callbacks import Callback
+from launch.training.callbacks import Callback
 from launch.instruments.common import (
     ATTN_OUT,
     MLP_OUT,
@@ -25,7 +25,7 @@ from launch.instruments.common import (
 )
 
 if TYPE_CHECKING:
-    from launch.trainer import Trainer
+    from launch.training.trainer import Trainer
 
 KINDS = (RESID, ATTN_OUT, MLP_OUT)
 

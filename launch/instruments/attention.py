@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from launch.callbacks import Callback
+from launch.training.callbacks import Callback
 from launch.errors import ConfigError
 from launch.instruments.common import (
     MAX_LOGIT,
@@ -33,7 +33,7 @@ from launch.instruments.common import (
 from launch.instruments.gradients import local_parts, sum_squares
 
 if TYPE_CHECKING:
-    from launch.trainer import Trainer
+    from launch.training.trainer import Trainer
 
 # mode -> the metric kinds it logs, in the order the attention module reports them
 MODES = {"exact": (MAX_LOGIT,), "lse_bound": (MAX_LOGIT_LOWER, MAX_LOGIT_UPPER)}

@@ -18,7 +18,7 @@ from launch.errors import ConfigError
 from model.attention import Attention
 
 if TYPE_CHECKING:
-    from launch.trainer import Trainer
+    from launch.training.trainer import Trainer
 
 RESID, ATTN_OUT, MLP_OUT = "resid_rms", "attn_out_rms", "mlp_out_rms"
 GRAD, UPDATE = "grad_norm", "update_ratio"

@@ -17,12 +17,12 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from launch.callbacks import Callback
+from launch.training.callbacks import Callback
 from launch.errors import ConfigError
 from launch.instruments.common import FP16_CLAMPS, block_key, is_log_step, settings_of, unwrap
 
 if TYPE_CHECKING:
-    from launch.trainer import Trainer
+    from launch.training.trainer import Trainer
 
 FP16_MAX = torch.finfo(torch.float16).max
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
-from launch.callbacks import Callback
+from launch.training.callbacks import Callback
 from launch.instruments.common import (
     GRAD,
     UPDATE,
@@ -28,7 +28,7 @@ from launch.instruments.common import (
 )
 
 if TYPE_CHECKING:
-    from launch.trainer import Trainer
+    from launch.training.trainer import Trainer
 
 Parts = list[tuple[torch.Tensor | None, bool]]
 

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from launch.callbacks import Callback
-from launch.checkpoint import STEP_DIR
+from launch.training.callbacks import Callback
+from launch.training.checkpoint import STEP_DIR
 from launch.errors import ConfigError
 from launch.instruments.common import ROLLBACKS, SKIPPED, settings_of
 
 if TYPE_CHECKING:
-    from launch.trainer import Trainer
+    from launch.training.trainer import Trainer
 
 DEFAULTS = {"window": 1000, "k": 7.0, "max_bad_steps": 5, "rollback": True}
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from launch.callbacks import Callback
+from launch.training.callbacks import Callback
 from launch.instruments.common import (
     NONFINITE,
     SPIKE_GRAD,
@@ -27,7 +27,7 @@ from launch.instruments.common import (
 )
 
 if TYPE_CHECKING:
-    from launch.trainer import Trainer
+    from launch.training.trainer import Trainer
 
 
 def spike_flags(series: np.ndarray, window: int, k: float) -> np.ndarray:

@@ -14,8 +14,8 @@ import yaml
 
 from launch.errors import NormlabError
 from launch.instruments.common import parse_block_key
-from launch.metrics import JSONL, read_jsonl
-from launch.rundir import CONFIG, SUMMARY
+from launch.training.metrics import JSONL, read_jsonl
+from launch.training.rundir import CONFIG, SUMMARY
 
 
 class NotARunError(NormlabError):

@@ -16,7 +16,7 @@ from launch.errors import ConfigError
 from launch.registry import INSTRUMENTS, resolve
 
 if TYPE_CHECKING:
-    from launch.trainer import Trainer
+    from launch.training.trainer import Trainer
 
 
 class Callback:
