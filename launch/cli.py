@@ -14,16 +14,16 @@ import sys
 from data.errors import DataError
 from launch.errors import NormlabError
 
-# Later commands (compare, study, launch, export) add their module here.
+# One module per subcommand; a new command adds its module here.
 COMMANDS = [
     "launch.commands.train",
     "launch.commands.validate",
     "data.cli",
-    "launch.quickstart",
-    "launch.launcher",
-    "launch.export",
-    "launch.compare",
-    "launch.study",
+    "launch.commands.quickstart",
+    "launch.commands.launch",
+    "launch.commands.export",
+    "launch.commands.compare",
+    "launch.commands.study",
 ]
 USER_ERRORS = (NormlabError, DataError)
 

@@ -14,8 +14,8 @@ from functools import partial
 import torch
 
 from launch.config import load_config
-from launch.registry import ENGINES, resolve
 from launch.optim import build_optimizer
+from launch.registry import ENGINES, resolve
 
 GLOBAL_BATCH, VOCAB, SEQ = 4, 512, 32
 

@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from launch.cli import main
-from launch.compare import compare
+from launch.commands.compare import compare
 from launch.config import load_config
 from launch.training.metrics import read_jsonl
 from launch.training.trainer import Trainer

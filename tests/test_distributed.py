@@ -210,8 +210,8 @@ def _weights(engine) -> dict[str, torch.Tensor]:
 def _engine(tiny: dict[str, Path], *overrides: str):
     from functools import partial
 
-    from launch.registry import ENGINES, resolve
     from launch.optim import build_optimizer
+    from launch.registry import ENGINES, resolve
 
     cfg = load_config(tiny["r8"], list(overrides))
     torch.manual_seed(0)

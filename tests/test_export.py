@@ -21,7 +21,7 @@ from dist_helpers import (
 )
 from safetensors.torch import load_file
 
-from launch.export import save_hf
+from launch.commands.export import save_hf
 from model import ModelConfig, Transformer
 
 pytestmark = pytest.mark.distributed

@@ -11,10 +11,10 @@ import pytest
 import torch
 from rich.console import Console
 
-from launch.training.callbacks import Callback
 from launch.config import load_config
 from launch.instruments import SpikePolicy
 from launch.instruments.policy import last_checkpoint_before
+from launch.training.callbacks import Callback
 from launch.training.metrics import read_jsonl
 from launch.training.trainer import Trainer
 from tests.conftest import REPO, tiny_overrides

@@ -10,8 +10,8 @@ import pytest
 from rich.console import Console
 
 from launch.cli import main
+from launch.commands.study import DEFAULT_RECIPES, run_study, spike_window, study_configs
 from launch.training.metrics import read_jsonl
-from launch.study import DEFAULT_RECIPES, run_study, spike_window, study_configs
 from tests.conftest import tiny_overrides
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch.training.callbacks import Callback
 from launch.cli import main
 from launch.config import load_config
+from launch.training.callbacks import Callback
 from launch.training.metrics import read_jsonl
 from launch.training.schedule import build_schedule
 from launch.training.trainer import Trainer

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from launch.training.callbacks import Callback
 from launch.instruments.common import (
     ATTN_OUT,
     MLP_OUT,
@@ -23,6 +22,7 @@ from launch.instruments.common import (
     is_log_step,
     settings_of,
 )
+from launch.training.callbacks import Callback
 
 if TYPE_CHECKING:
     from launch.training.trainer import Trainer

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from launch.training.callbacks import Callback
 from launch.errors import ConfigError
 from launch.instruments.common import (
     MAX_LOGIT,
@@ -31,6 +30,7 @@ from launch.instruments.common import (
     settings_of,
 )
 from launch.instruments.gradients import local_parts, sum_squares
+from launch.training.callbacks import Callback
 
 if TYPE_CHECKING:
     from launch.training.trainer import Trainer

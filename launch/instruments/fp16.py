@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from launch.training.callbacks import Callback
 from launch.errors import ConfigError
 from launch.instruments.common import FP16_CLAMPS, block_key, is_log_step, settings_of, unwrap
+from launch.training.callbacks import Callback
 
 if TYPE_CHECKING:
     from launch.training.trainer import Trainer

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
-from launch.training.callbacks import Callback
 from launch.instruments.common import (
     GRAD,
     UPDATE,
@@ -26,6 +25,7 @@ from launch.instruments.common import (
     settings_of,
     unwrap,
 )
+from launch.training.callbacks import Callback
 
 if TYPE_CHECKING:
     from launch.training.trainer import Trainer

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from launch.training.callbacks import Callback
-from launch.training.checkpoint import STEP_DIR
 from launch.errors import ConfigError
 from launch.instruments.common import ROLLBACKS, SKIPPED, settings_of
+from launch.training.callbacks import Callback
+from launch.training.checkpoint import STEP_DIR
 
 if TYPE_CHECKING:
     from launch.training.trainer import Trainer

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from launch.training.callbacks import Callback
 from launch.instruments.common import (
     NONFINITE,
     SPIKE_GRAD,
@@ -25,6 +24,7 @@ from launch.instruments.common import (
     is_log_step,
     settings_of,
 )
+from launch.training.callbacks import Callback
 
 if TYPE_CHECKING:
     from launch.training.trainer import Trainer

@@ -19,16 +19,16 @@ import torch
 from rich.console import Console
 
 from data.loader import PackedLoader
-from launch.training.callbacks import Callback, build_callbacks, overrides_skip
-from launch.training.checkpoint import CheckpointManager
 from launch.config import RunConfig
-from launch.training.datasets import resolve_dataset
 from launch.engines.base import Engine
 from launch.errors import ConfigError
-from launch.training.metrics import MetricsWriter
 from launch.optim import build_optimizer, set_lr
-from launch.training.progress import ProgressDisplay
 from launch.registry import ENGINES, resolve
+from launch.training.callbacks import Callback, build_callbacks, overrides_skip
+from launch.training.checkpoint import CheckpointManager
+from launch.training.datasets import resolve_dataset
+from launch.training.metrics import MetricsWriter
+from launch.training.progress import ProgressDisplay
 from launch.training.rundir import check_run_dir, read_summary, write_config, write_summary
 from launch.training.schedule import build_schedule
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 import yaml
 
-from launch.training.checkpoint import CheckpointManager, step_dir_name
 from launch.config import RunConfig, load_config
 from launch.engines.fsdp import DCP_DIR, read_meta
 from launch.engines.single import MODEL_FILE, check_compatible, read_file
 from launch.errors import CheckpointError, RunDirError
+from launch.training.checkpoint import CheckpointManager, step_dir_name
 from model import Transformer
 
 WEIGHTS, CONFIG, MODEL_CONFIG, HF_DIR = (

@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
-from launch.compare import compare
+from launch.commands.compare import compare
 from launch.config import RunConfig, load_config
 from launch.errors import ConfigError
 
