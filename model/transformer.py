@@ -67,12 +67,16 @@ class Transformer(nn.Module):
         return self.head(self.final_norm(x))  # (B, T, V)
 
     @torch.no_grad()
-    def init_weights(self) -> None:
-        """Apply the configured init scheme; also call after `to_empty()` from the meta device."""
+    def init_weights(self, seed: int | None = None) -> None:
+        """Apply the configured init scheme; also call after `to_empty()` from the meta device.
+
+        Each parameter is drawn from generators keyed by `seed` and its name (model/init.py);
+        seed None takes torch's current seed (`torch.manual_seed(s)` then build: seed s).
+        """
         for module in self.modules():
             if isinstance(module, Attention):
                 module.reset_rope()
-        init_weights(self, self.config)
+        init_weights(self, self.config, torch.initial_seed() if seed is None else seed)
 
     def set_record_max_logits(self, flag: bool) -> None:
         """Have every attention store its exact per-head max logit (off: the fused path only)."""

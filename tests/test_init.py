@@ -107,7 +107,8 @@ def squared_norms_by_depth(placement: str, d: int = 128, depth: int = 12, seeds:
 
 def test_xiong_lemma2_post_ln_constant():
     norms = squared_norms_by_depth("post")
-    assert torch.allclose(norms, torch.full_like(norms, 1.5), atol=0.08), norms
+    # 12 model draws: each layer's mean scatters with std ~0.04, so 12 layers reach ~0.1
+    assert torch.allclose(norms, torch.full_like(norms, 1.5), atol=0.12), norms
 
 
 def test_xiong_lemma2_pre_ln_linear_bounds():

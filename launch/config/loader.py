@@ -26,6 +26,12 @@ def suggest(key: str, valid: list[str], prefix: str = "") -> str:
     return f"; valid keys under '{prefix.rstrip('.') or '<top>'}': {', '.join(sorted(valid))}"
 
 
+def key_of(f: dataclasses.Field) -> str:
+    """A field's recipe key: its name, or metadata["key"] where the key is a Python keyword
+    (`checkpoint.async` is the field `async_`)."""
+    return f.metadata.get("key", f.name)
+
+
 def build(cls: type, data: Any, prefix: str = "") -> Any:
     """Build dataclass `cls` from a nested dict, checking every key and value type."""
     where = prefix.rstrip(".") or "the config"
@@ -33,13 +39,14 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}: {data!r}")
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    fields = {key_of(f): f.name for f in dataclasses.fields(cls) if f.init}
+    names = list(fields)
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in names:
             raise ConfigError(f"unknown key '{prefix}{key}'{suggest(str(key), names, prefix)}")
-        kwargs[key] = coerce(value, hints[key], f"{prefix}{key}")
+        kwargs[fields[key]] = coerce(value, hints[fields[key]], f"{prefix}{key}")
     try:
         return cls(**kwargs)
     except TypeError as exc:  # a required field without a default is missing
@@ -181,7 +188,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def to_plain(obj: Any) -> Any:
     """Dataclasses/tuples -> plain dicts/lists that yaml.safe_dump and json accept."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {key_of(f): to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
         return {k: to_plain(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):

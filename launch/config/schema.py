@@ -101,6 +101,8 @@ class LoggingSection:
 class CheckpointSection:
     every: int = 500  # steps; 0: only the final checkpoint
     keep_last: int = 3
+    # recipe key `async`: write in the background while training goes on (engine fsdp)
+    async_: bool = field(default=False, metadata={"key": "async"})
 
 
 @dataclass
@@ -110,6 +112,7 @@ class EngineSection:
     activation_checkpointing: bool = False
     compile: bool = False
     deepspeed_config: str | None = None
+    replicate: int = 1  # fsdp: HSDP, shard within world/replicate ranks, replicate across groups
 
 
 @dataclass
@@ -235,6 +238,17 @@ def _validate_engine(cfg: RunConfig) -> None:
         )
     if e.name == "single" and e.activation_checkpointing:
         raise ConfigError("engine.activation_checkpointing needs engine.name: fsdp or deepspeed")
+    if e.replicate < 1 or (e.replicate > 1 and e.name != "fsdp"):
+        raise ConfigError(
+            f"engine.replicate must be >= 1 and above 1 only with engine.name: fsdp (HSDP), got "
+            f"{e.replicate} with engine {e.name!r}"
+        )
+    if cfg.checkpoint.async_ and e.name != "fsdp":
+        raise ConfigError(
+            f"checkpoint.async needs engine.name: fsdp (torch.distributed.checkpoint's async_save);"
+            f" engine {e.name!r} saves synchronously (DeepSpeed's asynchronous checkpoint engines "
+            "are not wired in): set checkpoint.async: false"
+        )
 
 
 def _get(cfg: RunConfig, dotted: str) -> Any:

@@ -25,6 +25,7 @@ from torch import nn
 from launch.config import RunConfig
 from launch.config.loader import deep_merge
 from launch.engines.base import OptimizerFactory, StepVeto
+from launch.engines.construct import build_on_meta, build_zero3, materialize
 from launch.engines.dist import DistributedEngine
 from launch.engines.fsdp import (
     META_FILE,
@@ -132,7 +133,7 @@ class DeepSpeedEngine(DistributedEngine):
         if self._device.type == "cpu":
             skip_shm_comm_build()
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
-        module = Transformer(model_cfg)  # same seed on every rank -> identical weights
+        module = self._build(model_cfg, config)
         if self.cfg.engine.activation_checkpointing:
             apply_activation_checkpointing(module)
         if self.cfg.engine.compile:
@@ -148,6 +149,15 @@ class DeepSpeedEngine(DistributedEngine):
         except (AssertionError, ValueError) as exc:
             raise ConfigError(f"DeepSpeed rejected the generated config: {exc}") from None
         self._micro = 0
+
+    def _build(self, model_cfg: ModelConfig, config: dict[str, Any]) -> Transformer:
+        """ZeRO-3: constructed partitioned under zero.Init; ZeRO-1/2 keep whole weights on every
+        rank, built on the meta device and drawn once on the device. Same values either way."""
+        if self.cfg.engine.zero_stage == 3:
+            return build_zero3(model_cfg, self.cfg.training.seed, config)
+        module, plan = build_on_meta(model_cfg)
+        materialize(module, plan, self.cfg.training.seed, self._device)
+        return module
 
     def _gate_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Run the torch optimizer's step only when the veto (asked once per step) allows it."""

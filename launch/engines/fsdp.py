@@ -2,8 +2,10 @@
 
 Wrapping follows torchtitan's order (activation checkpointing, then per-block compile, then
 sharding): Zhao et al. 2023, "PyTorch FSDP", with the per-parameter DTensor sharding of FSDP2.
-The model is built and initialised whole on every rank from the same seed (bit-identical to the
-single engine), then sharded, so N ranks start from exactly the single-process weights.
+The model is built on the meta device, sharded, then each rank materialises and initialises only
+its shards (launch/engines/construct.py), drawing the same values one process would draw.
+`engine.replicate: R` shards within groups of world/R ranks and replicates across the R groups
+(HSDP on a 2-D device mesh: shard inside a node, replicate across nodes).
 
 Checkpoints hold the model and optimizer as a torch.distributed.checkpoint directory keyed by
 parameter name (loadable on any world size) plus one `trainer_rank{r}.pt` per rank (loader
@@ -20,9 +22,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, init_device_mesh
+from torch.distributed.tensor import DeviceMesh, DTensor, init_device_mesh
 
 from launch.engines.base import OptimizerFactory, StepVeto
+from launch.engines.construct import build_on_meta, materialize
 from launch.engines.dist import DistributedEngine
 from launch.engines.single import read_file
 from launch.errors import CheckpointError, ConfigError
@@ -60,6 +63,19 @@ def apply_activation_checkpointing(model: Transformer) -> None:
         model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=True)
 
 
+def device_mesh(device_type: str, world: int, replicate: int) -> DeviceMesh:
+    """1-D mesh of all ranks (FSDP), or (replicate, shard) for HSDP."""
+    if replicate < 1 or world % replicate:
+        raise ConfigError(
+            f"engine.replicate ({replicate}) must divide the world size ({world}): allowed "
+            f"{[r for r in range(1, world + 1) if world % r == 0]}"
+        )
+    if replicate == 1:
+        return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+    shape = (replicate, world // replicate)
+    return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))
+
+
 class FSDPEngine(DistributedEngine):
     name = "fsdp"
 
@@ -70,14 +86,15 @@ class FSDPEngine(DistributedEngine):
                 "use bf16, or engine.name: deepspeed for fp16 with its loss scaler"
             )
         self._device = self._join()
-        self._mesh = init_device_mesh(self._device.type, (self._world,))
-        module = Transformer(model_cfg)  # same seed on every rank -> identical weights
+        self._mesh = device_mesh(self._device.type, self._world, self.cfg.engine.replicate)
+        module, plan = build_on_meta(model_cfg)
         if self.cfg.engine.activation_checkpointing:
             apply_activation_checkpointing(module)
         if self.cfg.engine.compile:
             for block in module.blocks:
                 block.compile()
         self._shard(module)
+        materialize(module, plan, self.cfg.training.seed, self._device)
         self._module = module
         self._optimizer = build_optimizer(module)
         self._micro = 0
@@ -135,7 +152,12 @@ class FSDPEngine(DistributedEngine):
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=ckpt_dir / DCP_DIR)
         torch.save(extra_state, ckpt_dir / trainer_file(self._rank))
         if self.is_main:
-            meta = {"engine": self.name, "world_size": self._world, "format": "dcp"}
+            meta = {
+                "engine": self.name,
+                "world_size": self._world,
+                "replicate": self.cfg.engine.replicate,
+                "format": "dcp",
+            }
             (ckpt_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
     def load(self, ckpt_dir: Path) -> dict[str, Any]:

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from launch.engines.base import Engine, OptimizerFactory, StepVeto
+from launch.engines.construct import build_on_meta, materialize
 from launch.errors import CheckpointError
-from model import ModelConfig, Transformer
+from model import ModelConfig
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 MODEL_FILE, OPTIM_FILE, ENGINE_FILE, TRAINER_FILE = (
@@ -39,7 +40,8 @@ class SingleEngine(Engine):
 
     def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
         self._device = resolve_device(self.cfg.training.device)
-        module = Transformer(model_cfg).to(self._device)
+        module, plan = build_on_meta(model_cfg)  # allocated once, on the device
+        materialize(module, plan, self.cfg.training.seed, self._device)
         self._module = module
         self._model: nn.Module = torch.compile(module) if self.cfg.engine.compile else module
         self._optimizer = build_optimizer(module)

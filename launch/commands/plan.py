@@ -1,0 +1,148 @@
+"""`normlab plan RECIPE --nodes N --gpus-per-node G --gpu-memory 80GB [key=value ...]`: will the
+recipe fit? Per-rank memory of every engine and ZeRO stage, with and without activation
+checkpointing (launch/engines/memory.py), and a verdict on the configured one with what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import replace
+
+from launch.commands.train import add_recipe_args, resolve
+from launch.config import RunConfig
+from launch.engines.memory import GIB, Estimate, Layout, estimate
+from launch.errors import ConfigError
+from model.presets import count_params
+
+HEADROOM = 0.9  # of each GPU for the model: the rest is CUDA context, NCCL buffers, fragmentation
+UNITS = {"": GIB, "g": GIB, "gb": GIB, "gib": GIB, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+         "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}  # fmt: skip
+
+
+def parse_memory(text: str) -> float:
+    """'80GB', '80GiB', '141G', '40960MiB' -> bytes. GB means GiB: GPUs are sold in binary units
+    (an 80 GB A100 holds 81920 MiB)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in UNITS or float(m.group(1)) <= 0:
+        raise ConfigError(f"--gpu-memory must look like 80GB, 141GiB or 40960MiB, got {text!r}")
+    return float(m.group(1)) * UNITS[m.group(2).lower()]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan", help="estimate per-GPU memory of a recipe on a cluster, for every engine"
+    )
+    add_recipe_args(p)
+    p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs (ranks) per node")
+    p.add_argument("--gpu-memory", required=True, help="memory of one GPU, e.g. 80GB")
+    p.set_defaults(func=run)
+
+
+def layouts(cfg: RunConfig, world: int, nodes: int) -> list[tuple[str, Layout]]:
+    """Every engine and stage the cluster can run, named as a recipe would set them."""
+    base = Layout(
+        engine="single",
+        world=1,
+        batch=cfg.data.batch_size,
+        seq_len=cfg.data.seq_len,
+        dtype=cfg.precision.dtype,
+        optimizer=cfg.optim.name,
+        cuda=cfg.training.device != "cpu",
+    )
+    out = [("single", base)] if world == 1 else []
+    out.append(("fsdp", replace(base, engine="fsdp", world=world)))
+    replicas = sorted({cfg.engine.replicate, nodes} - {1})
+    out += [
+        (f"fsdp replicate={r}", replace(base, engine="fsdp", world=world, replicate=r))
+        for r in replicas
+        if world % r == 0 and r < world
+    ]
+    out += [
+        (f"deepspeed zero_stage={s}", replace(base, engine="deepspeed", world=world, zero_stage=s))
+        for s in (1, 2, 3)
+    ]
+    return out
+
+
+def configured(cfg: RunConfig, world: int) -> str:
+    e = cfg.engine
+    if e.name == "deepspeed":
+        return f"deepspeed zero_stage={e.zero_stage}"
+    if e.name == "fsdp" and e.replicate > 1:
+        return f"fsdp replicate={e.replicate}"
+    return "fsdp" if e.name == "single" and world > 1 else e.name
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        raise ConfigError(
+            f"--nodes and --gpus-per-node must be >= 1, got {args.nodes} and {args.gpus_per_node}"
+        )
+    cfg = resolve(args.recipe, list(args.overrides))
+    capacity = parse_memory(args.gpu_memory)
+    world = args.nodes * args.gpus_per_node
+    print(header(cfg, args, capacity, world))
+    rows = layouts(cfg, world, args.nodes)
+    mc = cfg.model_config()
+    print(f"{'GiB per GPU':<26}{'params':>8}{'grads':>8}{'optim':>8}{'gather':>8}"
+          f"{'activ':>8}{'peak':>8}{'act+AC':>8}{'peak+AC':>9}")  # fmt: skip
+    for name, lay in rows:
+        plain, ac = estimate(mc, lay), estimate(mc, replace(lay, checkpointing=True))
+        cells = [plain.params, plain.grads, plain.optimizer, plain.working, plain.activations]
+        line = "".join(f"{v / GIB:8.1f}" for v in cells)
+        print(f"{name:<26}{line}{plain.total / GIB:8.1f}{ac.activations / GIB:8.1f}"
+              f"{ac.total / GIB:9.1f}")  # fmt: skip
+    print(verdict(cfg, dict(rows), configured(cfg, world), capacity * HEADROOM))
+    return 0
+
+
+def header(cfg: RunConfig, args: argparse.Namespace, capacity: float, world: int) -> str:
+    mc = cfg.model_config()
+    return (
+        f"{cfg.name}: {count_params(mc) / 1e9:.2f}B parameters, {cfg.precision.dtype}, "
+        f"{cfg.optim.name}, micro-batch {cfg.data.batch_size} x {cfg.data.seq_len} tokens per "
+        f"rank; {args.nodes} node(s) x {args.gpus_per_node} GPU(s) of {capacity / GIB:.0f} GiB "
+        f"({HEADROOM:.0%} usable: {capacity * HEADROOM / GIB:.1f} GiB)"
+    )
+
+
+def verdict(cfg: RunConfig, rows: dict[str, Layout], mine: str, usable: float) -> str:
+    """'fits' for the configured layout, or the smallest change that makes it fit."""
+    mc = cfg.model_config()
+    ac_now = cfg.engine.activation_checkpointing
+    need = estimate(mc, replace(rows[mine], checkpointing=ac_now)) if mine in rows else None
+    if need is not None and need.total <= usable:
+        return f"verdict: fits: {describe(mine, ac_now)} peaks at {gib(need)} of {usable / GIB:.1f}"
+    head = (f"verdict: does not fit: {describe(mine, ac_now)} peaks at {gib(need)}"
+            if need is not None else f"verdict: {mine} cannot run on this cluster")  # fmt: skip
+    for ac in sorted({ac_now, True}):  # first without changing AC, then with it
+        for name, lay in rows.items():
+            est = estimate(mc, replace(lay, checkpointing=ac))
+            if est.total <= usable:
+                return f"{head}; use {describe(name, ac)} ({gib(est)})"
+    return f"{head}; {smaller_batch(cfg, rows, usable)}"
+
+
+def smaller_batch(cfg: RunConfig, rows: dict[str, Layout], usable: float) -> str:
+    """The largest micro-batch that fits on some layout with checkpointing, or more GPUs."""
+    mc = cfg.model_config()
+    for batch in range(cfg.data.batch_size - 1, 0, -1):
+        for name, lay in rows.items():
+            est = estimate(mc, replace(lay, checkpointing=True, batch=batch))
+            if est.total <= usable:
+                accum = cfg.training.grad_accum * cfg.data.batch_size / batch
+                return (
+                    f"use {describe(name, True)} with data.batch_size={batch} and "
+                    f"training.grad_accum={accum:g} to keep the global batch ({gib(est)})"
+                )
+    return "nothing fits even at micro-batch 1 with ZeRO-3 and checkpointing: add GPUs"
+
+
+def describe(name: str, ac: bool) -> str:
+    return name + (" with activation checkpointing" if ac else "")
+
+
+def gib(est: Estimate | None) -> str:
+    return "?" if est is None else f"{est.total / GIB:.1f} GiB"
