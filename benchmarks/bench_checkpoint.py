@@ -25,18 +25,28 @@ from launch.training.checkpoint import CheckpointManager
 
 def config(args: argparse.Namespace, run_dir: Path):  # type: ignore[no-untyped-def]
     d = args.d_model
-    return from_dict({
-        "run_dir": str(run_dir),
-        "model": {"n_layers": args.layers, "d_model": d, "n_heads": 8, "d_ff": 8 * d // 3 // 64 * 64,
-                  "vocab_size": 8192, "max_seq_len": 128},
-        "data": {"vocab_size": 8192, "seq_len": 128, "batch_size": 4},
-        "training": {"device": "cpu", "steps": args.steps},
-        "engine": {"name": "fsdp"},
-        "checkpoint": {"async": True, "keep_last": 2},
-    })  # fmt: skip
+    return from_dict(
+        {
+            "run_dir": str(run_dir),
+            "model": {
+                "n_layers": args.layers,
+                "d_model": d,
+                "n_heads": 8,
+                "d_ff": 8 * d // 3 // 64 * 64,
+                "vocab_size": 8192,
+                "max_seq_len": 128,
+            },
+            "data": {"vocab_size": 8192, "seq_len": 128, "batch_size": 4},
+            "training": {"device": "cpu", "steps": args.steps},
+            "engine": {"name": "fsdp"},
+            "checkpoint": {"async": True, "keep_last": 2},
+        }
+    )
 
 
-def timed_run(engine: FSDPEngine, ckpt: CheckpointManager, args: argparse.Namespace) -> tuple[float, float]:
+def timed_run(
+    engine: FSDPEngine, ckpt: CheckpointManager, args: argparse.Namespace
+) -> tuple[float, float]:
     """(seconds blocked in saves, wall seconds) over args.steps steps."""
     gen = torch.Generator().manual_seed(0)
     blocked, start = 0.0, time.perf_counter()

@@ -56,7 +56,9 @@ def main() -> None:
     torch.set_num_threads(1)
     cfg = load_config(RECIPE, [*CPU_FP32, "engine.name=fsdp"])
     engine = FSDPEngine(cfg)
-    fsdp, _ = peak_growth(lambda: engine.setup(cfg.model_config(), partial(build_optimizer, cfg=cfg.optim)))
+    fsdp, _ = peak_growth(
+        lambda: engine.setup(cfg.model_config(), partial(build_optimizer, cfg=cfg.optim))
+    )
     engine.release()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     skip_shm_comm_build()

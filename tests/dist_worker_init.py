@@ -2,7 +2,7 @@
 
 `dist_worker_init.py OUT_DIR CHUNK`: for every init scheme, build the model the sharded ways
 (FSDP2: meta device, fully_shard, materialise local shards; DeepSpeed ZeRO-3: zero.Init, draw
-local partitions), gather the whole weights and have rank 0 save them as OUT_DIR/<engine>_<scheme>.pt.
+local partitions), gather the whole weights; rank 0 saves OUT_DIR/<engine>_<scheme>.pt.
 CHUNK shrinks model.init.CHUNK so the shards cut through generator chunks.
 """
 
@@ -26,10 +26,18 @@ SEED = 1234
 def scheme_config(scheme: str) -> ModelConfig:
     """Every parameter kind: matrices, embedding, head, norm gains and biases, QK-norm gains."""
     return ModelConfig(
-        n_layers=2, d_model=64, n_heads=4, d_ff=96, vocab_size=100, max_seq_len=16,
-        norm="layernorm", bias=True, qk_norm="head", init=scheme,
+        n_layers=2,
+        d_model=64,
+        n_heads=4,
+        d_ff=96,
+        vocab_size=100,
+        max_seq_len=16,
+        norm="layernorm",
+        bias=True,
+        qk_norm="head",
+        init=scheme,
         placement="deepnorm" if scheme == "deepnorm" else "pre",
-    )  # fmt: skip
+    )
 
 
 def fsdp_weights(cfg: ModelConfig) -> dict[str, torch.Tensor]:

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -105,8 +104,11 @@ def measure(recipe: Path, out: Path, nproc: int, *overrides: str) -> int:
     run_env = {**env(), "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         [*cmd, str(recipe), str(out), *overrides],
-        env=run_env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return int(json.loads(out.read_text())["peak"])
 
@@ -130,9 +132,15 @@ def test_estimate_within_25_percent_of_measured_peak(
 
 def test_7b_on_8_gpus_of_80gb_fits_with_sharding_and_not_on_one() -> None:
     proc = normlab(
-        "plan", str(REPO / "recipes/presets/7b.yaml"),
-        "--nodes", "1", "--gpus-per-node", "8", "--gpu-memory", "80GB",
-    )  # fmt: skip
+        "plan",
+        str(REPO / "recipes/presets/7b.yaml"),
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "8",
+        "--gpu-memory",
+        "80GB",
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     rows = {line.split()[0] + line.split()[1]: line for line in out.splitlines()[2:-1]}
@@ -149,9 +157,13 @@ def test_7b_on_8_gpus_of_80gb_fits_with_sharding_and_not_on_one() -> None:
     one = Layout("single", batch=1, seq_len=4096, dtype="bf16")
     assert estimate(cfg, replace(one, checkpointing=True)).total > 80 * GIB  # 16 B/param alone
     single = normlab(
-        "plan", str(REPO / "recipes/presets/7b.yaml"),
-        "--gpus-per-node", "1", "--gpu-memory", "80GB",
-    )  # fmt: skip
+        "plan",
+        str(REPO / "recipes/presets/7b.yaml"),
+        "--gpus-per-node",
+        "1",
+        "--gpu-memory",
+        "80GB",
+    )
     assert single.returncode == 0 and "verdict: does not fit" in single.stdout
     del rows
 

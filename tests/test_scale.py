@@ -33,7 +33,7 @@ from dist_helpers import (
 
 import model.init
 from launch.engines.construct import build_on_meta, materialize
-from model import ModelConfig, Transformer
+from model import Transformer
 
 pytestmark = pytest.mark.distributed
 HERE = Path(__file__).resolve().parent
@@ -46,8 +46,10 @@ def _torchrun(worker: str, *args: str, nproc: int = 2, extra_env: dict | None = 
     proc = subprocess.run(
         [*cmd, str(HERE / worker), *args],
         env={**env(), "PYTHONPATH": str(HERE.parent), **(extra_env or {})},
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     check_ok(proc)
     return proc
 
@@ -114,8 +116,11 @@ def test_any_part_of_a_parameter_equals_that_part_of_the_whole(
 def test_building_350m_on_two_ranks_holds_about_half_a_copy(tmp_path: Path) -> None:
     """Peak resident memory growth per rank while constructing the 350m preset (fp32, 1.47 GB
     whole) on 2 ranks, FSDP2 engine setup and ZeRO-3 construction: well under one copy."""
-    _torchrun("dist_worker_build_memory.py", str(tmp_path / "mem.json"),
-              extra_env={"MALLOC_MMAP_THRESHOLD_": "65536"})  # fmt: skip
+    _torchrun(
+        "dist_worker_build_memory.py",
+        str(tmp_path / "mem.json"),
+        extra_env={"MALLOC_MMAP_THRESHOLD_": "65536"},
+    )
     result = json.loads((tmp_path / "mem.json").read_text())
     full = result["full_bytes"]
     for engine in ("fsdp", "zero3"):
@@ -133,8 +138,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {"root": root, "r8": write_recipe(root, data, 8, 4), "r16": write_recipe(root, data, 16)}
     for steps in (8, 16):
         out[f"ref{steps}"] = root / f"one{steps}"
-        proc = normlab("train", str(out[f"r{steps}"]), "engine.name=fsdp", "--run-dir",
-                       str(out[f"ref{steps}"]))  # fmt: skip
+        proc = normlab(
+            "train", str(out[f"r{steps}"]), "engine.name=fsdp", "--run-dir", str(out[f"ref{steps}"])
+        )
         check_ok(proc)
     return out
 
@@ -193,12 +199,31 @@ def test_sigkill_during_async_save_keeps_latest_and_resumes_bit_identically(
     in flight while training goes on; the job is SIGKILLed then. `latest` still names step 4,
     and the resumed run recomputes the killed run's logged steps bit for bit."""
     run = tiny["root"] / "async_kill"
-    cmd = [sys.executable, "-m", "launch.cli", "launch", str(tiny["r16"]), "engine.name=fsdp",
-           "checkpoint.async=true", HALF, "--nproc-per-node", "2", "--run-dir", str(run)]  # fmt: skip
-    slow = {**env(), "NORMLAB_TEST_SLOW_WRITE_S": "1.5",
-            "PYTHONPATH": os.pathsep.join([str(HERE / "slow_writes"), str(HERE.parent)])}  # fmt: skip
-    proc = subprocess.Popen([*cmd, "--master-port", str(free_port())], env=slow,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.cli",
+        "launch",
+        str(tiny["r16"]),
+        "engine.name=fsdp",
+        "checkpoint.async=true",
+        HALF,
+        "--nproc-per-node",
+        "2",
+        "--run-dir",
+        str(run),
+    ]
+    slow = {
+        **env(),
+        "NORMLAB_TEST_SLOW_WRITE_S": "1.5",
+        "PYTHONPATH": os.pathsep.join([str(HERE / "slow_writes"), str(HERE.parent)]),
+    }
+    proc = subprocess.Popen(
+        [*cmd, "--master-port", str(free_port())],
+        env=slow,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     tmp8 = run / "checkpoints" / ".tmp-step_00000008"
     deadline = time.monotonic() + 180
     try:

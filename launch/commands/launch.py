@@ -76,6 +76,11 @@ def check_topology(args: argparse.Namespace, cfg: RunConfig) -> int:
             f"engine.name is 'single' but the launch asks for {world} processes; set "
             "engine.name=fsdp or engine.name=deepspeed (or use `normlab train`)"
         )
+    if world % cfg.engine.replicate:
+        raise ConfigError(
+            f"engine.replicate ({cfg.engine.replicate}) must divide the world size ({world} = "
+            "--nnodes x --nproc-per-node); on several nodes, replicate = --nnodes is the usual HSDP"
+        )
     if engine == "deepspeed":
         from launch.engines.deepspeed_engine import ds_config
 

@@ -16,8 +16,18 @@ from launch.errors import ConfigError
 from model.presets import count_params
 
 HEADROOM = 0.9  # of each GPU for the model: the rest is CUDA context, NCCL buffers, fragmentation
-UNITS = {"": GIB, "g": GIB, "gb": GIB, "gib": GIB, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-         "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}  # fmt: skip
+UNITS = {
+    "": GIB,
+    "g": GIB,
+    "gb": GIB,
+    "gib": GIB,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+    "tib": 1 << 40,
+}
 
 
 def parse_memory(text: str) -> float:
@@ -83,17 +93,25 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve(args.recipe, list(args.overrides))
     capacity = parse_memory(args.gpu_memory)
     world = args.nodes * args.gpus_per_node
+    if world % cfg.engine.replicate:
+        raise ConfigError(
+            f"engine.replicate ({cfg.engine.replicate}) must divide the world size ({world})"
+        )
     print(header(cfg, args, capacity, world))
     rows = layouts(cfg, world, args.nodes)
     mc = cfg.model_config()
-    print(f"{'GiB per GPU':<26}{'params':>8}{'grads':>8}{'optim':>8}{'gather':>8}"
-          f"{'activ':>8}{'peak':>8}{'act+AC':>8}{'peak+AC':>9}")  # fmt: skip
+    print(
+        f"{'GiB per GPU':<26}{'params':>8}{'grads':>8}{'optim':>8}{'gather':>8}"
+        f"{'activ':>8}{'peak':>8}{'act+AC':>8}{'peak+AC':>9}"
+    )
     for name, lay in rows:
         plain, ac = estimate(mc, lay), estimate(mc, replace(lay, checkpointing=True))
         cells = [plain.params, plain.grads, plain.optimizer, plain.working, plain.activations]
         line = "".join(f"{v / GIB:8.1f}" for v in cells)
-        print(f"{name:<26}{line}{plain.total / GIB:8.1f}{ac.activations / GIB:8.1f}"
-              f"{ac.total / GIB:9.1f}")  # fmt: skip
+        print(
+            f"{name:<26}{line}{plain.total / GIB:8.1f}{ac.activations / GIB:8.1f}"
+            f"{ac.total / GIB:9.1f}"
+        )
     print(verdict(cfg, dict(rows), configured(cfg, world), capacity * HEADROOM))
     return 0
 
@@ -115,8 +133,11 @@ def verdict(cfg: RunConfig, rows: dict[str, Layout], mine: str, usable: float) -
     need = estimate(mc, replace(rows[mine], checkpointing=ac_now)) if mine in rows else None
     if need is not None and need.total <= usable:
         return f"verdict: fits: {describe(mine, ac_now)} peaks at {gib(need)} of {usable / GIB:.1f}"
-    head = (f"verdict: does not fit: {describe(mine, ac_now)} peaks at {gib(need)}"
-            if need is not None else f"verdict: {mine} cannot run on this cluster")  # fmt: skip
+    head = (
+        f"verdict: does not fit: {describe(mine, ac_now)} peaks at {gib(need)}"
+        if need is not None
+        else f"verdict: {mine} cannot run on this cluster"
+    )
     for ac in sorted({ac_now, True}):  # first without changing AC, then with it
         for name, lay in rows.items():
             est = estimate(mc, replace(lay, checkpointing=ac))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal
 
@@ -97,6 +98,11 @@ class Engine(ABC):
     @abstractmethod
     def save(self, ckpt_dir: Path, extra_state: dict[str, Any]) -> None:
         """Write model, optimizer, engine state and this rank's `extra_state` into ckpt_dir."""
+
+    def save_async(self, ckpt_dir: Path, extra_state: dict[str, Any]) -> Future[Any]:
+        """Like `save`, but return once the state is staged; the future completes when every
+        rank's files are written. Only engines that support checkpoint.async implement it."""
+        raise NotImplementedError(f"engine {self.name} has no asynchronous save")
 
     @abstractmethod
     def load(self, ckpt_dir: Path) -> dict[str, Any]:

@@ -72,4 +72,3 @@ def build_zero3(model_cfg: ModelConfig, seed: int, ds_config: dict[str, Any]) ->
         count = max(0, min(p.ds_numel - start, part.numel()))
         plan[name].fill_(part[:count], seed, name, p.ds_numel, start)
     return module
-

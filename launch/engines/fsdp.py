@@ -15,10 +15,12 @@ position, RNG states, callback state).
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -95,6 +97,8 @@ class FSDPEngine(DistributedEngine):
                 block.compile()
         self._shard(module)
         materialize(module, plan, self.cfg.training.seed, self._device)
+        # asynchronous saves talk over their own CPU group (a collective call on every rank)
+        self._io_group = dist.new_group(backend="gloo") if self.cfg.checkpoint.async_ else None
         self._module = module
         self._optimizer = build_optimizer(module)
         self._micro = 0
@@ -150,6 +154,19 @@ class FSDPEngine(DistributedEngine):
     def save(self, ckpt_dir: Path, extra_state: dict[str, Any]) -> None:
         model_sd, optim_sd = get_state_dict(self._module, self._optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=ckpt_dir / DCP_DIR)
+        self._save_small_files(ckpt_dir, extra_state)
+
+    def save_async(self, ckpt_dir: Path, extra_state: dict[str, Any]) -> Future[Any]:
+        """DCP's async_save: the state is copied to host memory here, written by a thread over a
+        gloo group of its own (its collectives never interleave with training's). The small
+        files go first, so the future's completion on rank 0 (DCP writes its metadata only after
+        every rank's data) means the whole checkpoint is on disk."""
+        self._save_small_files(ckpt_dir, extra_state)
+        model_sd, optim_sd = get_state_dict(self._module, self._optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        return dcp.async_save(state, checkpoint_id=ckpt_dir / DCP_DIR, process_group=self._io_group)
+
+    def _save_small_files(self, ckpt_dir: Path, extra_state: dict[str, Any]) -> None:
         torch.save(extra_state, ckpt_dir / trainer_file(self._rank))
         if self.is_main:
             meta = {

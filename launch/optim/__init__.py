@@ -22,7 +22,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     for _, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim < 2 or id(p) in embed_ids else decay).append(p)
+        # ZeRO-3 builds partitioned (1-D storage); the parameter's shape is kept in ds_shape
+        ndim = len(getattr(p, "ds_shape", p.shape))
+        (no_decay if ndim < 2 or id(p) in embed_ids else decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay, "group": "decay"},
         {"params": no_decay, "weight_decay": 0.0, "group": "no_decay"},

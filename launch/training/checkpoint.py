@@ -2,7 +2,9 @@
 
 Write into `.tmp-step_X`, fsync, rename to `step_X`, then replace the `latest` pointer (a text file
 naming the directory) with os.replace, then prune to the last k. A crash at any point leaves either
-the previous checkpoint or the new one as `latest`, never a half-written one.
+the previous checkpoint or the new one as `latest`, never a half-written one. An asynchronous save
+(checkpoint.async) writes `.tmp-step_X` in the background while training goes on; the same commit
+runs only after every rank's write has completed (`poll`, `wait`).
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from launch.engines.base import Engine
 from launch.errors import CheckpointError
@@ -41,9 +46,14 @@ def _fsync_dir(path: Path) -> None:
 
 
 class CheckpointManager:
-    def __init__(self, run_dir: Path, keep_last: int) -> None:
+    """Saves and restores; with `asynchronous`, the engine writes in the background and the save
+    is committed (renamed, `latest` moved) only once every rank's files are complete."""
+
+    def __init__(self, run_dir: Path, keep_last: int, asynchronous: bool = False) -> None:
         self.root = Path(run_dir) / "checkpoints"
         self.keep_last = keep_last
+        self.asynchronous = asynchronous
+        self._pending: tuple[Future[Any], Path, Path] | None = None
 
     def step_dirs(self) -> list[Path]:
         """Complete checkpoint directories, oldest first."""
@@ -66,6 +76,7 @@ class CheckpointManager:
         return dirs[-1] if dirs else None
 
     def save(self, engine: Engine, step: int, extra_state: dict[str, Any]) -> Path:
+        self.wait(engine)  # at most one save in flight
         final = self.root / step_dir_name(step)
         tmp = self.root / f".tmp-{final.name}"
         if engine.is_main:
@@ -73,12 +84,39 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
         engine.barrier()
+        if self.asynchronous:  # returns once the state is staged in host memory
+            self._pending = (engine.save_async(tmp, extra_state), tmp, final)
+            return final
         engine.save(tmp, extra_state)
         engine.barrier()
         if engine.is_main:
             self._commit(tmp, final)
         engine.barrier()
         return final
+
+    def poll(self, engine: Engine) -> None:
+        """Commit the save in flight if every rank's part is written (collective: all ranks
+        decide together, so they all see the same checkpoints afterwards)."""
+        if self._pending is None:
+            return
+        done = torch.tensor(float(self._pending[0].done()), device=engine.device)
+        if engine.all_reduce(done, "min").item() == 1.0:
+            self.wait(engine)
+
+    def wait(self, engine: Engine) -> None:
+        """Block until the save in flight is written, then commit it (collective)."""
+        if self._pending is None:
+            return
+        future, tmp, final = self._pending
+        self._pending = None
+        try:
+            future.result()
+        except Exception as exc:  # the writer thread's error, e.g. a full disk
+            raise CheckpointError(f"asynchronous save of {final.name} failed: {exc}") from None
+        engine.barrier()
+        if engine.is_main:
+            self._commit(tmp, final)
+        engine.barrier()
 
     def _commit(self, tmp: Path, final: Path) -> None:
         _fsync_tree(tmp)

@@ -110,7 +110,9 @@ class Trainer:
         self.engine.setup(model_cfg, partial(build_optimizer, cfg=cfg.optim))
         self.lr_at = build_schedule(cfg.schedule, cfg.training.steps, model_cfg.d_model)
         self.tokens_per_step = d.batch_size * d.seq_len * cfg.training.grad_accum * world
-        self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
+        self.ckpt = CheckpointManager(
+            self.run_dir, cfg.checkpoint.keep_last, asynchronous=cfg.checkpoint.async_
+        )
 
     def _rank_world(self) -> tuple[int, int]:
         """Rank and world size before the engine is set up (from the launcher's environment)."""
@@ -223,7 +225,10 @@ class Trainer:
                 self._evaluate(step)
             if is_ckpt:
                 self.ckpt.save(self.engine, step, self._extra_state())
+            else:
+                self.ckpt.poll(self.engine)  # commits an asynchronous save once written
             mark = time.perf_counter()
+        self.ckpt.wait(self.engine)
         self._write_summary("completed")
         return "completed"
 
@@ -309,6 +314,7 @@ class Trainer:
         )
 
     def _diverged(self, row: dict[str, float]) -> str:
+        self.ckpt.wait(self.engine)  # a save in flight is of a good step: let it land
         last = self.ckpt.latest()
         kept = f"last good checkpoint kept: {last}" if last else "no checkpoint was saved"
         key = "loss" if not math.isfinite(row["loss"]) else "grad_norm"
