@@ -13,6 +13,7 @@ from launch.commands.train import add_recipe_args, resolve
 from launch.config import RunConfig
 from launch.engines.memory import GIB, Estimate, Layout, estimate
 from launch.errors import ConfigError
+from model import ModelConfig
 from model.presets import count_params
 
 HEADROOM = 0.9  # of each GPU for the model: the rest is CUDA context, NCCL buffers, fragmentation
@@ -69,10 +70,14 @@ def layouts(cfg: RunConfig, world: int, nodes: int) -> list[tuple[str, Layout]]:
         for r in replicas
         if world % r == 0 and r < world
     ]
-    out += [
-        (f"deepspeed zero_stage={s}", replace(base, engine="deepspeed", world=world, zero_stage=s))
-        for s in (1, 2, 3)
-    ]
+    if cfg.optim.name != "muon":  # Muon runs on single and fsdp only (launch/optim)
+        out += [
+            (
+                f"deepspeed zero_stage={s}",
+                replace(base, engine="deepspeed", world=world, zero_stage=s),
+            )
+            for s in (1, 2, 3)
+        ]
     return out
 
 
@@ -105,15 +110,20 @@ def run(args: argparse.Namespace) -> int:
         f"{'activ':>8}{'peak':>8}{'act+AC':>8}{'peak+AC':>9}"
     )
     for name, lay in rows:
-        plain, ac = estimate(mc, lay), estimate(mc, replace(lay, checkpointing=True))
-        cells = [plain.params, plain.grads, plain.optimizer, plain.working, plain.activations]
-        line = "".join(f"{v / GIB:8.1f}" for v in cells)
-        print(
-            f"{name:<26}{line}{plain.total / GIB:8.1f}{ac.activations / GIB:8.1f}"
-            f"{ac.total / GIB:9.1f}"
-        )
+        print(table_line(name, lay, mc))
     print(verdict(cfg, dict(rows), configured(cfg, world), capacity * HEADROOM))
     return 0
+
+
+def table_line(name: str, lay: Layout, mc: ModelConfig) -> str:
+    """GiB per kind, the peak, and activations and peak with activation checkpointing."""
+    plain = estimate(mc, lay)
+    cells = [plain.params, plain.grads, plain.optimizer, plain.working, plain.activations]
+    line = "".join(f"{v / GIB:8.1f}" for v in [*cells, plain.total])
+    if lay.engine == "single":  # activation checkpointing is an fsdp/deepspeed option
+        return f"{name:<26}{line}{'-':>8}{'-':>9}"
+    ac = estimate(mc, replace(lay, checkpointing=True))
+    return f"{name:<26}{line}{ac.activations / GIB:8.1f}{ac.total / GIB:9.1f}"
 
 
 def header(cfg: RunConfig, args: argparse.Namespace, capacity: float, world: int) -> str:
@@ -127,7 +137,8 @@ def header(cfg: RunConfig, args: argparse.Namespace, capacity: float, world: int
 
 
 def verdict(cfg: RunConfig, rows: dict[str, Layout], mine: str, usable: float) -> str:
-    """'fits' for the configured layout, or the smallest change that makes it fit."""
+    """'fits' for the configured layout, or the smallest change that makes it fit: checkpointing
+    on the same layout, another engine or stage as configured, another with checkpointing."""
     mc = cfg.model_config()
     ac_now = cfg.engine.activation_checkpointing
     need = estimate(mc, replace(rows[mine], checkpointing=ac_now)) if mine in rows else None
@@ -138,11 +149,14 @@ def verdict(cfg: RunConfig, rows: dict[str, Layout], mine: str, usable: float) -
         if need is not None
         else f"verdict: {mine} cannot run on this cluster"
     )
-    for ac in sorted({ac_now, True}):  # first without changing AC, then with it
-        for name, lay in rows.items():
-            est = estimate(mc, replace(lay, checkpointing=ac))
-            if est.total <= usable:
-                return f"{head}; use {describe(name, ac)} ({gib(est)})"
+    options = [(mine, True)] if mine in rows else []
+    options += [(name, ac_now) for name in rows] + [(name, True) for name in rows]
+    for name, ac in options:
+        if ac and rows[name].engine == "single":
+            continue  # activation checkpointing is an fsdp/deepspeed option
+        est = estimate(mc, replace(rows[name], checkpointing=ac))
+        if est.total <= usable:
+            return f"{head}; use {describe(name, ac)} ({gib(est)})"
     return f"{head}; {smaller_batch(cfg, rows, usable)}"
 
 
@@ -151,6 +165,8 @@ def smaller_batch(cfg: RunConfig, rows: dict[str, Layout], usable: float) -> str
     mc = cfg.model_config()
     for batch in range(cfg.data.batch_size - 1, 0, -1):
         for name, lay in rows.items():
+            if lay.engine == "single":
+                continue
             est = estimate(mc, replace(lay, checkpointing=True, batch=batch))
             if est.total <= usable:
                 accum = cfg.training.grad_accum * cfg.data.batch_size / batch
