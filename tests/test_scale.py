@@ -122,10 +122,9 @@ def test_building_350m_on_two_ranks_holds_about_half_a_copy(tmp_path: Path) -> N
         extra_env={"MALLOC_MMAP_THRESHOLD_": "65536"},
     )
     result = json.loads((tmp_path / "mem.json").read_text())
-    full = result["full_bytes"]
-    for engine in ("fsdp", "zero3"):
-        for rank_peak in result[engine]:
-            assert rank_peak < 0.65 * full, (engine, rank_peak / full)
+    ratios = {e: [peak / result["full_bytes"] for peak in result[e]] for e in ("fsdp", "zero3")}
+    print(f"peak growth per rank / full fp32 copy: {ratios}")
+    assert all(r < 0.65 for rs in ratios.values() for r in rs), ratios
 
 
 # --- 2. HSDP --------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ so every world size, shard layout and device starts from the same weights as one
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -50,7 +51,7 @@ def local_part(p: torch.Tensor) -> tuple[torch.Tensor, int]:
     shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
     if tuple(shape[1:]) != tuple(p.shape[1:]) or any(offset[1:]):
         raise NotImplementedError(f"sharding {p.placements} is not a block of rows")
-    row = p[0].numel() if p.dim() > 1 else 1
+    row = math.prod(p.shape[1:])  # from the shape: indexing a DTensor would gather it
     return p.to_local().view(-1), int(offset[0]) * row if shape[0] else 0
 
 
