@@ -108,7 +108,7 @@ def test_selfcheck_passes_on_the_real_muon() -> None:
     assert sv.min() > 0.6 and sv.max() < 1.2 and sv.max() / sv.min() < 1.8
 
 
-def _halves(directions: list[torch.Tensor]) -> list[torch.Tensor]:
+def _halves(directions: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
     """Shard-wise orthogonalisation, as if each of 2 ranks orthogonalised its own rows."""
     return [torch.cat([newton_schulz5(h) for h in d.chunk(2)]) for d in directions]
 
@@ -117,7 +117,7 @@ def _halves(directions: list[torch.Tensor]) -> list[torch.Tensor]:
 def test_selfcheck_refuses_a_silent_fallback(failure: str, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = MUON
     if failure == "sgd":  # Newton-Schulz skipped: momentum SGD
-        monkeypatch.setattr(muon_mod, "newton_schulz5", lambda d: d)
+        monkeypatch.setattr(muon_mod, "newton_schulz5", lambda d, dtype=None: d)
     elif failure == "adamw":  # the factory quietly built AdamW
         cfg = dataclasses.replace(MUON, name="adamw")
     else:

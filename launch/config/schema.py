@@ -71,6 +71,7 @@ class OptimSection:
     # name muon (SCIENCE.md 6): Muon on the hidden matrices, AdamW (lr, betas, eps) on the rest
     muon_scale: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
     muon_momentum: float = 0.95  # Nesterov momentum of Muon
+    muon_ns_dtype: Literal["bf16", "fp32"] = "bf16"  # Newton-Schulz precision (paper: bf16)
     qk_clip: QKClipSection | None = None  # QK-Clip after every step (SCIENCE.md 7), any optimizer
 
 

@@ -59,6 +59,7 @@ def build_muon(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
         eps=cfg.eps,
         momentum=cfg.muon_momentum,
         scale=cfg.muon_scale,
+        ns_dtype=cfg.muon_ns_dtype,
     )
 
 

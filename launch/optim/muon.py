@@ -5,6 +5,10 @@ Muon (Jordan et al. 2024; Moonlight, Liu et al. 2025): for a weight W with gradi
     M = mu M + (1 - mu) G            (EMA momentum; the same direction as M = mu M + G)
     D = (1 - mu) G + mu M            (Nesterov)
     O = NewtonSchulz5(D)             (bf16, (a, b, c) = (3.4445, -4.7750, 2.0315))
+
+Newton-Schulz runs in bf16 as in the paper (`optim.muon_ns_dtype: bf16`). `fp32` is offered for
+exact comparisons across engines (a bf16 rounding flip from a different gradient-reduction order
+moves the update by a bf16 ulp) and for CPUs without bf16 matmul units (about 20x slower there).
     W = W - lr * wd * W - lr * scale(W) * O
 
 with scale `match_rms_adamw` = 0.2 sqrt(max(n, m)) (Moonlight: AdamW's lr and wd carry over) or
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -31,17 +36,19 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
 NS_EPS = 1e-7
 MuonScale = Literal["match_rms_adamw", "original"]
+NSDtype = Literal["bf16", "fp32"]
+NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def newton_schulz5(d: torch.Tensor) -> torch.Tensor:
+def newton_schulz5(d: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Approximate U V^T of D = U S V^T with 5 quintic Newton-Schulz steps in bf16.
 
     X = D / (||D||_F + eps), transposed if tall; repeat A = X X^T; X = a X + (b A + c A A) X.
     The result has singular values in about [0.7, 1.2] (not exactly 1: the coefficients trade
-    convergence for speed). Returns bf16 with D's shape.
+    convergence for speed). Returns `dtype` (bf16 as in the paper) with D's shape.
     """
     a, b, c = NS_COEFFICIENTS
-    x = d.bfloat16()
+    x = d.to(dtype)
     tall = x.size(0) > x.size(1)
     if tall:
         x = x.T
@@ -64,8 +71,9 @@ def update_scale(shape: torch.Size | tuple[int, ...], kind: MuonScale) -> float:
 class MuonAdamW(torch.optim.Optimizer):
     """One optimizer: groups with `use_muon` True run Muon, the others torch.optim.AdamW.
 
-    Muon groups take lr, weight_decay, momentum, nesterov, scale; AdamW groups take lr, betas,
-    eps, weight_decay. State: `momentum_buffer` per Muon matrix, AdamW's own per other tensor.
+    Muon groups take lr, weight_decay, momentum, nesterov, scale, ns_dtype; AdamW groups take lr,
+    betas, eps, weight_decay. State: `momentum_buffer` per Muon matrix, AdamW's own per other
+    tensor.
     """
 
     def __init__(
@@ -78,12 +86,14 @@ class MuonAdamW(torch.optim.Optimizer):
         momentum: float = 0.95,
         nesterov: bool = True,
         scale: MuonScale = "match_rms_adamw",
+        ns_dtype: NSDtype = "bf16",
     ) -> None:
         for g in groups:
             if g["use_muon"]:
                 g.setdefault("momentum", momentum)
                 g.setdefault("nesterov", nesterov)
                 g.setdefault("scale", scale)
+                g.setdefault("ns_dtype", ns_dtype)
                 bad = [tuple(p.shape) for p in g["params"] if p.ndim != 2]
                 if bad:
                     raise ValueError(f"Muon groups hold 2-D matrices only, got shapes {bad}")
@@ -121,19 +131,22 @@ class MuonAdamW(torch.optim.Optimizer):
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - mu)
             directions.append(p.grad.lerp(buf, mu) if group["nesterov"] else buf)
-        for p, o in zip(params, orthogonalise_all(directions), strict=True):
+        dtype = NS_DTYPES[group["ns_dtype"]]
+        for p, o in zip(params, orthogonalise_all(directions, dtype), strict=True):
             lr = group["lr"]
             p.mul_(1 - lr * group["weight_decay"])
             p.add_(o.to(p.dtype), alpha=-lr * update_scale(p.shape, group["scale"]))
 
 
-def orthogonalise_all(directions: list[torch.Tensor]) -> list[torch.Tensor]:
+def orthogonalise_all(
+    directions: list[torch.Tensor], dtype: torch.dtype = torch.bfloat16
+) -> list[torch.Tensor]:
     """Newton-Schulz of each matrix: plain tensors here, DTensor shards through their owners."""
     if directions and hasattr(directions[0], "device_mesh"):
         from launch.optim.sharded import orthogonalise_sharded
 
-        return orthogonalise_sharded(directions, newton_schulz5)
-    return [newton_schulz5(d) for d in directions]
+        return orthogonalise_sharded(directions, partial(newton_schulz5, dtype=dtype))
+    return [newton_schulz5(d, dtype) for d in directions]
 
 
 def split_for_muon(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
