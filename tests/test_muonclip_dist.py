@@ -91,3 +91,13 @@ def test_single_sigkill_then_resume_is_bit_identical(runs: dict[str, Path]) -> N
     check_ok(normlab(*cmd[3:]))
     assert losses(run) == losses(runs["single"])  # bit-identical, every step
     assert rows(run)[20]["qk_clip_events"] == rows(runs["single"])[20]["qk_clip_events"]
+
+
+def test_compare_shows_clip_events_next_to_max_logit(runs: dict[str, Path]) -> None:
+    from launch.commands.compare import compare
+
+    table = compare([runs["single"], runs["fsdp"]], None)["rows"]
+    for row, run in zip(table, (runs["single"], runs["fsdp"]), strict=True):
+        logged = rows(run)
+        assert row["qk_clips"] == logged[20]["qk_clip_events"] > 10
+        assert row["max_logit"] == max(r["s_max"] for r in logged.values())
