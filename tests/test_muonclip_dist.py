@@ -78,6 +78,7 @@ def test_fsdp_muon_checkpoint_resumes_on_one_rank(runs: dict[str, Path]) -> None
     assert_same_curve(run, losses(runs["single"]))
 
 
+@pytest.mark.slow
 def test_single_sigkill_then_resume_is_bit_identical(runs: dict[str, Path]) -> None:
     state = torch.load(
         runs["single"] / "checkpoints" / "step_00000010" / "optim.pt", weights_only=True
@@ -116,7 +117,7 @@ def adamw_clip(runs: dict[str, Path]) -> dict[str, Path]:
 ADAMW_CLIP = "optim.qk_clip={tau: 0.12}"
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_qk_clip_on_zero_partitions_equals_single_process(
     runs: dict[str, Path], adamw_clip: dict[str, Path], stage: int
 ) -> None:
