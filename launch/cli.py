@@ -24,6 +24,7 @@ COMMANDS = [
     "launch.commands.export",
     "launch.commands.compare",
     "launch.commands.study",
+    "launch.commands.theory",
 ]
 USER_ERRORS = (NormlabError, DataError)
 
