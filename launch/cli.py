@@ -24,7 +24,12 @@ COMMANDS = [
     "launch.commands.export",
     "launch.commands.compare",
     "launch.commands.study",
+<<<<<<< HEAD
     "launch.commands.theory",
+=======
+    "launch.commands.submit",
+    "launch.commands.status",
+>>>>>>> main
 ]
 USER_ERRORS = (NormlabError, DataError)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -31,6 +32,7 @@ from launch.training.metrics import MetricsWriter
 from launch.training.progress import ProgressDisplay
 from launch.training.rundir import check_run_dir, read_summary, write_config, write_summary
 from launch.training.schedule import build_schedule
+from launch.training.signals import GracefulStop, stop_message, stop_status
 
 
 def seed_everything(seed: int) -> None:
@@ -86,6 +88,7 @@ class Trainer:
         }
         self.engine: Engine
         self.summary: dict[str, Any] = {}
+        self.stopped_by = 0  # the signal the run stopped for (with a checkpoint)
 
     # --- setup ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -149,7 +152,8 @@ class Trainer:
     # --- entry point --------------------------------------------------------------------------
     def run(self) -> int:
         """Train; a multi-process engine then leaves its process group cleanly (every rank)."""
-        status = self._run()
+        with GracefulStop(self._force_exit) as self.stop:  # USR1/TERM/INT: checkpoint, stop
+            status = self._run()
         if hasattr(self, "engine"):
             self.engine.shutdown()  # barrier + destroy; an exception skips it (no barrier hang)
         return status
@@ -192,7 +196,7 @@ class Trainer:
                 self.metrics.close()
         for cb in self.callbacks:
             cb.on_train_end(self, status)
-        return 0 if status == "completed" else 1
+        return 0 if status == "completed" else 128 + self.stopped_by if self.stopped_by else 1
 
     # --- the loop -----------------------------------------------------------------------------
     def _loop(self) -> str:
@@ -202,10 +206,11 @@ class Trainer:
         mark = time.perf_counter()
         for step in range(self.step + 1, t.steps + 1):
             pending.append(self._train_step(step))
-            is_log = step % t.log_every == 0 or step == t.steps
+            stop = self.stop.agreed() if step < t.steps else 0  # same answer on every rank
+            is_log = bool(stop) or step % t.log_every == 0 or step == t.steps
             is_eval = step == t.steps or (t.eval_every > 0 and step % t.eval_every == 0)
             every = self.cfg.checkpoint.every
-            is_ckpt = step == t.steps or (every > 0 and step % every == 0)
+            is_ckpt = bool(stop) or step == t.steps or (every > 0 and step % every == 0)
             if not (is_log or is_eval or is_ckpt):
                 continue
             rows = self._to_host(pending)
@@ -227,6 +232,8 @@ class Trainer:
                 self._evaluate(step)
             if is_ckpt:
                 self.ckpt.save(self.engine, step, self._extra_state())
+            if stop:
+                return self._stopped(stop)
             mark = time.perf_counter()
         self._write_summary("completed")
         return "completed"
@@ -323,6 +330,23 @@ class Trainer:
         self.console.print(f"[red]{msg}[/red]", highlight=False)
         self._write_summary("diverged", message=msg, diverged_step=int(row["step"]))
         return "diverged"
+
+    def _stopped(self, signum: int) -> str:
+        """Every rank stopped after this step for `signum`; its checkpoint is written."""
+        self.stopped_by = signum
+        ckpt = self.ckpt.latest()
+        msg = stop_message(signum, self.step, self.cfg.training.steps, ckpt, self.run_dir)
+        self._write_summary(stop_status(signum), message=msg, checkpoint=str(ckpt))
+        if self.engine.is_main:
+            self.display.close()
+            print(f"normlab: {msg}", file=sys.stderr, flush=True)
+        return stop_status(signum)
+
+    def _force_exit(self, signum: int) -> None:
+        """A second signal: no checkpoint; the summary still must not say "running"."""
+        if hasattr(self, "ckpt"):
+            msg = stop_message(signum, self.step, self.cfg.training.steps, None, self.run_dir)
+            self._write_summary(stop_status(self.stop.received), message=msg)
 
     def _write_summary(self, status: str, **extra: Any) -> None:
         s = self.stats
