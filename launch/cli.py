@@ -24,12 +24,9 @@ COMMANDS = [
     "launch.commands.export",
     "launch.commands.compare",
     "launch.commands.study",
-<<<<<<< HEAD
-    "launch.commands.theory",
-=======
     "launch.commands.submit",
     "launch.commands.status",
->>>>>>> main
+    "launch.commands.theory",
 ]
 USER_ERRORS = (NormlabError, DataError)
 
