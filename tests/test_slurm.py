@@ -174,3 +174,15 @@ def test_unknown_partition_submits_nothing(tiny: dict[str, Path]) -> None:
     assert proc.returncode == 2 and "unknown partition 'nosuch'" in proc.stderr
     assert "debug" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not run.exists()
+
+
+def test_refused_job_leaves_the_run_dir_as_it_was(tiny: dict[str, Path]) -> None:
+    """Every local check passes but sbatch refuses (no node has that much memory)."""
+    run = tiny["root"] / "refused"
+    run.mkdir()
+    (run / "notes.txt").write_text("a user's file")
+    fresh = normlab("submit", str(tiny["short"]), "--run-dir", str(run / "new"),
+                    "--gpus-per-node", "0", "--mem", "9999999G")  # fmt: skip
+    assert fresh.returncode == 2 and "sbatch refused the job" in fresh.stderr, fresh.stderr
+    assert len(fresh.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]  # run/new removed again

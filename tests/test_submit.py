@@ -14,6 +14,7 @@ import pytest
 import yaml
 from dist_helpers import check_ok, env, normlab, prepare_tiny, write_recipe
 
+from launch.cli import main
 from launch.cluster.requeue import decide
 from launch.cluster.spec import time_limit_s
 
@@ -90,13 +91,16 @@ def test_cluster_file_defaults_and_overrides(tiny: dict[str, Path]) -> None:
     ],
 )
 def test_bad_cluster_settings_are_one_line(
-    tiny: dict[str, Path], content: dict, args: list[str], message: str
+    tiny: dict[str, Path], content: dict, args: list[str], message: str, capsys
 ) -> None:
     cluster = tiny["root"] / "bad.yaml"
     cluster.write_text(yaml.safe_dump(content))
-    proc = dry_run(tiny, "--cluster", str(cluster), *args)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    run = tiny["root"] / "never"
+    argv = ["submit", str(tiny["recipe"]), "--run-dir", str(run), "--cluster", str(cluster), *args]
+    assert main(argv) == 2  # in-process: the CLI's own error path, without a subprocess each
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not run.exists()
 
 
 def test_without_sbatch_nothing_is_submitted(tiny: dict[str, Path], tmp_path: Path) -> None:

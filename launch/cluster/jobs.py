@@ -84,38 +84,35 @@ def check_cluster(subs: list[Submission], spec: ClusterSpec) -> None:
 
 
 def submit(cfg: RunConfig, sub: Submission) -> Submission:
-    """Write config.yaml and the script into the run directory, sbatch it, record the job id."""
-    from launch.training.rundir import CONFIG, write_config
+    """Write config.yaml and the script into the run directory, sbatch it, record the job id.
+
+    The job resumes the run from the directory's own config.yaml, so a config given with --force
+    replaces it here (the old one is kept as config.previous.yaml, as `normlab train` does). If
+    sbatch refuses, every file is put back as it was (a new directory is removed)."""
+    from launch.training.rundir import CONFIG, PREVIOUS_CONFIG, check_run_dir, write_config
 
     run_dir = sub.run_dir
-    created_dir = not run_dir.exists()
-    created: list[Path] = []
+    existed = run_dir.exists()
+    touched = [run_dir / name for name in (CONFIG, PREVIOUS_CONFIG, SCRIPT_NAME)]
+    before = {p: p.read_bytes() if p.is_file() else None for p in touched}
     try:
-        if not (run_dir / CONFIG).is_file():
-            write_config(run_dir, cfg, replaced=False)
-            created.append(run_dir / CONFIG)
-        script = run_dir / SCRIPT_NAME
-        previous = script.read_text() if script.is_file() else None
-        _write(script, sub.script)
-        created.append(script)
-        sub.job_id = slurm.sbatch(script)
+        diff = check_run_dir(run_dir, cfg, force=True)
+        if diff or before[run_dir / CONFIG] is None:
+            write_config(run_dir, cfg, replaced=bool(diff))
+        _write(run_dir / SCRIPT_NAME, sub.script)
+        sub.job_id = slurm.sbatch(run_dir / SCRIPT_NAME)
     except BaseException:
-        if created_dir:
+        if not existed:
             shutil.rmtree(run_dir, ignore_errors=True)
-        else:
-            for path in created:
+        for path, data in before.items():
+            if data is None:
                 path.unlink(missing_ok=True)
-            if "previous" in locals() and previous is not None:
-                _write(run_dir / SCRIPT_NAME, previous)
+            elif existed:
+                path.write_bytes(data)
         raise
     record = read_record(run_dir)
-    record["jobs"].append(
-        {
-            "job_id": sub.job_id,
-            "submitted": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "script": SCRIPT_NAME,
-        }
-    )
+    submitted = time.strftime("%Y-%m-%dT%H:%M:%S")
+    record["jobs"].append({"job_id": sub.job_id, "submitted": submitted, "script": SCRIPT_NAME})
     _write(run_dir / RECORD, json.dumps(record, indent=2) + "\n")
     return sub
 

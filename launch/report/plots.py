@@ -16,7 +16,12 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
-from launch.instruments.common import MAX_LOGIT, RESID  # noqa: E402
+from launch.instruments.common import (  # noqa: E402
+    MAX_LOGIT,
+    PRE_NORM,
+    RESID,
+    parse_block_key,
+)
 from launch.report.runs import Run  # noqa: E402
 from launch.report.table import dataset_label  # noqa: E402
 
@@ -188,13 +193,14 @@ def _depth_plot(runs: list[Run], path: Path) -> Path | None:
             rows = [r for r in run.train if run.blocks(RESID, r) and int(r["step"]) <= target]
             if rows:
                 rms = run.blocks(RESID, rows[-1])
-                ax.plot(
+                (line,) = ax.plot(
                     range(1, len(rms) + 1),
                     _clean(rms),
                     label=run.label,
                     markersize=4,
                     **curve_style(i),
                 )
+                _pre_norm_line(ax, run, rows[-1], line.get_color())
         ax.set(title=f"step {target}", xlabel="block")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_yscale("log")
@@ -204,11 +210,29 @@ def _depth_plot(runs: list[Run], path: Path) -> Path | None:
     axes[0][0].set_ylabel("residual RMS (output of each block)")
     handles, labels = axes[0][-1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    fig.suptitle(f"residual-stream RMS by depth (one y-range)\n{setting(runs)}", fontsize=10)
+    fig.suptitle(
+        "residual-stream RMS by depth, one y-range (x, dashed: post-norm blocks' sum before their "
+        f"closing norm)\n{setting(runs)}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _pre_norm_line(ax: plt.Axes, run: Run, row: dict[str, float], color: str) -> None:
+    """Post-LN/DeepNorm/Mix-LN post blocks: the pre-norm sum (the output is ~1 by construction)."""
+    found = sorted(
+        (parsed[1], value)
+        for key, value in row.items()
+        if (parsed := parse_block_key(key)) and parsed[0] == PRE_NORM and parsed[2] is None
+    )
+    if found:
+        blocks = [i + 1 for i, _ in found]
+        values = _clean([v for _, v in found])
+        label = f"{run.label} (before norm)"
+        ax.plot(blocks, values, linestyle="--", marker="x", color=color, label=label)
 
 
 def write_plots(runs: list[Run], out: Path) -> list[Path]:

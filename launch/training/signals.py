@@ -84,9 +84,11 @@ class GracefulStop:
         if not self.received:
             self.received = signum
             name = signal.Signals(signum).name
+            then = (
+                "repeats are ignored under SLURM" if under_slurm() else "a second one exits at once"
+            )
             print(
-                f"normlab: {name} received: finishing this step, then checkpointing "
-                "(a second signal exits at once)",
+                f"normlab: {name} received: finishing this step, then checkpointing ({then})",
                 file=sys.stderr,
                 flush=True,
             )

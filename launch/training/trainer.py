@@ -25,7 +25,7 @@ from launch.engines.base import Engine
 from launch.errors import ConfigError
 from launch.optim import build_optimizer, check_optimizer, optim_callbacks, set_lr
 from launch.registry import ENGINES, resolve
-from launch.training.callbacks import Callback, build_callbacks, overrides_skip
+from launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
 from launch.training.checkpoint import CheckpointManager
 from launch.training.datasets import resolve_dataset
 from launch.training.metrics import MetricsWriter
@@ -205,7 +205,10 @@ class Trainer:
         window: list[dict[str, float]] = []
         mark = time.perf_counter()
         for step in range(self.step + 1, t.steps + 1):
-            pending.append(self._train_step(step))
+            try:
+                pending.append(self._train_step(step))
+            except StopRun as why:  # the spike policy: these bad steps are not a passing spike
+                return self._stopped_by_callback(str(why), step)
             stop = self.stop.agreed() if step < t.steps else 0  # same answer on every rank
             is_log = bool(stop) or step % t.log_every == 0 or step == t.steps
             is_eval = step == t.steps or (t.eval_every > 0 and step % t.eval_every == 0)
@@ -247,12 +250,15 @@ class Trainer:
             inputs, targets = next(self.loader)
             loss = engine.forward_backward(inputs, targets)
             total = loss if total is None else total + loss
-        loss = total / self.cfg.training.grad_accum
+        parts = engine.pop_loss_parts(total / self.cfg.training.grad_accum)
         for cb in self.callbacks:
             cb.on_after_backward(self, step)
-        veto = partial(self._veto, step, loss) if overrides_skip(self.callbacks) else None
+        veto = partial(self._veto, step, parts["ce"]) if overrides_skip(self.callbacks) else None
         grad_norm, skipped = engine.clip_and_step(self.cfg.optim.grad_clip, veto)
-        metrics: dict[str, Any] = {"step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr}
+        # `loss` is the cross-entropy; the z-loss term, when on, is logged beside it
+        metrics: dict[str, Any] = {"step": step, "loss": parts["ce"], "grad_norm": grad_norm}
+        metrics.update({"z_loss": parts["z"]} if "z" in parts else {})
+        metrics["lr"] = lr
         if veto is not None:
             metrics["skipped"] = float(skipped)
         for cb in self.callbacks:
@@ -281,7 +287,7 @@ class Trainer:
         A step the spike policy skipped changed no weight, so its values do not stop the run."""
         if row.get("skipped"):
             return True
-        if not math.isfinite(row["loss"]):
+        if not (math.isfinite(row["loss"]) and math.isfinite(row.get("z_loss", 0.0))):
             return False
         return self.cfg.precision.dtype == "fp16" or math.isfinite(row["grad_norm"])
 
@@ -290,7 +296,8 @@ class Trainer:
         last = window[-1]
         step = int(last["step"])
         row = {k: v for k, v in last.items() if k != "step"}
-        row["loss"] = sum(r["loss"] for r in window) / len(window)
+        for key in ("loss", "z_loss") if "z_loss" in last else ("loss",):
+            row[key] = sum(r[key] for r in window) / len(window)
         row["step_time"] = sum(r["step_time"] for r in window) / len(window)
         row["tokens_per_s"] = (
             self.tokens_per_step / row["step_time"] if row["step_time"] > 0 else 0.0
@@ -329,6 +336,12 @@ class Trainer:
         )
         self.console.print(f"[red]{msg}[/red]", highlight=False)
         self._write_summary("diverged", message=msg, diverged_step=int(row["step"]))
+        return "diverged"
+
+    def _stopped_by_callback(self, reason: str, step: int) -> str:
+        """A callback ended the run at `step` (StopRun); steps since the last log are not logged."""
+        self.console.print(f"[red]{reason}[/red]", highlight=False)
+        self._write_summary("diverged", message=reason, diverged_step=step)
         return "diverged"
 
     def _stopped(self, signum: int) -> str:
