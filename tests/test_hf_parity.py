@@ -16,9 +16,20 @@ CASES = {  # family -> (placement, qk_norm, HF class)
 
 
 def small(placement: str, qk_norm: str, tie: bool) -> ModelConfig:
-    return ModelConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96, vocab_size=128,
-                       max_seq_len=32, placement=placement, qk_norm=qk_norm, init_std=0.1,
-                       tie_embeddings=tie, rope_theta=5000.0)
+    return ModelConfig(
+        n_layers=2,
+        d_model=64,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=96,
+        vocab_size=128,
+        max_seq_len=32,
+        placement=placement,
+        qk_norm=qk_norm,
+        init_std=0.1,
+        tie_embeddings=tie,
+        rope_theta=5000.0,
+    )
 
 
 def randomise_gains(model: torch.nn.Module) -> None:

@@ -12,18 +12,19 @@ of another size (nodes started with different --nnodes or --nproc-per-node).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from launch.commands.train import add_recipe_args, resolve
 from launch.config import RunConfig
 from launch.engines.dist import EXPECTED_WORLD_ENV
-from launch.engines.single import resolve_device
-from launch.errors import ConfigError, NormlabError
+from launch.errors import NormlabError
 
 
 class LaunchError(NormlabError):
@@ -70,21 +71,9 @@ def check_topology(args: argparse.Namespace, cfg: RunConfig) -> int:
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise LaunchError(f"--master-port must lie in 1..65535, got {args.master_port}")
     world = args.nproc_per_node * args.nnodes
-    engine = cfg.engine.name
-    if engine == "single" and world > 1:
-        raise ConfigError(
-            f"engine.name is 'single' but the launch asks for {world} processes; set "
-            "engine.name=fsdp or engine.name=deepspeed (or use `normlab train`)"
-        )
-    if engine == "deepspeed":
-        from launch.engines.deepspeed_engine import ds_config
+    from launch.training.preflight import preflight  # what every rank would refuse, once here
 
-        ds_config(cfg, world)  # the config errors a rank would raise, raised once here
-        if cfg.precision.dtype == "fp16" and resolve_device(cfg.training.device).type == "cpu":
-            raise ConfigError(
-                "precision.dtype fp16 with engine deepspeed needs CUDA devices: DeepSpeed's CPU "
-                "accelerator has no fp16 support; use bf16 or fp32 on CPU"
-            )
+    preflight(cfg, world)
     return world
 
 
@@ -145,7 +134,14 @@ def run(args: argparse.Namespace) -> int:
         wait_for_endpoint(args.master_addr, port, args.connect_timeout)
     env = {**os.environ, EXPECTED_WORLD_ENV: str(world)}
     env.setdefault("OMP_NUM_THREADS", "1")
-    code = subprocess.call(cmd, env=env)
+    from launch.training.rundir import TOKEN_ENV, RunDirLock
+
+    # node 0 owns the run directory for the whole job; its rank 0 inherits the lock by token
+    owner = RunDirLock(Path(cfg.run_dir or "runs/run"), "normlab launch")
+    with owner if args.node_rank == 0 else contextlib.nullcontext():
+        if owner.owner is not None:
+            env[TOKEN_ENV] = owner.owner.token
+        code = subprocess.call(cmd, env=env)
     if code != 0:
         print(
             f"normlab launch: torchrun exited with status {code} (the failing rank's error is "
