@@ -19,6 +19,7 @@ ENGINES = {
 # factory(model, OptimSection) -> torch.optim.Optimizer
 OPTIMIZERS = {
     "adamw": "launch.optim:build_adamw",
+    "muon": "launch.optim:build_muon",
 }
 
 # factory(settings dict) -> Callback; the name is also the key of its state in checkpoints.

@@ -18,7 +18,7 @@ from rich.table import Table
 from launch.config import load_config
 from launch.training.datasets import resolve_dataset
 
-RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"
+RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipes"  # launch/commands/ -> repo
 DEFAULT = ["post_warmup", "post_nowarmup", "pre", "peri", "olmo2", "deepnorm"]
 
 

@@ -20,7 +20,7 @@ from launch.commands.compare import compare
 from launch.config import RunConfig, load_config
 from launch.errors import ConfigError
 
-RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"  # launch/commands/ -> repo
 DEFAULT_RECIPES = [
     "post_warmup",
     "post_nowarmup",

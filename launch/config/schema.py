@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,12 @@ class DataSection:
 
 
 @dataclass
+class QKClipSection:
+    tau: float = 100.0  # threshold on each head's max pre-softmax logit (Kimi K2: 100)
+    alpha: float = 0.5  # MHA: W_q^h *= gamma^alpha, W_k^h *= gamma^(1 - alpha)
+
+
+@dataclass
 class OptimSection:
     name: str = "adamw"  # a key of launch.registry.OPTIMIZERS
     lr: float = 3e-4
@@ -72,6 +79,11 @@ class OptimSection:
     weight_decay: float = 0.1  # never applied to norms, biases or embeddings
     grad_clip: float = 1.0  # global L2 norm; 0 disables clipping
     z_loss: float = 0.0  # coefficient of mean(logsumexp^2) (SCIENCE.md section 5)
+    # name muon (SCIENCE.md 6): Muon on the hidden matrices, AdamW (lr, betas, eps) on the rest
+    muon_scale: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
+    muon_momentum: float = 0.95  # Nesterov momentum of Muon
+    muon_ns_dtype: Literal["bf16", "fp32"] = "bf16"  # Newton-Schulz precision (paper: bf16)
+    qk_clip: QKClipSection | None = None  # QK-Clip after every step (SCIENCE.md 7), any optimizer
 
 
 @dataclass
@@ -272,6 +284,38 @@ def _validate_optim(cfg: RunConfig) -> None:
         raise ConfigError(f"optim.lr and optim.eps must be > 0, got {o.lr} and {o.eps}")
     if not all(0.0 <= b < 1.0 for b in o.betas):
         raise ConfigError(f"optim.betas must lie in [0, 1), got {list(o.betas)}")
+    if not 0.0 <= o.muon_momentum < 1.0:
+        raise ConfigError(f"optim.muon_momentum must lie in [0, 1), got {o.muon_momentum}")
+    if o.name == "muon" and cfg.engine.name == "deepspeed":
+        raise ConfigError(MUON_ON_DEEPSPEED)
+    if o.qk_clip is not None:
+        _validate_qk_clip(cfg)
+
+
+MUON_ON_DEEPSPEED = (
+    "optim.name muon cannot run on engine deepspeed: its ZeRO optimizers hand the optimizer flat "
+    "partitions, not matrices, and DeepSpeed's own Muon uses another update scale and an fp16 "
+    "Newton-Schulz; use engine.name: fsdp (or single) for Muon"
+)
+
+
+def _validate_qk_clip(cfg: RunConfig) -> None:
+    q = cfg.optim.qk_clip
+    assert q is not None
+    if not (math.isfinite(q.tau) and q.tau > 0):
+        raise ConfigError(f"optim.qk_clip.tau must be a finite number > 0, got {q.tau}")
+    if not 0.0 <= q.alpha <= 1.0:
+        raise ConfigError(f"optim.qk_clip.alpha must lie in [0, 1], got {q.alpha}")
+    if cfg.engine.compile:
+        raise ConfigError(
+            "optim.qk_clip needs each attention's per-head max logit, which a compiled block "
+            "does not hand back: set engine.compile: false"
+        )
+    if cfg.engine.name == "deepspeed":
+        raise ConfigError(
+            "optim.qk_clip on engine deepspeed is not supported yet (ZeRO keeps fp32 master "
+            "partitions the clip would have to rescale): use engine.name: fsdp or single"
+        )
 
 
 def _validate_schedule(cfg: RunConfig) -> None:

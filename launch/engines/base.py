@@ -55,6 +55,11 @@ class Engine(ABC):
     def device(self) -> torch.device:
         return self._device
 
+    def wrap_like_model(self, module: nn.Module) -> nn.Module:
+        """Wrap a small probe module on this engine's device exactly as the model's parameters are
+        (sharded, for a sharding engine): start-up self-checks run the real optimizer on it."""
+        return module
+
     # --- one optimizer step -------------------------------------------------------------------
     @abstractmethod
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

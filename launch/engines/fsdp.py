@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, init_device_mesh
@@ -93,6 +94,10 @@ class FSDPEngine(DistributedEngine):
             # the last block is gathered again at once by the backward: keep it unsharded
             fully_shard(block, mesh=self._mesh, mp_policy=policy, reshard_after_forward=i < n - 1)
         fully_shard(module, mesh=self._mesh, mp_policy=policy)
+
+    def wrap_like_model(self, module: nn.Module) -> nn.Module:
+        fully_shard(module.to(self._device), mesh=self._mesh)
+        return module
 
     def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self._module(inputs)

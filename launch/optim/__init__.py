@@ -1,12 +1,24 @@
-"""Optimizers with parameter groups: no weight decay on norms, biases or embeddings."""
+"""Optimizers with parameter groups: no weight decay on norms, biases or embeddings.
+
+`adamw`: torch.optim.AdamW. `muon` (SCIENCE.md 6): Muon on the hidden matrices and AdamW on the
+rest in one optimizer (launch.optim.muon), proved to orthogonalise by a start-up self-check
+(launch.optim.selfcheck). `optim.qk_clip` adds QK-Clip after every step (launch.optim.qk_clip).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from launch.config import OptimSection
 from launch.registry import OPTIMIZERS, resolve
+
+if TYPE_CHECKING:
+    from launch.engines.base import Engine
+    from launch.training.callbacks import Callback
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -34,6 +46,40 @@ def build_adamw(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
         param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps
     )
+
+
+def build_muon(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
+    """Muon on every 2-D hidden matrix, AdamW on embeddings, head, gains and biases."""
+    from launch.optim.muon import MuonAdamW, split_for_muon
+
+    return MuonAdamW(
+        split_for_muon(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        momentum=cfg.muon_momentum,
+        scale=cfg.muon_scale,
+        ns_dtype=cfg.muon_ns_dtype,
+    )
+
+
+def optim_callbacks(cfg: OptimSection) -> list[Callback]:
+    """Per-step work of the optimizer section beyond the step itself: QK-Clip when configured."""
+    if cfg.qk_clip is None:
+        return []
+    from launch.optim.qk_clip import QKClip
+
+    return [QKClip(cfg.qk_clip.tau, cfg.qk_clip.alpha)]
+
+
+def check_optimizer(
+    engine: Engine, cfg: OptimSection, factory: Callable[[nn.Module], torch.optim.Optimizer]
+) -> None:
+    """Start-up self-check (before step 1): Muon must really orthogonalise on this engine."""
+    if cfg.name == "muon":
+        from launch.optim.selfcheck import check_orthogonalised
+
+        check_orthogonalised(engine, factory, cfg.muon_scale)
 
 
 def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:

@@ -20,6 +20,7 @@ from launch.instruments.common import (
     SPIKE_GRAD,
     SPIKE_LOSS,
 )
+from launch.optim.qk_clip import CLIP_EVENTS, S_MAX
 from launch.report.runs import Run, finite
 
 # key, header, format ('' = text); the order of the table
@@ -41,13 +42,15 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("grad_p99", "p99 grad norm", ".3g"),
     ("act_growth", "act. growth", ".2f"),
     ("max_logit", "max logit", ".2f"),
+    ("qk_clips", "QK-Clip events", "d"),
     ("fp16_clamps", "fp16 clamps", "d"),
     ("tokens_per_s", "tokens/s", ",.0f"),
 ]
 NOTES = (
     "act. growth: RMS of the last block's output over the first block's, at the last logged step. "
     "Spike %: OLMo 2 spike score (SCIENCE.md 8) over every step so far. Grad-norm max/p99: over "
-    "logged steps. '-': not measured (instrument off or no full window yet)."
+    "logged steps. QK-Clip events: heads clipped, summed over steps (optim.qk_clip). "
+    "'-': not measured (instrument off or no full window yet)."
 )
 
 
@@ -81,7 +84,8 @@ def summarize(run: Run) -> dict[str, Any]:
     if resid_row is not None:
         rms = run.blocks(RESID, resid_row)
         growth = rms[-1] / rms[0] if rms[0] else math.inf
-    logits = finite([r[MAX_LOGIT] for r in run.train if MAX_LOGIT in r])
+    # the attention_logits instrument's max, or QK-Clip's (the same exact per-step S_max)
+    logits = finite([r[k] for r in run.train for k in (MAX_LOGIT, S_MAX) if k in r])
     bad_rows = sum(
         not (math.isfinite(r["loss"]) and math.isfinite(r.get("grad_norm", 0.0))) for r in run.train
     )
@@ -106,6 +110,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "grad_p99": float(np.percentile(grads, 99)) if grads else None,
         "act_growth": growth,
         "max_logit": max(logits) if logits else None,
+        "qk_clips": _last(run, CLIP_EVENTS),
         "fp16_clamps": _last(run, FP16_CLAMPS),
         "tokens_per_s": tps if tps is not None and math.isfinite(tps) else None,
     }

@@ -23,7 +23,7 @@ from data.loader import PackedLoader
 from launch.config import RunConfig
 from launch.engines.base import Engine
 from launch.errors import ConfigError, NormlabError
-from launch.optim import build_optimizer, set_lr
+from launch.optim import build_optimizer, check_optimizer, optim_callbacks, set_lr
 from launch.registry import ENGINES, resolve
 from launch.training.callbacks import Callback, build_callbacks, overrides_skip
 from launch.training.checkpoint import CheckpointManager
@@ -83,7 +83,9 @@ class Trainer:
         self.from_step = from_step  # resume from this checkpoint instead of `latest`
         self.run_dir = Path(cfg.run_dir or "runs/run")
         self.console = console or Console()
-        self.callbacks = build_callbacks(cfg.instruments) + list(callbacks or [])
+        self.callbacks = (
+            build_callbacks(cfg.instruments) + optim_callbacks(cfg.optim) + list(callbacks or [])
+        )
         self.step = 0
         self.stats: dict[str, Any] = {
             "min_loss": math.inf,
@@ -117,7 +119,9 @@ class Trainer:
                 f"model.vocab_size ({model_cfg.vocab_size}) is smaller than the tokenizer of "
                 f"{data_dir} ({self.loader.vocab_size})"
             )
-        self.engine.setup(model_cfg, partial(build_optimizer, cfg=cfg.optim))
+        factory = partial(build_optimizer, cfg=cfg.optim)
+        self.engine.setup(model_cfg, factory)
+        check_optimizer(self.engine, cfg.optim, factory)  # refuses a silent fallback
         self.lr_at = build_schedule(cfg.schedule, cfg.training.steps, model_cfg.d_model)
         self.tokens_per_step = d.batch_size * d.seq_len * cfg.training.grad_accum * world
         self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)

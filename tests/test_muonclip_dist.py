@@ -1,0 +1,103 @@
+"""MuonClip across engines and restarts, sharing one single-process and one 2-rank FSDP2 run.
+
+Recipe: 2 layers, d 64, 20 fp32 steps, Muon at lr 0.05 with QK-Clip at tau 0.3 (clips from about
+step 5 on: the logits start near 0.12), Newton-Schulz in fp32 so that the only difference between
+the runs is the gradient reduction order. On 2 gloo ranks every matrix is gathered to its owner
+rank, orthogonalised whole and scattered back, QK-Clip rescales DTensor rows, S_max is
+MAX-reduced: the loss curve and every per-head S_max equal the single process within 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from dist_helpers import (
+    assert_same_curve,
+    check_ok,
+    latest_step,
+    launch,
+    losses,
+    normlab,
+    prepare_tiny,
+    start_and_kill,
+    write_recipe,
+)
+
+pytestmark = pytest.mark.distributed
+MUONCLIP = (
+    "optim.name=muon",
+    "optim.lr=0.05",
+    "optim.muon_ns_dtype=fp32",
+    "optim.qk_clip={tau: 0.3, alpha: 0.5}",
+)
+HALF = "data.batch_size=2"
+
+
+def rows(run: Path) -> dict[int, dict[str, float]]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, lines) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("muonclip")
+    recipe = write_recipe(root, prepare_tiny(root), steps=20, every=10)
+    out = {"root": root, "recipe": recipe, "single": root / "single", "fsdp": root / "fsdp"}
+    check_ok(normlab("train", str(recipe), *MUONCLIP, "--run-dir", str(out["single"])))
+    check_ok(launch(recipe, out["fsdp"], 2, *MUONCLIP, "engine.name=fsdp", HALF))
+    return out
+
+
+def test_fsdp_muonclip_equals_single_process(runs: dict[str, Path]) -> None:
+    single, fsdp = rows(runs["single"]), rows(runs["fsdp"])
+    assert_same_curve(runs["fsdp"], losses(runs["single"]))
+    assert single[20]["qk_clip_events"] > 10  # QK-Clip really acted
+    assert single[20]["qk_clip_events"] == fsdp[20]["qk_clip_events"]
+    heads = [k for k in single[20] if k.startswith("s_max/") and "/h" in k]
+    assert len(heads) == 2 * 4
+    worst = max(abs(single[s][k] - fsdp[s][k]) for s in single for k in heads)
+    assert worst < 1e-5, worst
+
+
+def test_fsdp_muon_checkpoint_resumes_on_one_rank(runs: dict[str, Path]) -> None:
+    """DCP reshards Muon's momentum with the weights: step 10 of 2 ranks continues on 1."""
+    run = runs["root"] / "fsdp_2to1"
+    shutil.copytree(runs["fsdp"], run)
+    shutil.rmtree(run / "checkpoints" / "step_00000020")
+    (run / "checkpoints" / "latest").write_text("step_00000010\n")
+    args = ("train", str(runs["recipe"]), *MUONCLIP, "engine.name=fsdp", "--run-dir", str(run))
+    proc = normlab(*args, "--force")
+    check_ok(proc)
+    assert "from step_00000010" in proc.stdout
+    assert_same_curve(run, losses(runs["single"]))
+
+
+def test_single_sigkill_then_resume_is_bit_identical(runs: dict[str, Path]) -> None:
+    state = torch.load(
+        runs["single"] / "checkpoints" / "step_00000010" / "optim.pt", weights_only=True
+    )
+    buffers = [s for s in state["state"].values() if "momentum_buffer" in s]
+    assert len(buffers) == 2 * 7 and all(b["momentum_buffer"].abs().sum() > 0 for b in buffers)
+    run = runs["root"] / "killed"
+    cmd = [sys.executable, "-m", "launch.cli", "train", str(runs["recipe"]), *MUONCLIP]
+    cmd += ["--run-dir", str(run)]
+    killed_at = start_and_kill(cmd, run, at_step=10)
+    assert 10 <= killed_at < 20 and latest_step(run) == killed_at
+    check_ok(normlab(*cmd[3:]))
+    assert losses(run) == losses(runs["single"])  # bit-identical, every step
+    assert rows(run)[20]["qk_clip_events"] == rows(runs["single"])[20]["qk_clip_events"]
+
+
+def test_compare_shows_clip_events_next_to_max_logit(runs: dict[str, Path]) -> None:
+    from launch.commands.compare import compare
+
+    table = compare([runs["single"], runs["fsdp"]], None)["rows"]
+    for row, run in zip(table, (runs["single"], runs["fsdp"]), strict=True):
+        logged = rows(run)
+        assert row["qk_clips"] == logged[20]["qk_clip_events"] > 10
+        assert row["max_logit"] == max(r["s_max"] for r in logged.values())
