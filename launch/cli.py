@@ -24,6 +24,8 @@ COMMANDS = [
     "launch.commands.export",
     "launch.commands.compare",
     "launch.commands.study",
+    "launch.commands.submit",
+    "launch.commands.status",
 ]
 USER_ERRORS = (NormlabError, DataError)
 

@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from launch.commands.compare import compare
+from launch.commands.submit import add_submit_options, job_spec
 from launch.config import RunConfig, load_config
 from launch.errors import ConfigError
 
@@ -133,12 +134,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="spike-score window (default: 1000, or steps/5 when shorter; OLMo 2 uses 1000)",
     )
+    p.add_argument("--submit", action="store_true", help="one SLURM job per recipe instead")
+    add_submit_options(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    if args.submit:
+        from launch.cluster.study import submit_study
+
+        cfgs = study_configs(
+            args.recipes or DEFAULT_RECIPES, Path(args.out), args.set, args.steps, args.spike_window
+        )
+        submit_study(cfgs, Path(args.out), job_spec(args))
+        return 0
     result = run_study(
         args.recipes or DEFAULT_RECIPES, args.out, args.set, args.steps, args.spike_window
     )

@@ -12,7 +12,12 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from launch.instruments.common import MAX_LOGIT, RESID  # noqa: E402
+from launch.instruments.common import (  # noqa: E402
+    MAX_LOGIT,
+    PRE_NORM,
+    RESID,
+    parse_block_key,
+)
 from launch.report.runs import Run  # noqa: E402
 
 DEPTH_PANELS = 4
@@ -69,17 +74,35 @@ def _depth_plot(runs: list[Run], path: Path) -> Path | None:
             rows = [r for r in run.train if run.blocks(RESID, r) and int(r["step"]) <= target]
             if rows:
                 rms = run.blocks(RESID, rows[-1])
-                ax.plot(range(1, len(rms) + 1), _clean(rms), marker="o", label=run.label)
+                (line,) = ax.plot(range(1, len(rms) + 1), _clean(rms), marker="o", label=run.label)
+                _pre_norm_line(ax, run, rows[-1], line.get_color())
         ax.set(title=f"step {target}", xlabel="block", ylabel="residual RMS")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)
-    fig.suptitle("residual-stream RMS by depth (output of each block)")
+    fig.suptitle(
+        "residual-stream RMS by depth (output of each block; dashed: post-norm blocks' sum "
+        "before their closing norm)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _pre_norm_line(ax: plt.Axes, run: Run, row: dict[str, float], color: str) -> None:
+    """Post-LN/DeepNorm/Mix-LN post blocks: the pre-norm sum (the output is ~1 by construction)."""
+    found = sorted(
+        (parsed[1], value)
+        for key, value in row.items()
+        if (parsed := parse_block_key(key)) and parsed[0] == PRE_NORM and parsed[2] is None
+    )
+    if found:
+        blocks = [i + 1 for i, _ in found]
+        values = _clean([v for _, v in found])
+        label = f"{run.label} (before norm)"
+        ax.plot(blocks, values, linestyle="--", marker="x", color=color, label=label)
 
 
 def write_plots(runs: list[Run], out: Path) -> list[Path]:

@@ -16,17 +16,19 @@ from launch.extras import require
 from launch.training.callbacks import build_callbacks
 
 
-def preflight(cfg: RunConfig, world_size: int = 1) -> None:
-    """Raise the ConfigError/DataError/MissingDependency that starting this run would raise."""
+def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:
+    """Raise the ConfigError/DataError/MissingDependency that starting this run would raise.
+    local=False (a job submitted to other machines) skips the checks of this host's devices."""
     build_callbacks(cfg.instruments)  # each instrument checks its own settings
-    _check_engine(cfg, world_size)
+    _check_engine(cfg, world_size, local)
     check_dataset(cfg)
 
 
-def _check_engine(cfg: RunConfig, world_size: int) -> None:
+def _check_engine(cfg: RunConfig, world_size: int, local: bool) -> None:
     from launch.engines.single import resolve_device
 
-    device = resolve_device(cfg.training.device)  # 'cuda' without a GPU
+    # 'cuda' without a GPU is an error here, not on a login node submitting to GPU nodes
+    device = resolve_device(cfg.training.device if local else "cpu")
     if cfg.engine.name == "single" and world_size > 1:
         raise ConfigError(
             f"engine.name is 'single' but the launch asks for {world_size} processes; set "
@@ -38,7 +40,8 @@ def _check_engine(cfg: RunConfig, world_size: int) -> None:
     from launch.engines.deepspeed_engine import ds_config
 
     ds_config(cfg, world_size)  # the generated config and engine.deepspeed_config
-    if cfg.precision.dtype == "fp16" and device.type == "cpu":
+    on_cpu = device.type == "cpu" if local else cfg.training.device == "cpu"
+    if cfg.precision.dtype == "fp16" and on_cpu:
         raise ConfigError(
             "precision.dtype fp16 with engine deepspeed needs CUDA devices: DeepSpeed's CPU "
             "accelerator has no fp16 support; use bf16 or fp32 on CPU"
