@@ -156,8 +156,9 @@ def _matches(value: Any, hint: Any) -> bool:
         return any(_matches(value, arg) for arg in get_args(hint))
     if hint is type(None):
         return value is None
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is float:  # NaN and infinity are never a setting
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return number and math.isfinite(value)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, hint)
@@ -169,6 +170,8 @@ def _describe(hint: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in get_args(hint))
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_describe(a) for a in get_args(hint))
+    if hint is float:
+        return "a finite number"
     return "None" if hint is type(None) else f"of type {hint.__name__}"
 
 
