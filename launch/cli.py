@@ -24,6 +24,9 @@ COMMANDS = [
     "launch.commands.export",
     "launch.commands.compare",
     "launch.commands.study",
+    "launch.commands.submit",
+    "launch.commands.status",
+    "launch.commands.theory",
 ]
 USER_ERRORS = (NormlabError, DataError)
 

@@ -7,23 +7,30 @@ instead of a rendezvous timeout: the recipe, the engine against the world size, 
 config, and (on nodes other than 0) that node 0's rendezvous endpoint is reachable. The world
 size every node expects travels in NORMLAB_EXPECTED_WORLD_SIZE; ranks refuse to train in a world
 of another size (nodes started with different --nnodes or --nproc-per-node).
+
+The launcher supervises torchrun (see `supervise`): SIGTERM, SIGINT, SIGUSR1 or SIGHUP sent to it
+reach every rank once (the ranks checkpoint and stop), and torchrun, then its ranks, get SIGTERM
+from the kernel when their parent dies, so killing the launcher leaves nothing training.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from launch.commands.train import add_recipe_args, resolve
 from launch.config import RunConfig
 from launch.engines.dist import EXPECTED_WORLD_ENV
-from launch.engines.single import resolve_device
-from launch.errors import ConfigError, NormlabError
+from launch.errors import NormlabError
+from launch.training.signals import set_parent_death_signal, under_slurm
 
 
 class LaunchError(NormlabError):
@@ -70,22 +77,16 @@ def check_topology(args: argparse.Namespace, cfg: RunConfig) -> int:
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise LaunchError(f"--master-port must lie in 1..65535, got {args.master_port}")
     world = args.nproc_per_node * args.nnodes
-    engine = cfg.engine.name
-    if engine == "single" and world > 1:
-        raise ConfigError(
-            f"engine.name is 'single' but the launch asks for {world} processes; set "
-            "engine.name=fsdp or engine.name=deepspeed (or use `normlab train`)"
-        )
-    if engine == "deepspeed":
-        from launch.engines.deepspeed_engine import ds_config
-
-        ds_config(cfg, world)  # the config errors a rank would raise, raised once here
-        if cfg.precision.dtype == "fp16" and resolve_device(cfg.training.device).type == "cpu":
-            raise ConfigError(
-                "precision.dtype fp16 with engine deepspeed needs CUDA devices: DeepSpeed's CPU "
-                "accelerator has no fp16 support; use bf16 or fp32 on CPU"
-            )
+    check_world(cfg, world, local=True)
     return world
+
+
+def check_world(cfg: RunConfig, world: int, local: bool = False) -> None:
+    """What every rank would refuse, checked once before any process starts (`normlab submit`
+    too, with local=False: the submitting host need not have the job's GPUs)."""
+    from launch.training.preflight import preflight
+
+    preflight(cfg, world, local=local)
 
 
 def free_port() -> int:
@@ -125,6 +126,7 @@ def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> lis
         "--rdzv-id", f"normlab-{cfg.name or 'run'}",
         "--rdzv-conf", f"is_host={is_host},join_timeout={args.rdzv_timeout}",
         "--max-restarts", "0",
+        "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",  # passed on to the ranks
         *train, *(["--force"] if args.force else []),
     ]  # fmt: skip
 
@@ -145,7 +147,21 @@ def run(args: argparse.Namespace) -> int:
         wait_for_endpoint(args.master_addr, port, args.connect_timeout)
     env = {**os.environ, EXPECTED_WORLD_ENV: str(world)}
     env.setdefault("OMP_NUM_THREADS", "1")
-    code = subprocess.call(cmd, env=env)
+    # seconds torchrun gives signalled ranks to checkpoint before it SIGKILLs them
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
+    from launch.training.rundir import TOKEN_ENV, RunDirLock
+
+    # node 0 owns the run directory for the whole job; its rank 0 inherits the lock by token
+    owner = RunDirLock(Path(cfg.run_dir or "runs/run"), "normlab launch")
+    with owner if args.node_rank == 0 else contextlib.nullcontext():
+        if owner.owner is not None:
+            env[TOKEN_ENV] = owner.owner.token
+        code, received = supervise(cmd, env)
+    if received:
+        name = signal.Signals(received).name
+        print(f"normlab launch: stopped by {name} (the ranks' checkpoint is named above)",
+              file=sys.stderr)  # fmt: skip
+        return 128 + received
     if code != 0:
         print(
             f"normlab launch: torchrun exited with status {code} (the failing rank's error is "
@@ -153,3 +169,41 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return code
+
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+SHUTDOWN_TIMEOUT_S = 600
+
+
+def supervise(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
+    """Run torchrun and stay responsible for it; return (its exit status, signal received or 0).
+
+    Outside SLURM torchrun gets its own session, so a terminal's Ctrl-C reaches only this process,
+    which passes each signal on once: torchrun hands it to every rank, whose handlers checkpoint.
+    Under SLURM slurmstepd already signals every process of the step, so nothing is passed on
+    (a rank would otherwise see the same preemption three times). Either way the kernel sends
+    torchrun SIGTERM if this process dies, even by SIGKILL (PR_SET_PDEATHSIG), and torchrun stops
+    its ranks the same way; the ranks arm the same death signal against torchrun.
+    """
+    parent, forward = os.getpid(), not under_slurm()
+
+    def child_setup() -> None:  # runs between fork and exec
+        set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != parent:  # the launcher died before the death signal was armed
+            os._exit(1)
+
+    proc = subprocess.Popen(cmd, env=env, start_new_session=forward, preexec_fn=child_setup)
+    received = 0
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal received
+        received = received or signum
+        if forward and proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
+    try:
+        return proc.wait(), received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

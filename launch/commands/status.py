@@ -1,0 +1,121 @@
+"""`normlab status RUN_DIR...`: where each run stands, local or on SLURM.
+
+Per run: the SLURM job and its state (from slurm.json, asking squeue, then sacct), the run's
+own status (summary.json), step of total, last checkpoint, last loss, tokens/s, an ETA from the
+recent step time, and the last lines of the job's log (or the last metrics rows of a local run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from launch.errors import RunDirError
+
+TAIL = 5
+
+
+def _last_rows(path: Path, n: int) -> list[dict[str, Any]]:
+    rows: deque[dict[str, Any]] = deque(maxlen=n)
+    if path.is_file():
+        with path.open() as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and "loss" in row:
+                    rows.append(row)
+    return list(rows)
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    with path.open(errors="replace") as fh:
+        return [ln.rstrip("\n") for ln in deque(fh, maxlen=n)]
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def run_status(run_dir: Path) -> dict[str, Any]:
+    """Everything `normlab status` prints about one run, as a dict."""
+    from launch.cluster.jobs import last_job_id
+    from launch.cluster.slurm import job_state
+    from launch.training.checkpoint import CheckpointManager
+    from launch.training.rundir import CONFIG, read_summary
+
+    if not (run_dir / CONFIG).is_file():
+        raise RunDirError(f"{run_dir} is not a run directory (no {CONFIG})")
+    cfg = yaml.safe_load((run_dir / CONFIG).read_text()) or {}
+    total = int(cfg.get("training", {}).get("steps", 0))
+    info: dict[str, Any] = {"run_dir": str(run_dir), "name": cfg.get("name"), "total": total}
+    info["job_id"] = last_job_id(run_dir)
+    info["job_state"] = job_state(info["job_id"]) if info["job_id"] else None
+    summary = read_summary(run_dir) or {}
+    info["status"] = summary.get("status", "not started")
+    rows = _last_rows(run_dir / "metrics.jsonl", TAIL)
+    last = rows[-1] if rows else {}
+    info["step"] = int(last.get("step", summary.get("steps", 0)))
+    info["loss"] = last.get("loss")
+    info["tokens_per_s"] = last.get("tokens_per_s")
+    step_time = last.get("step_time")
+    remaining = max(0, total - info["step"])
+    info["eta_s"] = remaining * step_time if step_time and info["status"] != "completed" else None
+    try:
+        latest = CheckpointManager(run_dir, 1).latest()
+    except Exception:  # noqa: BLE001 (a broken pointer is reported, not raised)
+        latest = None
+    info["checkpoint"] = str(latest) if latest else None
+    logs = sorted(run_dir.glob("slurm-*.out"), key=lambda p: p.stat().st_mtime)
+    info["log"] = str(logs[-1]) if logs else None
+    info["log_lines"] = (
+        _tail(logs[-1], TAIL)
+        if logs
+        else [
+            f"step {r['step']}: loss {r['loss']:.4f}"
+            for r in rows
+            if isinstance(r.get("loss"), float)
+        ]
+    )
+    return info
+
+
+def format_status(info: dict[str, Any]) -> str:
+    job = (
+        f"job {info['job_id']} {info['job_state'] or 'unknown to SLURM'}"
+        if info["job_id"]
+        else "local"
+    )
+    loss = f"{info['loss']:.4f}" if isinstance(info["loss"], float) else "-"
+    tps = f"{info['tokens_per_s']:,.0f}" if info["tokens_per_s"] else "-"
+    eta = _duration(info["eta_s"]) if info["eta_s"] is not None else "-"
+    lines = [
+        f"{info['run_dir']} ({info['name']}): {info['status']}, {job}",
+        f"  step {info['step']}/{info['total']}  loss {loss}  tokens/s {tps}  ETA {eta}",
+        f"  last checkpoint: {info['checkpoint'] or 'none'}",
+    ]
+    if info["log_lines"]:
+        lines.append(f"  last lines of {info['log'] or 'metrics.jsonl'}:")
+        lines += [f"    {ln}" for ln in info["log_lines"]]
+    return "\n".join(lines)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("status", help="progress of runs (local or SLURM jobs)")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
+    p.add_argument("--json", action="store_true", help="one JSON object per run")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    infos = [run_status(Path(r)) for r in args.runs]  # every directory checked before printing
+    for info in infos:
+        print(json.dumps(info) if args.json else format_status(info))
+    return 0

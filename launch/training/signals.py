@@ -1,0 +1,130 @@
+"""Checkpoint-on-signal: SIGUSR1, SIGTERM and SIGINT stop training at a step boundary.
+
+The handler only records the signal. After every optimizer step the trainer asks `agreed()`,
+which takes the maximum recorded signal over all ranks (a CPU all-reduce on a gloo group, so a
+CUDA run does not synchronise its stream for it): every rank sees the same answer after the same
+step, so all of them reach the one synchronised checkpoint together and no collective is left
+waiting. A second signal means "now": outside SLURM it marks the summary and exits at once.
+Under SLURM one preemption reaches every process of a job step directly (slurmstepd signals the
+whole step) and again through torchrun's forwarding, so repeats there are absorbed instead.
+
+Ranks started by torchrun also ask the kernel for SIGTERM when torchrun dies (PR_SET_PDEATHSIG),
+so a killed launcher never leaves ranks training unsupervised.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType, TracebackType
+
+import torch
+import torch.distributed as dist
+
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+PR_SET_PDEATHSIG = 1
+
+
+def stop_status(signum: int) -> str:
+    """summary.json status of a run stopped by `signum`: Ctrl-C interrupts, the rest preempt."""
+    return "interrupted" if signum == signal.SIGINT else "preempted"
+
+
+def under_slurm() -> bool:
+    return "SLURM_JOB_ID" in os.environ
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def set_parent_death_signal(signum: int = signal.SIGTERM) -> bool:
+    """Ask Linux to send `signum` to this process when its parent dies; False where unsupported.
+    libc is loaded at import, so this is safe between fork and exec (a preexec_fn)."""
+    if _LIBC is None:
+        return False
+    return _LIBC.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+
+
+class GracefulStop:
+    """Context manager: installs the handlers on enter and restores the previous ones on exit.
+
+    `on_force_exit(signum)` runs on a second signal (outside SLURM) before the process exits
+    with status 128 + signum; the trainer uses it to mark summary.json.
+    """
+
+    def __init__(self, on_force_exit: Callable[[int], None] | None = None) -> None:
+        self.on_force_exit = on_force_exit
+        self.received: int = 0
+        self._previous: dict[int, object] = {}
+        self._group: object = None
+        self._world = 1
+
+    def __enter__(self) -> GracefulStop:
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank of torchrun: die with it
+            set_parent_death_signal(signal.SIGTERM)
+        for sig in STOP_SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave the process's handlers alone
+                break
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if not self.received:
+            self.received = signum
+            name = signal.Signals(signum).name
+            then = (
+                "repeats are ignored under SLURM" if under_slurm() else "a second one exits at once"
+            )
+            print(
+                f"normlab: {name} received: finishing this step, then checkpointing ({then})",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        if under_slurm():
+            return  # the same preemption, delivered again by slurmstepd or torchrun
+        if self.on_force_exit is not None:
+            self.on_force_exit(signum)
+        print(
+            f"normlab: second signal ({signal.Signals(signum).name}): exiting without a checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(128 + signum)
+
+    def agreed(self) -> int:
+        """The signal every rank stops for after this step (0: keep training). Collective."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return self.received
+        if self._group is None:  # every rank reaches its first call after the same step
+            gloo = dist.get_backend() == "gloo"
+            self._group = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
+        flag = torch.tensor([self.received], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        return int(flag.item())
+
+
+def stop_message(signum: int, step: int, total: int, checkpoint: Path | None, run_dir: Path) -> str:
+    """The exit line (and summary message) of a run stopped by `signum`."""
+    name = signal.Signals(signum).name
+    if checkpoint is None:
+        return (
+            f"second signal ({name}): exited at once without a checkpoint; resume with "
+            f"`normlab train {run_dir}` from its last checkpoint"
+        )
+    return (
+        f"{stop_status(signum)} by {name} after step {step}/{total}; checkpoint {checkpoint}; "
+        f"resume with `normlab train {run_dir}`"
+    )

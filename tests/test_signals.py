@@ -1,0 +1,150 @@
+"""Checkpoint-on-signal and launcher supervision, on this machine (no SLURM).
+
+SIGTERM / SIGINT to `normlab train` finish the step, write one checkpoint, mark summary.json
+("preempted" / "interrupted") and name the checkpoint in the exit line; the resumed run ends with
+per-step losses bit-identical to an uninterrupted one. A second signal exits at once. SIGTERM to
+`normlab launch` reaches torchrun and every rank; SIGKILL of the launcher alone leaves no rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from dist_helpers import check_ok, env, free_port, losses, normlab, prepare_tiny, write_recipe
+
+LONG = 100_000  # steps: a run that is still training whenever the signal comes
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("signals")
+    data = prepare_tiny(root)
+    return {"root": root, "data": data, "long": write_recipe(root, data, LONG, 0)}
+
+
+def start(*args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "launch.cli", *args]
+    return subprocess.Popen(
+        cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for_step(proc: subprocess.Popen, run: Path, step: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    path = run / "metrics.jsonl"
+    while not (path.is_file() and max(losses(run) or {0: 0}) >= step):
+        if proc.poll() is not None:
+            raise AssertionError(f"exited early: {proc.communicate()[1][-3000:]}")
+        assert time.monotonic() < deadline, f"no step {step} within {timeout} s"
+        time.sleep(0.02)
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def latest(run: Path) -> str:
+    return (run / "checkpoints" / "latest").read_text().strip()
+
+
+@pytest.mark.parametrize(
+    ("sig", "status"), [(signal.SIGTERM, "preempted"), (signal.SIGINT, "interrupted")]
+)
+def test_signal_checkpoints_and_marks_summary(tiny: dict[str, Path], sig: int, status: str) -> None:
+    run = tiny["root"] / f"train_{signal.Signals(sig).name}"
+    proc = start("train", str(tiny["long"]), "--run-dir", str(run))
+    wait_for_step(proc, run, 3)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, err[-3000:]
+    s = summary(run)
+    step = s["steps"]
+    assert s["status"] == status and 3 <= step < LONG
+    assert latest(run) == f"step_{step:08d}"  # the checkpoint is of the step it stopped after
+    assert max(losses(run)) == step  # the stop step was logged, nothing after it
+    ckpt = run / "checkpoints" / f"step_{step:08d}"
+    assert str(ckpt) in err.strip().splitlines()[-1]  # the exit line names the checkpoint
+
+
+def test_second_signal_exits_at_once(tiny: dict[str, Path]) -> None:
+    run = tiny["root"] / "twice"
+    proc = start("train", str(tiny["long"]), "--run-dir", str(run))
+    wait_for_step(proc, run, 3)
+    # two signal numbers (Python runs a repeated pending one once), SIGINT first because
+    # Python runs pending handlers in signal-number order
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    s = summary(run)
+    assert s["status"] == "interrupted" and "second signal" in s["message"], s
+    assert not (run / "checkpoints").exists()  # no periodic checkpoint, and none at the stop
+
+
+def test_resume_after_sigterm_is_bit_identical(tiny: dict[str, Path]) -> None:
+    recipe = write_recipe(tiny["root"], tiny["data"], 200, 0)
+    ref = tiny["root"] / "uninterrupted"
+    check_ok(normlab("train", str(recipe), "--run-dir", str(ref)))
+    run = tiny["root"] / "stopped"
+    proc = start("train", str(recipe), "--run-dir", str(run))
+    wait_for_step(proc, run, 5)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    stopped_at = summary(run)["steps"]
+    assert proc.returncode == 143 and stopped_at < 200, "the run ended before the signal"
+    resumed = normlab("train", str(run))
+    check_ok(resumed)
+    assert f"from step_{stopped_at:08d}" in resumed.stdout
+    assert losses(run) == losses(ref)  # exact equality of every step's loss
+    assert summary(run)["status"] == "completed"
+
+
+def survivors(run: Path) -> list[psutil.Process]:
+    """Processes (launcher, torchrun, ranks) whose command line names this run directory."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if str(run) in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
+            found.append(p)
+    return found
+
+
+def launch_long(tiny: dict[str, Path], run: Path) -> subprocess.Popen:
+    return start(
+        "launch", str(tiny["long"]), "engine.name=fsdp", "data.batch_size=2",
+        "--nproc-per-node", "2", "--master-port", str(free_port()), "--run-dir", str(run),
+    )  # fmt: skip
+
+
+@pytest.mark.distributed
+def test_sigterm_to_launcher_reaches_every_rank(tiny: dict[str, Path]) -> None:
+    run = tiny["root"] / "launch_term"
+    proc = launch_long(tiny, run)
+    wait_for_step(proc, run, 3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    s = summary(run)
+    assert s["status"] == "preempted" and latest(run) == f"step_{s['steps']:08d}"
+    assert not survivors(run)
+
+
+@pytest.mark.distributed
+def test_sigkilled_launcher_leaves_no_rank(tiny: dict[str, Path]) -> None:
+    run = tiny["root"] / "launch_kill"
+    proc = launch_long(tiny, run)
+    wait_for_step(proc, run, 3)
+    tree = survivors(run)
+    assert len(tree) >= 4  # launcher, torchrun, two ranks
+    proc.kill()  # the launcher's PID alone
+    proc.communicate()
+    gone, alive = psutil.wait_procs([p for p in tree if p.pid != proc.pid], timeout=20)
+    assert not alive, [p.info["cmdline"] for p in alive]
+    assert summary(run)["status"] == "preempted"  # torchrun's death signal let the ranks save
