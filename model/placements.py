@@ -17,15 +17,32 @@ from .config import ModelConfig
 MakeNorm = Callable[[], nn.Module]
 
 
+class ResidualTap(nn.Module):
+    """Identity on the two parts of a residual sum alpha * x + f that a norm is about to close.
+
+    The fused add_norm never materialises the sum; instruments hook this module to observe it
+    (its RMS is what grows in a post-norm stack, whose outputs are normalised).
+    """
+
+    def __init__(self, alpha: float = 1.0) -> None:
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x: torch.Tensor, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, f
+
+
 class PostNorm(nn.Module):
     """Post-LN (Vaswani et al. 2017): x = N(x + F(x))."""
 
     def __init__(self, branch: nn.Module, make_norm: MakeNorm) -> None:
         super().__init__()
         self.branch, self.norm = branch, make_norm()
+        self.pre_norm = ResidualTap()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm.add_norm(x, self.branch(x))
+        x, f = self.pre_norm(x, self.branch(x))  # the tap: x + F(x) before N
+        return self.norm.add_norm(x, f)
 
 
 class DeepNorm(nn.Module):
@@ -34,9 +51,11 @@ class DeepNorm(nn.Module):
     def __init__(self, branch: nn.Module, make_norm: MakeNorm, alpha: float) -> None:
         super().__init__()
         self.branch, self.norm, self.alpha = branch, make_norm(), alpha
+        self.pre_norm = ResidualTap(alpha)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm.add_norm(x, self.branch(x), self.alpha)
+        x, f = self.pre_norm(x, self.branch(x))  # the tap: alpha * x + F(x) before N
+        return self.norm.add_norm(x, f, self.alpha)
 
 
 class PreNorm(nn.Module):

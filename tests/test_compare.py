@@ -65,7 +65,8 @@ def test_table_values_follow_the_metrics(finished: Path, tmp_path: Path) -> None
     assert row["grad_p99"] == pytest.approx(np.percentile(grads, 99))
     assert row["act_growth"] == pytest.approx(train[-1]["resid_rms/01"] / train[-1]["resid_rms/00"])
     assert row["max_logit"] == max(r["max_logit"] for r in train)
-    assert row["spike_loss"] == train[-1]["spike_score/loss"]
+    assert row["spike_loss"] == train[-1]["spike_score/loss"] and row["spike_window"] == 3
+    assert row["scaler_skips"] == 0 and row["nonfinite"] == 0
     assert row["fp16_clamps"] is None and row["tokens_per_s"] == summary["tokens_per_s"]
     assert {p.name for p in out.iterdir()} == {"compare.md", "compare.csv", *PLOTS}
     for name in PLOTS:

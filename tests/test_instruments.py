@@ -172,26 +172,16 @@ def test_qk_gain_norms() -> None:
     assert float(metrics[block_key("qk_gain", 0, "q")]) == pytest.approx(math.sqrt(32))
 
 
-SYNCS = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy")
+SYNCS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "numpy")
+EVERY_OBSERVER = ["activations", "gradients", "attention_logits", "qk_gains", "spike_score"]
 
 
-def test_no_host_sync_on_unlogged_steps(
-    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every Tensor->host conversion called from normlab's launch/ code is recorded with the step
-    being trained; unlogged steps must have none. (Conversions inside torch itself, such as
-    AdamW reading its CPU step counter, are not ours and are not counted.)"""
-    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
-    every = "activations=true gradients=true attention_logits=true qk_gains=true spike_score=true"
-    overrides = tiny_overrides(
-        tiny_data,
-        tmp_path / "run",
-        training__steps=8,
-        training__log_every=4,
-        training__eval_every=0,
-        checkpoint__every=0,
-        model__qk_norm="head",
-    ) + [f"instruments.{kv}" for kv in every.split()]
+def host_syncs(
+    run_dir: Path, overrides: list[str], monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[int | None, str, str]]:
+    """Run a training and record every Tensor->host conversion called from normlab's launch/
+    code as (step being trained or None, conversion, calling file). Conversions inside torch
+    itself, such as AdamW reading its CPU step counter, are not ours and are not counted."""
     trainer = Trainer(load_config(REPO / "recipes" / "pre.yaml", overrides))
     state: dict = {"step": None, "calls": []}
     launch_dir = str(REPO / "launch")
@@ -201,8 +191,9 @@ def test_no_host_sync_on_unlogged_steps(
         def spy(self, *a, _orig=original, _name=name, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
             import sys
 
-            if sys._getframe(1).f_code.co_filename.startswith(launch_dir):
-                state["calls"].append((state["step"], _name))
+            caller = sys._getframe(1).f_code.co_filename
+            if caller.startswith(launch_dir):
+                state["calls"].append((state["step"], _name, Path(caller).name))
             return _orig(self, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, name, spy)
@@ -217,11 +208,49 @@ def test_no_host_sync_on_unlogged_steps(
 
     monkeypatch.setattr(trainer, "_train_step", traced)
     assert trainer.run() == 0
-    in_steps = {s for s, _ in state["calls"] if s is not None}
-    assert in_steps <= {4, 8}, state["calls"]
+    return state["calls"]
+
+
+def _sync_overrides(data: Path, run: Path, **kw: object) -> list[str]:
+    return tiny_overrides(
+        data,
+        run,
+        training__steps=8,
+        training__log_every=4,
+        training__eval_every=0,
+        checkpoint__every=0,
+        model__qk_norm="head",
+        **kw,
+    ) + [f"instruments.{name}=true" for name in EVERY_OBSERVER]
+
+
+def test_no_host_sync_on_unlogged_steps(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every observer on: unlogged steps make no device->host copy from launch/ code."""
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
+    calls = host_syncs(tmp_path / "run", _sync_overrides(tiny_data, tmp_path / "run"), monkeypatch)
+    in_steps = {s for s, _, _ in calls if s is not None}
+    assert in_steps <= {4, 8}, calls
     rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in rows] == [4, 8]
     assert {"resid_rms/01", "grad_norm/00", "max_logit/01/h1", "qk_gain/00/q"} <= rows[-1].keys()
+
+
+def test_only_the_spike_policy_syncs_on_unlogged_steps(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every observer, the spike policy, z-loss and fp16 autocast with its clamps on: an unlogged
+    step makes exactly one host copy, the policy's (loss and gradient norm, for its decision)."""
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
+    overrides = _sync_overrides(
+        tiny_data, tmp_path / "run", optim__z_loss=1e-4, precision__dtype="fp16"
+    ) + ["instruments.spike_policy=true"]
+    calls = host_syncs(tmp_path / "run", overrides, monkeypatch)
+    for step in (1, 2, 3, 5, 6, 7):
+        assert [(n, f) for s, n, f in calls if s == step] == [("tolist", "policy.py")], calls
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert {"z_loss", "fp16_clamps", "skipped_steps", "scaler_skips"} <= rows[-1].keys()
 
 
 def test_lse_bound_mode_brackets_the_exact_max_logits() -> None:
@@ -246,3 +275,56 @@ def test_lse_bound_mode_brackets_the_exact_max_logits() -> None:
     assert not model.blocks[0].attn.branch.record_lse_bound  # disarmed after the log step
     with pytest.raises(ConfigError, match="mode must be one of"):
         AttentionLogits({"mode": "approx"})
+
+
+@pytest.mark.parametrize("placement", ["post", "deepnorm", "mix"])
+def test_pre_norm_rms_of_post_blocks_equals_manual_sum(placement: str) -> None:
+    """A post-norm block's output is normalised (RMS ~1); the logged pre_norm_rms/i is the sum
+    alpha * x + F(x) entering the MLP sub-layer's closing norm, written out by hand here."""
+    model = tiny_model(placement=placement, n_layers=4, mix_ratio=0.5)
+    tr = fake_trainer(model)
+    cb = ActivationStats()
+    cb.on_train_start(tr)
+    metrics = train_step(tr, [cb], 1, TOKENS)
+    post_blocks = {"post": 4, "deepnorm": 4, "mix": 2}[placement]
+    alpha = (2 * 4) ** 0.25 if placement == "deepnorm" else 1.0
+    with torch.no_grad():
+        x = model.embed(TOKENS[:, :-1])
+        for i, block in enumerate(model.blocks):
+            x = block.attn(x)
+            h = alpha * x + block.mlp.branch(x)
+            x = block.mlp(x)
+            key = block_key("pre_norm_rms", i)
+            if i < post_blocks:
+                assert float(metrics[key]) == pytest.approx(rms(h), rel=1e-5)
+                assert float(metrics[block_key("resid_rms", i)]) == pytest.approx(rms(x), rel=1e-5)
+            else:
+                assert key not in metrics  # a Pre-LN block's output is the stream itself
+    if placement == "deepnorm":  # alpha x + F(x) before the norm: ~alpha = 1.68 here, not 1
+        assert float(metrics[block_key("pre_norm_rms", 3)]) > 1.5 * rms(x)
+
+
+LSE_CASES = [{}, {"n_kv_heads": 2}, {"dropout": 0.1}]
+
+
+@pytest.mark.parametrize("kw", LSE_CASES)
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_lse_bound_mode_leaves_training_bit_identical(kw: dict, dtype: torch.dtype | None) -> None:
+    """On a log step the lse_bound mode runs the kernel SDPA would have chosen (or SDPA itself
+    where that kernel keeps no lse): outputs and gradients equal the plain path bit for bit."""
+    results = []
+    for record in (False, True):
+        model = tiny_model(**kw)
+        for block in model.blocks:
+            block.attn.branch.record_lse_bound = record
+        torch.manual_seed(3)  # the same dropout masks
+        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            out = model(TOKENS[:, :-1])
+        out.float().square().mean().backward()
+        results.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
+        if record:
+            lower, upper = model.blocks[0].attn.branch.lse_bounds
+            assert bool((lower <= upper).all())
+    (out_a, grads_a), (out_b, grads_b) = results
+    assert torch.equal(out_a, out_b)
+    assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))

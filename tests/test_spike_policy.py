@@ -1,5 +1,7 @@
-"""Spike policy: bad steps are skipped (weights untouched), N in a row roll back to the last good
-checkpoint, every skip and rollback is counted and printed; without a checkpoint the run stops."""
+"""Spike policy through the real trainer: bad steps are skipped (weights untouched), N in a row roll
+back to the last good checkpoint together with the policy's windows saved there, every skip and
+rollback is counted and printed; non-finite values with no checkpoint stop the run as diverged.
+(Long synthetic scenarios: test_spike_policy_scenarios.py.)"""
 
 from __future__ import annotations
 
@@ -79,13 +81,43 @@ def test_skip_then_rollback_then_spike_skip(tiny_data: Path, tmp_path: Path) -> 
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
 
 
-def test_no_checkpoint_to_return_to_lets_the_run_diverge(tiny_data: Path, tmp_path: Path) -> None:
+def test_no_checkpoint_and_non_finite_stops_as_diverged(tiny_data: Path, tmp_path: Path) -> None:
     inject = Inject(nan_steps={2, 3, 4, 5}, big_steps=set())
     trainer, console = _trainer(tiny_data, tmp_path / "run", inject, checkpoint__every=0)
     assert trainer.run() == 1
-    assert "no checkpoint before step 2" in console.export_text()
+    text = console.export_text()
+    assert "3 bad steps in a row (steps 2..4) with non-finite values" in text
+    assert "no checkpoint before step 2" in text
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "diverged" and summary["diverged_step"] == 5
+    assert summary["status"] == "diverged" and summary["diverged_step"] == 4
+    assert "no checkpoint before step 2" in summary["message"]
+
+
+def test_rollback_restores_the_windows_saved_with_the_checkpoint(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    inject = Inject(nan_steps={5, 6, 7}, big_steps=set())
+    trainer, _ = _trainer(tiny_data, tmp_path / "run", inject, checkpoint__every=3)
+    saved: dict[int, list[float]] = {}
+    policy = next(cb for cb in trainer.callbacks if isinstance(cb, SpikePolicy))
+    original = policy.state_dict
+
+    def spy() -> dict:
+        state = original()
+        saved[len(saved)] = list(state["windows"]["loss"])
+        return state
+
+    policy.state_dict = spy  # type: ignore[method-assign]
+    windows_after: dict[int, list[float]] = {}
+
+    class Watch(Callback):
+        def on_step_end(self, trainer, step: int, metrics: dict) -> None:  # noqa: ANN001
+            windows_after[step] = list(policy.windows["loss"])
+
+    trainer.callbacks.append(Watch())
+    assert trainer.run() == 0
+    # rolled back at step 7 to step_00000003: the windows are those saved at step 3
+    assert windows_after[7] == saved[0] and windows_after[6] != saved[0]
 
 
 def test_judge_one_sided_window_and_fp16_grad_norm() -> None:

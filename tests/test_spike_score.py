@@ -7,11 +7,13 @@ import math
 import random
 import statistics
 
+import numpy as np
 import pytest
 import torch
 
 from launch.instruments import RollingSpikeScore, SpikeScore, spike_score
-from launch.instruments.common import NONFINITE, SPIKE_GRAD, SPIKE_LOSS
+from launch.instruments.common import NONFINITE, SPIKE_GRAD, SPIKE_LOSS, SPIKE_WINDOW
+from launch.instruments.spikes import run_window, spike_flags, window_stats
 from tests.instrument_helpers import fake_trainer, tiny_model
 
 
@@ -105,3 +107,49 @@ def test_bad_settings_are_config_errors() -> None:
         SpikeScore({"window": 0})
     with pytest.raises(ConfigError, match="instruments.spike_score.windw"):
         SpikeScore({"windw": 10})
+
+
+def direct_flags(x: np.ndarray, window: int, k: float) -> np.ndarray:
+    """Each window's mean and population std straight from numpy, one window at a time."""
+    out = []
+    for t in range(window, len(x)):
+        prev = x[t - window : t]
+        dev = abs(x[t] - prev.mean())
+        out.append(dev >= k * prev.std() and dev > 0)
+    return np.array(out, dtype=bool)
+
+
+def test_window_statistics_are_exact_next_to_a_huge_value() -> None:
+    """One 1e8 in an N(1, 0.02) series: running sums would flag most of the next window (85 %
+    on the old code); each window's own statistics flag only the 1e8 itself."""
+    x = np.random.default_rng(0).normal(1.0, 0.02, 5000)
+    x[2500] = 1e8
+    mean, std = window_stats(x, 1000)
+    windows = np.lib.stride_tricks.sliding_window_view(x[:-1], 1000)
+    assert np.array_equal(mean, windows.mean(axis=1))
+    assert np.array_equal(std, windows.std(axis=1))
+    flags = spike_flags(x, 1000, 7.0)
+    assert np.array_equal(flags, direct_flags(x, 1000, 7.0))
+    assert np.flatnonzero(flags).tolist() == [2500 - 1000]  # no false spike
+    assert spike_score(x, 1000, 7.0) == pytest.approx(100 / 4000)
+
+
+def test_window_is_scaled_to_a_short_run() -> None:
+    assert run_window(1000, 300) == 150 and run_window(1000, 2000) == 1000
+    assert run_window(1000, 1500) == 750 and run_window(1000, 1) == 1
+    rng = random.Random(3)
+    losses = [rng.gauss(4, 0.05) for _ in range(300)]
+    losses[200] = 9.0
+    tr = fake_trainer(tiny_model(), log_every=100, steps=300)
+    cb = SpikeScore()  # window 1000, k 7: scaled to 150 for this 300-step run
+    cb.on_train_start(tr)
+    logged = {}
+    for s in range(1, 301):
+        metrics = {"loss": torch.tensor(losses[s - 1]), "grad_norm": torch.tensor(1.0)}
+        cb.on_step_end(tr, s, metrics)
+        logged[s] = metrics
+    assert SPIKE_LOSS not in logged[100]  # no point has a full window yet: not measured
+    assert logged[300][SPIKE_WINDOW] == 150.0
+    assert logged[300][SPIKE_LOSS] == pytest.approx(spike_score(losses, 150, 7.0))
+    assert logged[300][SPIKE_LOSS] == pytest.approx(100 / 150)
+    assert logged[300][SPIKE_GRAD] == 0.0

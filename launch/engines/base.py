@@ -82,19 +82,37 @@ class Engine(ABC):
     def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Logits of one batch already on the device (with the engine's wrapping and autocast)."""
 
-    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Loss of one batch: move it to the device, forward, cross-entropy (+ z-loss) in fp32."""
+    def _loss_and_parts(
+        self, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Move one batch to the device, forward; (cross-entropy + z-loss, {"ce", "z"}) in fp32."""
         logits = self._forward(inputs.to(self._device, non_blocking=True))
         targets = targets.to(self._device, non_blocking=True)
-        loss, _ = lm_loss(logits, targets, z_loss_coef=self.cfg.optim.z_loss)
+        return lm_loss(logits, targets, z_loss_coef=self.cfg.optim.z_loss)
+
+    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Training objective of one micro-batch; its parts are kept for `pop_loss_parts`."""
+        loss, parts = self._loss_and_parts(inputs, targets)
+        self.__dict__.setdefault("_step_parts", []).append(parts)
         return loss
+
+    def pop_loss_parts(self, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+        """This step's cross-entropy `ce` and z-loss `z` (means over its micro-batches and all
+        ranks, device tensors); `loss` is the step's objective as forward_backward reported it.
+        Without z-loss the objective is the cross-entropy: no extra reduction."""
+        parts, self._step_parts = self.__dict__.get("_step_parts", []), []
+        if not parts or "z" not in parts[0]:
+            return {"ce": loss}
+        mean = torch.stack([torch.stack([p["ce"], p["z"]]) for p in parts]).mean(dim=0)
+        ce, z = self.all_reduce(mean, "mean")
+        return {"ce": ce, "z": z}
 
     @torch.no_grad()
     def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Loss of one batch without gradients, in eval mode."""
+        """Cross-entropy of one batch (no z-loss) without gradients, in eval mode."""
         self._module.eval()
         try:
-            return self._loss(inputs, targets).detach()
+            return self._loss_and_parts(inputs, targets)[1]["ce"].detach()
         finally:
             self._module.train()
 

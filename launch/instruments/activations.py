@@ -1,8 +1,13 @@
-"""Per-block RMS of the residual stream and of each branch output (attention, MLP).
+"""Per-block RMS of the residual stream and of each branch output (attention, MLP), and for
+post-norm blocks the stream before its closing norm.
 
 Xiong et al. 2020 and Peri-LN (Kim et al. 2025) describe stability through how these grow with
-depth. Forward hooks are registered only for log steps (armed at the end of the step before), so
-unlogged steps run no hook at all; sums of squares stay on the device and reach the host with the
+depth. A block ending in a norm (Post-LN, DeepNorm, Mix-LN's post blocks) outputs N(alpha x + F(x)),
+whose RMS is about 1 by construction; what grows there is the sum before the norm, which the
+wrappers expose through their `pre_norm` tap (model.placements.ResidualTap) and which is logged as
+`pre_norm_rms/i` (the MLP sub-layer's sum: the stream at the block's end, before its norm).
+Forward hooks are registered only for log steps (armed at the end of the step before), so unlogged
+steps run no hook at all; sums of squares stay on the device and reach the host with the
 trainer's single copy per log step.
 """
 
@@ -16,6 +21,7 @@ from torch.utils.hooks import RemovableHandle
 from launch.instruments.common import (
     ATTN_OUT,
     MLP_OUT,
+    PRE_NORM,
     RESID,
     block_key,
     blocks,
@@ -27,12 +33,21 @@ from launch.training.callbacks import Callback
 if TYPE_CHECKING:
     from launch.training.trainer import Trainer
 
-KINDS = (RESID, ATTN_OUT, MLP_OUT)
+KINDS = (RESID, ATTN_OUT, MLP_OUT, PRE_NORM)
+
+
+def _sum(module: torch.nn.Module, args: tuple[Any, ...], out: Any) -> torch.Tensor:
+    """The tensor a hooked module observes: its output, or for a tap the residual sum."""
+    if isinstance(out, tuple):  # ResidualTap: (x, f) -> alpha * x + f, as the norm receives it
+        x, f = out
+        return module.alpha * x.detach().float() + f.detach().float()
+    return out.detach().float()
 
 
 class ActivationStats(Callback):
     """Logs `resid_rms/i` (output of blocks.i), `attn_out_rms/i` and `mlp_out_rms/i` (the
-    branch outputs F(.)), each sqrt(mean(x^2)) over every element seen in the step."""
+    branch outputs F(.)) and, for post-norm blocks, `pre_norm_rms/i`; each sqrt(mean(x^2)) over
+    every element seen in the step."""
 
     name = "activations"
 
@@ -41,6 +56,7 @@ class ActivationStats(Callback):
         self._handles: list[RemovableHandle] = []
         self._sumsq: torch.Tensor | None = None
         self._count: list[list[int]] = []
+        self._tapped: list[int] = []  # blocks with a pre-norm tap
 
     def on_train_start(self, trainer: Trainer) -> None:
         if is_log_step(trainer, trainer.step + 1):
@@ -51,16 +67,23 @@ class ActivationStats(Callback):
         device = next(mods.parameters()).device
         self._sumsq = torch.zeros(len(KINDS), len(mods), device=device)
         self._count = [[0] * len(mods) for _ in KINDS]
+        self._tapped = []
         for i, block in enumerate(mods):
-            for k, module in enumerate((block, block.attn.branch, block.mlp.branch)):
+            watched = [block, block.attn.branch, block.mlp.branch]
+            tap = getattr(block.mlp, "pre_norm", None)
+            if tap is not None:
+                watched.append(tap)
+                self._tapped.append(i)
+            for k, module in enumerate(watched):
                 self._handles.append(module.register_forward_hook(self._hook(k, i)))
 
     def _hook(self, k: int, i: int):  # noqa: ANN202 (a forward hook)
-        def hook(module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
+        def hook(module: torch.nn.Module, args: Any, out: Any) -> None:
             if not module.training or self._sumsq is None:
                 return  # an evaluation between two steps is not the training step's statistic
-            self._sumsq[k, i] += out.detach().float().square().sum()
-            self._count[k][i] += out.numel()
+            x = _sum(module, args, out)
+            self._sumsq[k, i] += x.square().sum()
+            self._count[k][i] += x.numel()
 
         return hook
 
@@ -77,7 +100,7 @@ class ActivationStats(Callback):
             count = trainer.engine.all_reduce(count, "sum")
             rms = (sumsq / count.clamp_min(1)).sqrt()
             for k, kind in enumerate(KINDS):
-                for i in range(rms.shape[1]):
+                for i in range(rms.shape[1]) if kind != PRE_NORM else self._tapped:
                     metrics[block_key(kind, i)] = rms[k, i]
         if is_log_step(trainer, step + 1):
             self._arm(trainer)

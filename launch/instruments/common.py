@@ -21,12 +21,16 @@ if TYPE_CHECKING:
     from launch.training.trainer import Trainer
 
 RESID, ATTN_OUT, MLP_OUT = "resid_rms", "attn_out_rms", "mlp_out_rms"
+PRE_NORM = "pre_norm_rms"  # post-norm blocks: the residual sum before the closing norm
 GRAD, UPDATE = "grad_norm", "update_ratio"
 MAX_LOGIT, QK_GAIN = "max_logit", "qk_gain"
 MAX_LOGIT_LOWER, MAX_LOGIT_UPPER = "max_logit_lower", "max_logit_upper"  # the lse bound
 FP16_CLAMPS = "fp16_clamps"
 SPIKE_LOSS, SPIKE_GRAD = "spike_score/loss", "spike_score/grad_norm"
+SPIKE_WINDOW = "spike_score/window"  # the window used (scaled down for short runs)
 SKIPPED, ROLLBACKS, NONFINITE = "skipped_steps", "rollbacks", "nonfinite_steps"
+SCALER_SKIPS = "scaler_skips"  # fp16: updates the loss scaler skipped (inf/NaN gradients)
+Z_LOSS = "z_loss"  # the z-loss term, logged beside the cross-entropy `loss`
 
 _BLOCK_KEY = re.compile(r"^(?P<kind>[a-z0-9_]+)/(?P<block>\d+)(?:/(?P<sub>[a-z0-9_]+))?$")
 

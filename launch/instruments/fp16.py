@@ -1,16 +1,31 @@
-"""Automatic fp16 clamping of block and norm outputs (SCIENCE.md section 9; HF T5).
+"""Automatic fp16 clamping wherever the model produces fp16 values (SCIENCE.md section 9; HF T5).
 
-fp16 tops out at 65504, and Pre-LN's residual stream grows with depth. Like T5, each fp16 output is
-clamped to +-(finfo.max - 1000) (64512 after rounding) when any element is inf, else to
-+-finfo.max, chosen with `torch.where` so no Python branch depends on the data. The hooks sit on
-every residual wrapper (`blocks.i.attn`, `blocks.i.mlp`: the stream after each sub-layer), on each
-block's output (a fused Pre-LN block skips its wrappers) and on every norm module; the per-block
-counter adds one for each hooked output that held an inf, as a device tensor. Clamping removes
-inf from an add; it cannot repair a NaN already made (inf - inf).
+fp16 tops out at 65504. Like T5, each fp16 tensor is clamped to +-(finfo.max - 1000) (64512 after
+rounding) when any element is inf, else to +-finfo.max, chosen with `torch.where` so no Python
+branch depends on the data: the step saturates and goes on. Where fp16 values appear depends on the
+mode:
+- fp16 autocast (single engine): the linear layers compute in fp16 while the residual stream, the
+  norms and the loss stay fp32. The fp16 values are the outputs of every linear layer (q/k/v/o,
+  the MLP projections, the head), the branch outputs F(.) and the SwiGLU product entering
+  `down_proj`, so the clamps sit on the inputs and outputs of every linear layer and on every
+  branch output. A branch that overflows would otherwise add inf to the fp32 stream.
+- fp16 parameters (DeepSpeed fp16, a `.half()` model): everything is fp16, the residual stream
+  included, so the clamps also sit on every residual wrapper (`blocks.i.attn`, `blocks.i.mlp`),
+  block output and norm.
+A hook on a tensor that is not fp16 returns at once (a dtype test, not a data-dependent branch);
+on finite fp16 values the clamp is the identity, so a run that never overflows is bit-identical
+with and without the hooks. `counts[i]` adds one for each hooked tensor of block i that held an
+inf, in training passes only (`counts[-1]`: embedding norm, final norm and head), as a device
+tensor. Clamping removes inf from an add; it cannot repair a NaN already made (inf - inf).
+
+This is not the loss scaler's job: the scaler guards the backward pass (an inf or NaN gradient
+skips that whole update and halves the scale); a clamp acts in the forward pass and the update
+goes ahead with the saturated values.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,9 +54,21 @@ def _is_norm(module: nn.Module) -> bool:
     return hasattr(module, "norm_add") and hasattr(module, "weight")
 
 
+def _outputs_in_block(block: nn.Module) -> Iterator[nn.Module]:
+    """Every module of a block whose output can be fp16: linears, branches, wrappers, norms,
+    the block (a fused Pre-LN block skips its wrappers' forward, not its branches')."""
+    yield block
+    for wrapper in (block.attn, block.mlp):
+        yield wrapper
+        yield wrapper.branch
+    for module in block.modules():
+        if isinstance(module, nn.Linear) or _is_norm(module):
+            yield module
+
+
 class ClampHooks:
     """Installs the clamps on a Transformer; `counts[i]` for block i, `counts[-1]` for the
-    embedding and final norms."""
+    embedding norm, final norm and head."""
 
     def __init__(self, model: nn.Module) -> None:
         model = unwrap(model)
@@ -49,21 +76,35 @@ class ClampHooks:
         self.counts = torch.zeros(n + 1, device=next(model.parameters()).device)
         self.handles: list[RemovableHandle] = []
         for i, block in enumerate(model.blocks):
-            # the wrappers (skipped by a fused Pre-LN block) and the block output itself
-            targets = [block.attn, block.mlp, block] + [m for m in block.modules() if _is_norm(m)]
-            for module in targets:
-                self.handles.append(module.register_forward_hook(self._hook(i)))
-        for module in (model.embed_norm, model.final_norm):
-            if _is_norm(module):
-                self.handles.append(module.register_forward_hook(self._hook(n)))
+            for module in dict.fromkeys(_outputs_in_block(block)):  # each module once
+                self._install(module, i)
+        for module in (model.embed_norm, model.final_norm, model.head):
+            if _is_norm(module) or isinstance(module, nn.Linear):
+                self._install(module, n)
 
-    def _hook(self, slot: int):  # noqa: ANN202 (a forward hook)
-        def hook(module: nn.Module, args: Any, out: Any) -> Any:
-            if not torch.is_tensor(out) or out.dtype != torch.float16:
-                return None  # a dtype test, not a data-dependent branch
-            clamped, fired = clamp_fp16(out)
+    def _install(self, module: nn.Module, slot: int) -> None:
+        self.handles.append(module.register_forward_hook(self._output_hook(slot)))
+        if isinstance(module, nn.Linear):  # e.g. the SwiGLU product entering down_proj
+            self.handles.append(module.register_forward_pre_hook(self._input_hook(slot)))
+
+    def _clamp(self, module: nn.Module, x: Any, slot: int) -> torch.Tensor | None:
+        if not torch.is_tensor(x) or x.dtype != torch.float16:
+            return None  # a dtype test, not a data-dependent branch
+        clamped, fired = clamp_fp16(x)
+        if module.training:  # evaluation passes are clamped too, but not counted
             self.counts[slot] += fired
-            return clamped
+        return clamped
+
+    def _output_hook(self, slot: int):  # noqa: ANN202 (a forward hook)
+        def hook(module: nn.Module, args: Any, out: Any) -> Any:
+            return self._clamp(module, out, slot)
+
+        return hook
+
+    def _input_hook(self, slot: int):  # noqa: ANN202 (a forward pre-hook)
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> Any:
+            clamped = self._clamp(module, args[0], slot) if args else None
+            return None if clamped is None else (clamped, *args[1:])
 
         return hook
 
@@ -76,11 +117,14 @@ class ClampHooks:
 class FP16Clamp(Callback):
     """mode 'auto' (default): on when the model computes in fp16 (precision.dtype fp16, i.e. fp16
     autocast, or fp16 parameters), off in fp32/bf16; 'on' or 'off' force it. Logs `fp16_clamps/i`
-    and their total `fp16_clamps` (cumulative over the run) while installed."""
+    and their total `fp16_clamps` (cumulative over the run's training passes) while installed."""
 
     name = "fp16_clamp"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
+        if isinstance(settings, dict) and isinstance(settings.get("mode"), bool):
+            # YAML 1.1 reads a bare `mode: on` / `mode: off` as a boolean
+            settings = {**settings, "mode": "on" if settings["mode"] else "off"}
         self.mode = settings_of(settings, {"mode": "auto"}, self.name)["mode"]
         if self.mode not in ("auto", "on", "off"):
             raise ConfigError(
@@ -103,7 +147,7 @@ class FP16Clamp(Callback):
         if self._saved is not None and len(self._saved) == len(self.hooks.counts):
             self.hooks.counts += torch.tensor(self._saved, device=self.hooks.counts.device)
         if trainer.engine.is_main:
-            trainer.console.print("fp16: clamping block and norm outputs (instruments.fp16_clamp)")
+            trainer.console.print("fp16: clamping fp16 activations (instruments.fp16_clamp)")
 
     def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
         if self.hooks is None or not is_log_step(trainer, step):

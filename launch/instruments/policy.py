@@ -1,16 +1,26 @@
 """Spike policy: skip bad optimizer steps; after N in a row, roll back to the last good checkpoint.
 
-A step is bad when the loss or the gradient norm is non-finite, or lies more than `k` population
-standard deviations above the mean of the last `window` good values (one-sided; skipped values
-never enter the window). In fp16 a non-finite gradient norm is left to the loss scaler, which skips
-that step itself. The decision needs the values on the host, so this policy costs one small
-device-to-host copy per step; it is off unless a recipe lists `instruments.spike_policy`.
+A step is bad when the loss (cross-entropy) or the gradient norm is non-finite, or lies more than
+`k` population standard deviations above the mean of the last `window` good values (one-sided;
+skipped values never enter the window). In fp16 a non-finite gradient norm is left to the loss
+scaler, which skips that step itself. The decision needs the values on the host, so this policy
+costs one small device-to-host copy per step; it is off unless a recipe lists
+`instruments.spike_policy`.
 
-Rollback (PaLM, Chowdhery et al. 2022, section 5.1: restart from a checkpoint before the spike and
-skip the batches around it): model, optimizer and loss-scaler state return to the newest checkpoint
-saved before the run of bad steps began; the step counter, the learning-rate schedule and the data
-position go on, so the batches since that checkpoint are never applied. Without such a checkpoint
-the bad steps are let through (the trainer then stops a run whose loss is non-finite).
+After `max_bad_steps` bad steps in a row:
+- Rollback (PaLM, Chowdhery et al. 2022, section 5.1: restart from a checkpoint before the spike
+  and skip the batches around it): model, optimizer, loss-scaler state and this policy's windows
+  return to the newest checkpoint saved before the run of bad steps began; the step counter, the
+  learning-rate schedule and the data position go on, so the batches since that checkpoint are
+  never applied. The windows come back as they were saved, so the loss of the restored model is
+  judged against the loss that model had.
+- The run stops as diverged (exit status 1, the reason in summary.json) when that rollback would
+  return to the checkpoint of the previous rollback with no good step in between, or would be
+  rollback number `max_rollbacks` + 1: the bad values are not a passing spike.
+- Without a checkpoint to go back to (or with `rollback: false`) the windows re-baseline: they
+  restart from the bad run's values, which are accepted as the new level (a lasting level shift is
+  not a spike), and judging resumes once a window is full again. Non-finite values are never a new
+  level: with no checkpoint they stop the run as diverged.
 """
 
 from __future__ import annotations
@@ -24,13 +34,14 @@ import torch
 
 from launch.errors import ConfigError
 from launch.instruments.common import ROLLBACKS, SKIPPED, settings_of
-from launch.training.callbacks import Callback
+from launch.training.callbacks import Callback, StopRun
 from launch.training.checkpoint import STEP_DIR
 
 if TYPE_CHECKING:
     from launch.training.trainer import Trainer
 
-DEFAULTS = {"window": 1000, "k": 7.0, "max_bad_steps": 5, "rollback": True}
+DEFAULTS = {"window": 1000, "k": 7.0, "max_bad_steps": 5, "rollback": True, "max_rollbacks": 10}
+KEYS = ("loss", "grad_norm")
 
 
 class SpikePolicy(Callback):
@@ -40,17 +51,23 @@ class SpikePolicy(Callback):
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         s = settings_of(settings, DEFAULTS, self.name)
-        if s["window"] < 2 or s["k"] <= 0 or s["max_bad_steps"] < 1:
+        if s["window"] < 2 or s["k"] <= 0 or s["max_bad_steps"] < 1 or s["max_rollbacks"] < 0:
             raise ConfigError(
-                "instruments.spike_policy needs window >= 2, k > 0 and max_bad_steps >= 1, got "
-                f"{s['window']}, {s['k']}, {s['max_bad_steps']}"
+                "instruments.spike_policy needs window >= 2, k > 0, max_bad_steps >= 1 and "
+                f"max_rollbacks >= 0, got {s['window']}, {s['k']}, {s['max_bad_steps']}, "
+                f"{s['max_rollbacks']}"
             )
         self.k, self.max_bad, self.rollback = s["k"], s["max_bad_steps"], bool(s["rollback"])
-        self.windows = {"loss": deque(maxlen=s["window"]), "grad_norm": deque(maxlen=s["window"])}
-        self.skipped = self.rollbacks = self.bad_run = 0
+        self.max_rollbacks = s["max_rollbacks"]
+        self.windows = {key: deque(maxlen=s["window"]) for key in KEYS}
+        self.skipped = self.rollbacks = self.rebaselines = 0
+        self.bad_values: list[dict[str, float]] = []  # the current run of bad steps
         self.bad_since: int | None = None
-        self._rollback_due = self._let_through = False
+        self.last_target: str | None = None  # checkpoint of the latest rollback
+        self.good_since_rollback = True
+        self._act_due = False
 
+    # --- judging ------------------------------------------------------------------------------
     def judge(self, values: dict[str, float], fp16: bool) -> str | None:
         """Why this step is bad, or None when it is good."""
         for key, v in values.items():
@@ -60,8 +77,8 @@ class SpikePolicy(Callback):
                 return f"non-finite {key} ({v})"
             win = self.windows[key]
             if len(win) == win.maxlen:
-                mean = sum(win) / len(win)
-                std = math.sqrt(sum((w - mean) ** 2 for w in win) / len(win))
+                mean = math.fsum(win) / len(win)
+                std = math.sqrt(math.fsum((w - mean) ** 2 for w in win) / len(win))
                 if v - mean > self.k * std:
                     return f"{key} {v:.4g} is {(v - mean) / max(std, 1e-30):.1f} std above mean"
         return None
@@ -74,64 +91,119 @@ class SpikePolicy(Callback):
         values = {"loss": loss_v, "grad_norm": grad_v}
         reason = self.judge(values, trainer.cfg.precision.dtype == "fp16")
         if reason is None:
+            self._accept([values])
+            self.bad_values, self.bad_since, self.good_since_rollback = [], None, True
+            return False
+        self.bad_values.append(values)
+        self.bad_since = self.bad_since or step
+        self.skipped += 1
+        self._say(trainer, f"spike policy: skipped step {step}: {reason}")
+        self._act_due = len(self.bad_values) >= self.max_bad
+        return True
+
+    def _accept(self, rows: list[dict[str, float]]) -> None:
+        for values in rows:
             for key, v in values.items():
                 if math.isfinite(v):
                     self.windows[key].append(v)
-            self.bad_run, self.bad_since, self._let_through = 0, None, False
-            return False
-        self.bad_run += 1
-        self.bad_since = self.bad_since or step
-        if self._let_through:
-            return False
-        self.skipped += 1
-        self._say(trainer, f"spike policy: skipped step {step}: {reason}")
-        if self.rollback and self.bad_run >= self.max_bad:
-            self._rollback_due = True
-        return True
 
+    # --- acting on a run of bad steps -----------------------------------------------------------
     def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
-        if self._rollback_due:
-            self._rollback_due = False
-            self._roll_back(trainer, step)
+        if self._act_due:
+            self._act_due = False
+            target = None
+            if self.rollback:
+                target = last_checkpoint_before(trainer.ckpt.step_dirs(), self.bad_since or step)
+            if target is None:
+                self._rebaseline(trainer, step)
+            else:
+                self._roll_back(trainer, step, target)
         metrics[SKIPPED] = float(self.skipped)
         metrics[ROLLBACKS] = float(self.rollbacks)
 
-    def _roll_back(self, trainer: Trainer, step: int) -> None:
-        target = last_checkpoint_before(trainer.ckpt.step_dirs(), self.bad_since or step)
-        if target is None:
-            self._say(
-                trainer,
-                f"spike policy: {self.bad_run} bad steps in a row and no checkpoint before step "
-                f"{self.bad_since}: letting bad steps through",
+    def _bad_span(self, step: int) -> str:
+        return f"{len(self.bad_values)} bad steps in a row (steps {self.bad_since}..{step})"
+
+    def _rebaseline(self, trainer: Trainer, step: int) -> None:
+        why = f"no checkpoint before step {self.bad_since}" if self.rollback else "rollback is off"
+        fp16 = trainer.cfg.precision.dtype == "fp16"
+        if any(self.judge_nonfinite(v, fp16) for v in self.bad_values):
+            raise StopRun(
+                f"spike policy: {self._bad_span(step)} with non-finite values and {why}: "
+                "stopping. Lower optim.lr or lengthen schedule.warmup_steps"
             )
-            self._let_through = True
-            return
-        trainer.engine.load(target)  # model, optimizer, scaler; data and step go on
+        for win in self.windows.values():
+            win.clear()
+        self._accept(self.bad_values)
+        self.rebaselines += 1
+        self._say(
+            trainer,
+            f"spike policy: {self._bad_span(step)} and {why}: accepting them as the new level "
+            "(windows re-baselined; judging resumes once a window is full)",
+        )
+        self.bad_values, self.bad_since = [], None
+
+    @staticmethod
+    def judge_nonfinite(values: dict[str, float], fp16: bool) -> bool:
+        return any(
+            not math.isfinite(v) and not (key == "grad_norm" and fp16) for key, v in values.items()
+        )
+
+    def _roll_back(self, trainer: Trainer, step: int, target: Path) -> None:
+        if target.name == self.last_target and not self.good_since_rollback:
+            raise StopRun(
+                f"spike policy: {self._bad_span(step)} again right after rolling back to "
+                f"{target.name}, with no good step in between: stopping (the spike did not pass). "
+                "Lower optim.lr, or raise instruments.spike_policy.k if this level is expected"
+            )
+        if self.rollbacks >= self.max_rollbacks:
+            raise StopRun(
+                f"spike policy: {self._bad_span(step)} would need rollback {self.rollbacks + 1}, "
+                f"over instruments.spike_policy.max_rollbacks ({self.max_rollbacks}): stopping"
+            )
+        extra = trainer.engine.load(target)  # model, optimizer, scaler; data and step go on
+        saved = extra.get("callbacks", {}).get(self.name, {}).get("windows", {})
+        for key, win in self.windows.items():
+            win.clear()
+            win.extend(float(v) for v in saved.get(key, []))
         self.rollbacks += 1
         self._say(
             trainer,
-            f"spike policy: {self.bad_run} bad steps in a row: rolled back to {target.name}; "
+            f"spike policy: {self._bad_span(step)}: rolled back to {target.name}; "
             f"batches of steps {int(STEP_DIR.match(target.name)[1]) + 1}..{step} are skipped",
         )
-        self.bad_run, self.bad_since = 0, None
+        self.last_target, self.good_since_rollback = target.name, False
+        self.bad_values, self.bad_since = [], None
 
     @staticmethod
     def _say(trainer: Trainer, text: str) -> None:
         if trainer.engine.is_main:
             trainer.console.print(f"[yellow]{text}[/yellow]", highlight=False)
 
+    # --- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
             "windows": {k: list(v) for k, v in self.windows.items()},
             "skipped": self.skipped,
             "rollbacks": self.rollbacks,
+            "rebaselines": self.rebaselines,
+            "bad_values": list(self.bad_values),
+            "bad_since": self.bad_since,
+            "last_target": self.last_target,
+            "good_since_rollback": self.good_since_rollback,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """On resume: everything (a rollback restores only the windows, in _roll_back)."""
         for key, values in state["windows"].items():
             self.windows[key].clear()
             self.windows[key].extend(float(v) for v in values)
         self.skipped, self.rollbacks = int(state["skipped"]), int(state["rollbacks"])
+        self.rebaselines = int(state.get("rebaselines", 0))
+        self.bad_values = list(state.get("bad_values", []))
+        self.bad_since = state.get("bad_since")
+        self.last_target = state.get("last_target")
+        self.good_since_rollback = bool(state.get("good_since_rollback", True))
 
 
 def last_checkpoint_before(dirs: list[Path], step: int) -> Path | None:

@@ -16,9 +16,11 @@ from launch.instruments.common import (
     MAX_LOGIT,
     NONFINITE,
     RESID,
+    SCALER_SKIPS,
     SKIPPED,
     SPIKE_GRAD,
     SPIKE_LOSS,
+    SPIKE_WINDOW,
 )
 from launch.optim.qk_clip import CLIP_EVENTS, S_MAX
 from launch.report.runs import Run, finite
@@ -28,6 +30,9 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("run", "run", ""),
     ("recipe", "recipe", ""),
     ("placement", "placement", ""),
+    ("dataset", "dataset", ""),
+    ("lr", "lr", "g"),
+    ("seed", "seed", "d"),
     ("warmup", "warm-up", "d"),
     ("status", "status", ""),
     ("steps", "steps", "d"),
@@ -36,8 +41,10 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("eval_loss", "eval loss", ".4f"),
     ("spike_loss", "loss spike %", ".3f"),
     ("spike_grad", "grad spike %", ".3f"),
+    ("spike_window", "spike window", "d"),
     ("skipped", "skipped", "d"),
     ("nonfinite", "non-finite", "d"),
+    ("scaler_skips", "scaler skips", "d"),
     ("grad_max", "max grad norm", ".3g"),
     ("grad_p99", "p99 grad norm", ".3g"),
     ("act_growth", "act. growth", ".2f"),
@@ -48,8 +55,11 @@ COLUMNS: list[tuple[str, str, str]] = [
 ]
 NOTES = (
     "act. growth: RMS of the last block's output over the first block's, at the last logged step. "
-    "Spike %: OLMo 2 spike score (SCIENCE.md 8) over every step so far. Grad-norm max/p99: over "
-    "logged steps. QK-Clip events: heads clipped, summed over steps (optim.qk_clip). "
+    "Spike %: OLMo 2 spike score (SCIENCE.md 8) of the cross-entropy and the gradient norm over "
+    "every step so far, with the window in 'spike window' (1000, or steps // 2 for a run shorter "
+    "than twice that). Non-finite: steps with a non-finite loss (or gradient norm outside fp16); "
+    "scaler skips: fp16 updates the loss scaler skipped. Grad-norm max/p99: over logged steps. "
+    "QK-Clip events: heads clipped, summed over steps (optim.qk_clip). "
     "'-': not measured (instrument off or no full window yet)."
 )
 
@@ -64,6 +74,12 @@ def placement_label(config: dict[str, Any]) -> str:
     if m.get("embed_norm"):
         label += "+embed_norm"
     return label
+
+
+def dataset_label(config: dict[str, Any]) -> str:
+    """The run's data: 'bundled' (the shipped corpus) or the prepared directory's name."""
+    name = str((config.get("data") or {}).get("dataset", "?"))
+    return name if name == "bundled" else Path(name).name or name
 
 
 def _last(run: Run, key: str) -> float | None:
@@ -86,8 +102,10 @@ def summarize(run: Run) -> dict[str, Any]:
         growth = rms[-1] / rms[0] if rms[0] else math.inf
     # the attention_logits instrument's max, or QK-Clip's (the same exact per-step S_max)
     logits = finite([r[k] for r in run.train for k in (MAX_LOGIT, S_MAX) if k in r])
+    fp16 = (cfg.get("precision") or {}).get("dtype") == "fp16"  # a scaler skip is no failure
     bad_rows = sum(
-        not (math.isfinite(r["loss"]) and math.isfinite(r.get("grad_norm", 0.0))) for r in run.train
+        not (math.isfinite(r["loss"]) and (fp16 or math.isfinite(r.get("grad_norm", 0.0))))
+        for r in run.train
     )
     tps = s.get("tokens_per_s") or (
         float(np.mean(finite([r.get("tokens_per_s") for r in run.train]) or [math.nan]))
@@ -96,16 +114,21 @@ def summarize(run: Run) -> dict[str, Any]:
         "run": run.label,
         "recipe": cfg.get("name") or run.label,
         "placement": placement_label(cfg),
+        "dataset": dataset_label(cfg),
+        "lr": (cfg.get("optim") or {}).get("lr"),
+        "seed": (cfg.get("training") or {}).get("seed"),
         "warmup": (cfg.get("schedule") or {}).get("warmup_steps"),
         "status": s.get("status") or "no summary",
         "steps": steps,
         "final_loss": losses[-1] if losses else None,
         "min_loss": s.get("min_loss") if s.get("min_loss") is not None else _min(losses),
         "eval_loss": run.evals[-1]["eval_loss"] if run.evals else None,
-        "spike_loss": _last(run, SPIKE_LOSS),
-        "spike_grad": _last(run, SPIKE_GRAD),
+        "spike_loss": _measured(_last(run, SPIKE_LOSS)),
+        "spike_grad": _measured(_last(run, SPIKE_GRAD)),
         "skipped": _last(run, SKIPPED) or 0,
+        "spike_window": _last(run, SPIKE_WINDOW),
         "nonfinite": max(int(_last(run, NONFINITE) or 0), bad_rows),
+        "scaler_skips": _last(run, SCALER_SKIPS),
         "grad_max": max(grads) if grads else None,
         "grad_p99": float(np.percentile(grads, 99)) if grads else None,
         "act_growth": growth,
@@ -114,6 +137,11 @@ def summarize(run: Run) -> dict[str, Any]:
         "fp16_clamps": _last(run, FP16_CLAMPS),
         "tokens_per_s": tps if tps is not None and math.isfinite(tps) else None,
     }
+
+
+def _measured(score: float | None) -> float | None:
+    """A spike score; None where no point was scored (older runs logged NaN for that)."""
+    return None if score is None or math.isnan(score) else score
 
 
 def _min(values: list[float]) -> float | None:

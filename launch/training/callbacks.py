@@ -68,3 +68,8 @@ def build_callbacks(section: dict[str, Any]) -> list[Callback]:
 def overrides_skip(callbacks: list[Callback]) -> bool:
     """True when some callback implements a spike policy (so the trainer asks before each step)."""
     return any(type(cb).should_skip_step is not Callback.should_skip_step for cb in callbacks)
+
+
+class StopRun(Exception):
+    """Raised by a callback (the spike policy) to end the run as diverged; the message says why.
+    The trainer catches it, prints it, writes it to summary.json and exits with status 1."""
