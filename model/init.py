@@ -109,7 +109,7 @@ def init_weights(model: nn.Module, cfg: ModelConfig, seed: int) -> None:
     """Initialise every (whole, materialised) parameter of `model` in place by `cfg.init`.
 
     Parameters still on the meta device, or partitioned away to nothing, are skipped: the engine
-    that sharded them fills its shards from the same plan (launch/engines/materialize.py).
+    that sharded them fills its shards from the same plan (launch/engines/construct.py).
     """
     todo = list(local_parameters(model))
     if not todo:
@@ -122,6 +122,12 @@ def init_weights(model: nn.Module, cfg: ModelConfig, seed: int) -> None:
 def _gpt2(leaf: str, module: nn.Module, cfg: ModelConfig) -> Draw:
     std = cfg.init_std / math.sqrt(2 * cfg.n_layers) if leaf in RESIDUAL_OUTPUTS else cfg.init_std
     return Draw("normal", std)
+
+
+def _normal(leaf: str, module: nn.Module, cfg: ModelConfig) -> Draw:
+    """Plain N(0, init_std) everywhere, no depth factor: what LayerNorm Scaling's authors use
+    (depth-scaled init would cancel its 1/sqrt(l); SCIENCE.md section 2)."""
+    return Draw("normal", cfg.init_std)
 
 
 def _olmo2(leaf: str, module: nn.Module, cfg: ModelConfig) -> Draw:
@@ -149,4 +155,10 @@ def _xavier(leaf: str, module: nn.Module, cfg: ModelConfig) -> Draw:
     return Draw("normal", _xavier_std(module, 1.0))
 
 
-SCHEMES = {"gpt2": _gpt2, "olmo2": _olmo2, "deepnorm": _deepnorm, "xavier": _xavier}
+SCHEMES = {
+    "gpt2": _gpt2,
+    "normal": _normal,
+    "olmo2": _olmo2,
+    "deepnorm": _deepnorm,
+    "xavier": _xavier,
+}
