@@ -4,10 +4,10 @@ Write into `.tmp-step_X`, fsync, write the manifest (sizes and sha256 of every f
 `step_X`, then replace the `latest` pointer (a text file naming the directory) with os.replace,
 then prune to the last k. A crash at any point leaves either the previous checkpoint or the new
 one as `latest`, never a half-written one. Loading verifies the manifest first and names a damaged
-file; a full disk mid-save removes the temporary directory and leaves `latest` where it was. An asynchronous
-save (checkpoint.async) writes `.tmp-step_X` in the background while training goes on; the same
-commit (manifest, rename, `latest`) runs only after every rank's write has completed (`poll`,
-`wait`).
+file; a full disk mid-save removes the temporary directory and leaves `latest` where it was.
+An asynchronous save (checkpoint.async) writes `.tmp-step_X` in the background while training
+goes on; the same commit (manifest, rename, `latest`) runs only after every rank's write has
+completed (`poll`, `wait`).
 """
 
 from __future__ import annotations
