@@ -41,7 +41,7 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
         elif p.is_file():
             out.append(p)
         else:
-            raise DataError(f"input not found: {s}")
+            raise DataError(f"input file not found: {s}")
     return out
 
 

@@ -43,7 +43,7 @@ def inputs(tmp_path: Path) -> Path:
         ("latin1.txt", "is not UTF-8 text (50 undecodable lines, the first is line 2)"),
         ("all_latin1.txt", "holds no UTF-8 text"),
         ("none", "holds no .txt"),
-        ("missing.txt", "input not found"),
+        ("missing.txt", "input file not found"),
         ("nofield.jsonl", "no column 'text'"),
         ("numbers.jsonl", "not text; set --text-field"),
     ],
