@@ -14,7 +14,7 @@ NormKind = Literal["layernorm", "rmsnorm"]
 NormBackend = Literal["torch", "triton", "auto"]
 MlpKind = Literal["swiglu", "gelu", "relu"]
 QKNorm = Literal["none", "head", "flat"]
-InitScheme = Literal["gpt2", "olmo2", "deepnorm", "xavier"]
+InitScheme = Literal["gpt2", "normal", "olmo2", "deepnorm", "xavier"]
 
 # Placements that end with a norm before the output head (SCIENCE.md section 1).
 FINAL_NORM = {
@@ -47,7 +47,7 @@ class ModelConfig:
     mix_ratio: float = 0.25
     ln_scaling: bool = False
     qk_norm: QKNorm = "none"
-    init: InitScheme | None = None  # None: the placement's own default (deepnorm -> deepnorm)
+    init: InitScheme | None = None  # None: default_init (deepnorm; normal with ln_scaling; gpt2)
     init_std: float = 0.02
     tie_embeddings: bool = False
     bias: bool = False
@@ -60,7 +60,7 @@ class ModelConfig:
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.init is None:
-            self.init = "deepnorm" if self.placement == "deepnorm" else "gpt2"
+            self.init = default_init(self.placement, self.ln_scaling)
         self._check_combinations()
 
     def _check_combinations(self) -> None:
@@ -125,6 +125,15 @@ class ModelConfig:
             if key not in known:
                 raise ValueError(f"unknown model key {key!r}{_suggest(key, known)}")
         return cls(**values)
+
+
+def default_init(placement: str, ln_scaling: bool) -> str:
+    """The init a placement gets unless the recipe names one (SCIENCE.md section 2): DeepNorm's
+    own; plain N(0, init_std) under LayerNorm Scaling, whose authors found depth-scaled init
+    cancels its benefit; GPT-2's depth-scaled init otherwise."""
+    if placement == "deepnorm":
+        return "deepnorm"
+    return "normal" if ln_scaling else "gpt2"
 
 
 def _hint(name: str) -> Any:
