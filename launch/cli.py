@@ -26,6 +26,7 @@ COMMANDS = [
     "launch.commands.study",
     "launch.commands.submit",
     "launch.commands.status",
+    "launch.commands.theory",
 ]
 USER_ERRORS = (NormlabError, DataError)
 

@@ -14,7 +14,7 @@ NormKind = Literal["layernorm", "rmsnorm"]
 NormBackend = Literal["torch", "triton", "auto"]
 MlpKind = Literal["swiglu", "gelu", "relu"]
 QKNorm = Literal["none", "head", "flat"]
-InitScheme = Literal["gpt2", "olmo2", "deepnorm", "xavier"]
+InitScheme = Literal["gpt2", "normal", "olmo2", "deepnorm", "xavier"]
 
 # Placements that end with a norm before the output head (SCIENCE.md section 1).
 FINAL_NORM = {
@@ -47,7 +47,7 @@ class ModelConfig:
     mix_ratio: float = 0.25
     ln_scaling: bool = False
     qk_norm: QKNorm = "none"
-    init: InitScheme | None = None  # None: the placement's own default (deepnorm -> deepnorm)
+    init: InitScheme | None = None  # None: default_init (deepnorm; normal with ln_scaling; gpt2)
     init_std: float = 0.02
     tie_embeddings: bool = False
     bias: bool = False
@@ -60,7 +60,7 @@ class ModelConfig:
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.init is None:
-            self.init = "deepnorm" if self.placement == "deepnorm" else "gpt2"
+            self.init = default_init(self.placement, self.ln_scaling)
         self._check_combinations()
 
     def _check_combinations(self) -> None:
@@ -127,6 +127,15 @@ class ModelConfig:
         return cls(**values)
 
 
+def default_init(placement: str, ln_scaling: bool) -> str:
+    """The init a placement gets unless the recipe names one (SCIENCE.md section 2): DeepNorm's
+    own; plain N(0, init_std) under LayerNorm Scaling, whose authors found depth-scaled init
+    cancels its benefit; GPT-2's depth-scaled init otherwise."""
+    if placement == "deepnorm":
+        return "deepnorm"
+    return "normal" if ln_scaling else "gpt2"
+
+
 def _hint(name: str) -> Any:
     return typing.get_type_hints(ModelConfig)[name]
 
@@ -147,8 +156,9 @@ def _matches(value: Any, hint: Any) -> bool:
         return any(_matches(value, arg) for arg in get_args(hint))
     if hint is type(None):
         return value is None
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is float:  # NaN and infinity are never a setting
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return number and math.isfinite(value)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, hint)
@@ -160,6 +170,8 @@ def _describe(hint: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in get_args(hint))
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_describe(a) for a in get_args(hint))
+    if hint is float:
+        return "a finite number"
     return "None" if hint is type(None) else f"of type {hint.__name__}"
 
 

@@ -31,6 +31,12 @@ def _gpt2(leaf: str, module: nn.Module, cfg: ModelConfig) -> None:
     nn.init.normal_(module.weight, 0.0, std)
 
 
+def _normal(leaf: str, module: nn.Module, cfg: ModelConfig) -> None:
+    """Plain N(0, init_std) everywhere, no depth factor: what LayerNorm Scaling's authors use
+    (depth-scaled init would cancel its 1/sqrt(l); SCIENCE.md section 2)."""
+    nn.init.normal_(module.weight, 0.0, cfg.init_std)
+
+
 def _olmo2(leaf: str, module: nn.Module, cfg: ModelConfig) -> None:
     std = cfg.init_std
     nn.init.trunc_normal_(module.weight, 0.0, std, a=-3 * std, b=3 * std)
@@ -54,4 +60,10 @@ def _xavier(leaf: str, module: nn.Module, cfg: ModelConfig) -> None:
         nn.init.xavier_normal_(module.weight)
 
 
-SCHEMES = {"gpt2": _gpt2, "olmo2": _olmo2, "deepnorm": _deepnorm, "xavier": _xavier}
+SCHEMES = {
+    "gpt2": _gpt2,
+    "normal": _normal,
+    "olmo2": _olmo2,
+    "deepnorm": _deepnorm,
+    "xavier": _xavier,
+}

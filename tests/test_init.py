@@ -115,3 +115,17 @@ def test_xiong_lemma2_pre_ln_linear_bounds():
     layer = torch.arange(1, 13, dtype=torch.float32)
     assert torch.all(norms >= 1 + layer / 2) and torch.all(norms <= 1 + 1.5 * layer), norms
     assert torch.all(norms[1:] > norms[:-1])  # grows with depth
+
+
+def test_normal_has_no_depth_factor_and_is_ln_scalings_default():
+    model = build(placement="pre", ln_scaling=True, n_layers=12)
+    assert model.config.init == "normal"  # the default under LayerNorm Scaling
+    for name, p in model.named_parameters():
+        if p.dim() == 2:  # every Linear and the embedding, residual outputs included
+            assert p.mean().item() == pytest.approx(0.0, abs=2e-3), name
+            assert p.std().item() == pytest.approx(0.02, rel=0.05), name
+    assert build(placement="pre").config.init == "gpt2"  # plain Pre-LN keeps GPT-2's
+    explicit = build(placement="pre", ln_scaling=True, init="gpt2")
+    assert explicit.config.init == "gpt2"  # a recipe's own choice wins
+    down = explicit.blocks[0].mlp.branch.down_proj.weight
+    assert down.std().item() == pytest.approx(0.02 / math.sqrt(2 * 6), rel=0.05)

@@ -17,6 +17,7 @@ SCHEMES = {
     "post_warmup": "post",
     "post_nowarmup": "post",
     "pre": "pre",
+    "pre_nowarmup": "pre",
     "peri": "peri",
     "olmo2": "olmo2",
     "deepnorm": "deepnorm",
@@ -46,6 +47,21 @@ def test_one_recipe_per_scheme() -> None:
         load_config(REPO / f"recipes/pre_qknorm_{a}.yaml").model.qk_norm for a in ("head", "flat")
     }
     assert axes == {"head", "flat"}
+
+
+def test_paper_defaults_of_peri_and_ln_scaling() -> None:
+    """Peri-LN normalises the embedding as its paper does (switchable); LayerNorm Scaling runs
+    on plain N(0, 0.02) init, since depth-scaled init cancels its benefit (SCIENCE.md 2)."""
+    peri = Transformer(load_config(REPO / "recipes" / "peri.yaml").model_config())
+    assert isinstance(peri.embed_norm, torch.nn.Module) and peri.config.embed_norm
+    tokens = torch.randint(0, peri.config.vocab_size, (2, 8))
+    raw = peri.embed(tokens)
+    expected = torch.nn.functional.rms_norm(raw, (raw.shape[-1],), eps=peri.config.norm_eps)
+    torch.testing.assert_close(peri.embed_norm(raw), expected)  # unit gain at init
+    off = load_config(REPO / "recipes" / "peri.yaml", ["model.embed_norm=false"]).model_config()
+    assert isinstance(Transformer(off).embed_norm, torch.nn.Identity)
+    lns = load_config(REPO / "recipes" / "ln_scaling.yaml").model_config()
+    assert lns.init == "normal" and load_config(REPO / "recipes" / "pre.yaml").model.init is None
 
 
 def test_7b_parameter_count_without_allocating() -> None:

@@ -51,9 +51,8 @@ def test_study_trains_and_reports(tiny_data: Path, tmp_path: Path) -> None:
 
 
 def test_default_set_and_spike_window() -> None:
-    assert {"post_warmup", "post_nowarmup", "pre", "peri", "olmo2", "deepnorm", "mix"} <= set(
-        DEFAULT_RECIPES
-    )
+    claims = {"post_warmup", "post_nowarmup", "pre", "pre_nowarmup", "deepnorm", "peri"}
+    assert claims | {"ln_scaling"} <= set(DEFAULT_RECIPES)
     assert spike_window(300, None) == 60 and spike_window(20000, None) == 1000
     assert spike_window(300, 7) == 7
     cfgs = study_configs(["peri"], Path("o"), [], steps=200, window=None)
@@ -67,4 +66,48 @@ def test_unknown_recipe_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -
     err = capsys.readouterr().err
     assert "no recipe 'no_such_recipe'" in err and "post_warmup" in err
     assert main(["study", "pre", "--steps", "0", "--out", str(tmp_path / "s")]) == 2
+    assert not (tmp_path / "s").exists()
+
+
+def test_lrs_by_seeds_mean_spread_and_verdicts(tiny_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "study"
+    console = Console(record=True, width=250)
+    sets = [*overrides(tiny_data), "training.log_every=10", "training.eval_every=0"]
+    result = run_study(  # 30 steps: the pre recipe's own 30 warm-up steps must fit
+        ["pre_nowarmup", "pre"], out, sets, steps=30, console=console, lrs=[2e-3], seeds=[0, 1]
+    )
+    labels = [Path(r["run_dir"]).name for r in result["runs"]]
+    assert labels == [
+        "pre_nowarmup_lr0.002_s0",
+        "pre_nowarmup_lr0.002_s1",
+        "pre_lr0.002_s0",
+        "pre_lr0.002_s1",
+    ]
+    evals = {}
+    for label in labels:
+        rows = [r for r in read_jsonl(out / "runs" / label / "metrics.jsonl") if "eval_loss" in r]
+        evals[label] = rows[-1]["eval_loss"]
+    assert evals["pre_lr0.002_s0"] != evals["pre_lr0.002_s1"]  # the seed reached the run
+    md = (out / "study.md").read_text()
+    mean = (evals["pre_lr0.002_s0"] + evals["pre_lr0.002_s1"]) / 2
+    sd = abs(evals["pre_lr0.002_s0"] - evals["pre_lr0.002_s1"]) / 2**0.5  # n-1 over 2 seeds
+    row = next(line for line in md.splitlines() if line.startswith("| pre | 0.002 | 0,1 |"))
+    assert f"{mean:.3f} +- {sd:.3f}" in row
+    verdict = next(line for line in md.splitlines() if "Pre-LN trains without warm-up" in line)
+    assert any(v in verdict for v in ("**reproduced**", "**not reproduced", "**inconclusive"))
+    assert "needs recipes post_nowarmup, post_warmup" in md  # claims without their runs
+    assert "![mean training loss per recipe](study_loss.png)" in md
+    assert (out / "study_loss.png").is_file() and (out / "study_depth.png").is_file()
+    assert "claims" in console.export_text()
+
+
+def test_bad_lrs_and_seeds_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = str(tmp_path / "s")
+    assert main(["study", "pre", "--lrs", "1e-3,x", "--out", out]) == 2
+    assert "--lrs must be comma-separated numbers" in capsys.readouterr().err
+    assert main(["study", "pre", "--lrs", "0", "--out", out]) == 2
+    assert main(["study", "pre", "--seeds", "-1", "--out", out]) == 2
+    assert "--seeds must be integers >= 0" in capsys.readouterr().err
+    assert main(["study", "pre", "pre", "--out", out]) == 2
+    assert "given twice" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()

@@ -40,9 +40,12 @@ def compare(
             raise NotARunError(f"--out {out_dir} exists and is not a directory")
         out_dir.mkdir(parents=True, exist_ok=True)
         depth = depth_markdown(runs)
-        (out_dir / "compare.md").write_text(markdown(rows) + ("\n" + depth if depth else ""))
+        pngs = write_plots(runs, out_dir)
+        figures = "".join(f"\n![{p.stem}]({p.name})\n" for p in pngs)
+        text = markdown(rows) + ("\n" + depth if depth else "") + figures
+        (out_dir / "compare.md").write_text(text)
         write_csv(rows, out_dir / "compare.csv")
-        files = [out_dir / "compare.md", out_dir / "compare.csv", *write_plots(runs, out_dir)]
+        files = [out_dir / "compare.md", out_dir / "compare.csv", *pngs]
         console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
     return {"rows": rows, "files": files}
 

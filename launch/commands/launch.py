@@ -16,6 +16,7 @@ from the kernel when their parent dies, so killing the launcher leaves nothing t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import signal
@@ -23,12 +24,12 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from launch.commands.train import add_recipe_args, resolve
 from launch.config import RunConfig
 from launch.engines.dist import EXPECTED_WORLD_ENV
-from launch.engines.single import resolve_device
-from launch.errors import ConfigError, NormlabError
+from launch.errors import NormlabError
 from launch.training.signals import set_parent_death_signal, under_slurm
 
 
@@ -76,27 +77,16 @@ def check_topology(args: argparse.Namespace, cfg: RunConfig) -> int:
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise LaunchError(f"--master-port must lie in 1..65535, got {args.master_port}")
     world = args.nproc_per_node * args.nnodes
-    check_world(cfg, world)
+    check_world(cfg, world, local=True)
     return world
 
 
-def check_world(cfg: RunConfig, world: int) -> None:
-    """The engine (and its config) against the number of processes; `normlab submit` too."""
-    engine = cfg.engine.name
-    if engine == "single" and world > 1:
-        raise ConfigError(
-            f"engine.name is 'single' but the launch asks for {world} processes; set "
-            "engine.name=fsdp or engine.name=deepspeed (or use `normlab train`)"
-        )
-    if engine == "deepspeed":
-        from launch.engines.deepspeed_engine import ds_config
+def check_world(cfg: RunConfig, world: int, local: bool = False) -> None:
+    """What every rank would refuse, checked once before any process starts (`normlab submit`
+    too, with local=False: the submitting host need not have the job's GPUs)."""
+    from launch.training.preflight import preflight
 
-        ds_config(cfg, world)  # the config errors a rank would raise, raised once here
-        if cfg.precision.dtype == "fp16" and resolve_device(cfg.training.device).type == "cpu":
-            raise ConfigError(
-                "precision.dtype fp16 with engine deepspeed needs CUDA devices: DeepSpeed's CPU "
-                "accelerator has no fp16 support; use bf16 or fp32 on CPU"
-            )
+    preflight(cfg, world, local=local)
 
 
 def free_port() -> int:
@@ -159,7 +149,14 @@ def run(args: argparse.Namespace) -> int:
     env.setdefault("OMP_NUM_THREADS", "1")
     # seconds torchrun gives signalled ranks to checkpoint before it SIGKILLs them
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
-    code, received = supervise(cmd, env)
+    from launch.training.rundir import TOKEN_ENV, RunDirLock
+
+    # node 0 owns the run directory for the whole job; its rank 0 inherits the lock by token
+    owner = RunDirLock(Path(cfg.run_dir or "runs/run"), "normlab launch")
+    with owner if args.node_rank == 0 else contextlib.nullcontext():
+        if owner.owner is not None:
+            env[TOKEN_ENV] = owner.owner.token
+        code, received = supervise(cmd, env)
     if received:
         name = signal.Signals(received).name
         print(f"normlab launch: stopped by {name} (the ranks' checkpoint is named above)",

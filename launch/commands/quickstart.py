@@ -1,7 +1,10 @@
-"""`normlab quickstart`: the main job in one command.
+"""`normlab quickstart`: the main job in one command, showing why warm-up and norm placement matter.
 
-Prepares the bundled corpus, trains a handful of norm placements at the tiny size on the CPU
-(a few minutes in all on 2 cores) and prints one summary row per recipe.
+Prepares the bundled corpus, then trains the recipes in recipes/quickstart/ on the CPU: 12 blocks
+of the tiny width at lr 1e-3, the setting where a measured sweep (docs/quickstart_sweep.md) found
+Post-LN without warm-up stuck on the unigram plateau while Post-LN with warm-up, Pre-LN and
+DeepNorm (both without warm-up) train. It ends with the compare report (stability columns, PNGs),
+two lines on what to look at, and the next command.
 """
 
 from __future__ import annotations
@@ -13,17 +16,25 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
+from launch.commands.compare import compare
+from launch.commands.study import recipe_path
 from launch.config import load_config
+from launch.report.unigram import dataset_unigram_loss
 from launch.training.datasets import resolve_dataset
 
-RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipes"  # launch/commands/ -> repo
-DEFAULT = ["post_warmup", "post_nowarmup", "pre", "peri", "olmo2", "deepnorm"]
+DEFAULT = [
+    "quickstart/post_nowarmup",
+    "quickstart/post_warmup",
+    "quickstart/pre_nowarmup",
+    "quickstart/deepnorm_nowarmup",
+]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("quickstart", help="train a few placements on CPU and compare them")
+    p = subparsers.add_parser(
+        "quickstart", help="train Post-LN with and without warm-up, Pre-LN and DeepNorm; compare"
+    )
     p.add_argument("--recipes", default=",".join(DEFAULT), help="comma-separated recipe names")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per recipe")
     p.add_argument("--out", default="runs/quickstart", help="parent of the run directories")
@@ -35,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _overrides(args: argparse.Namespace, name: str) -> list[str]:
-    over = [f"run_dir={Path(args.out) / name}", f"training.threads={args.threads}"]
+def _overrides(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    over = [f"run_dir={run_dir}", f"training.threads={args.threads}"]
     over += list(args.overrides)
     return over + ([f"training.steps={args.steps}"] if args.steps else [])
 
@@ -44,40 +55,51 @@ def _overrides(args: argparse.Namespace, name: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from launch.training.trainer import Trainer
 
-    console = Console() if sys.stdout.isatty() else Console(width=120)  # no truncated names
-    names = [n.strip() for n in args.recipes.split(",") if n.strip()]
-    configs = [load_config(RECIPE_DIR / f"{n}.yaml", _overrides(args, n)) for n in names]
+    console = Console() if sys.stdout.isatty() else Console(width=240)  # no truncated names
+    paths = [recipe_path(n.strip()) for n in args.recipes.split(",") if n.strip()]
+    out = Path(args.out)
+    configs = [load_config(p, _overrides(args, out / p.stem)) for p in paths]
     start = time.perf_counter()
     console.print("preparing the bundled corpus (cached after the first run)")
-    resolve_dataset(configs[0].data)
-    rows = []
+    plateau = dataset_unigram_loss(resolve_dataset(configs[0].data))
+    statuses = []
     for cfg in configs:
         console.rule(
-            f"{cfg.name}: placement {cfg.model.placement}, warm-up {cfg.schedule.warmup_steps}"
+            f"{cfg.name}: placement {cfg.model.placement}, {cfg.model.n_layers} blocks, "
+            f"lr {cfg.optim.lr:g}, warm-up {cfg.schedule.warmup_steps}"
         )
         trainer = Trainer(cfg, force=args.force, console=console)
         trainer.run()
-        rows.append(trainer.summary)
-    console.print(summary_table(rows, time.perf_counter() - start))
-    return 0 if all(r.get("status") == "completed" for r in rows) else 1
+        statuses.append(trainer.summary.get("status"))
+    minutes = (time.perf_counter() - start) / 60
+    report = compare([c.run_dir for c in configs if c.run_dir], out / "report", console)
+    console.print(f"normlab quickstart: {len(configs)} runs in {minutes:.1f} min", highlight=False)
+    for line in what_to_look_at(report["rows"], out / "report", plateau):
+        console.print(line, highlight=False)
+    return 0 if all(s == "completed" for s in statuses) else 1
 
 
-def _fmt(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+def what_to_look_at(rows: list[dict[str, Any]], report: Path, plateau: float) -> list[str]:
+    """Two lines read off this run's numbers, then the next command.
 
-
-def summary_table(rows: list[dict[str, Any]], wall_s: float) -> Table:
-    table = Table(title=f"normlab quickstart ({wall_s / 60:.1f} min)")
-    for col in ("recipe", "steps", "final loss", "min loss", "eval loss", "tokens/s", "status"):
-        table.add_column(col, justify="left" if col in ("recipe", "status") else "right")
-    for r in rows:
-        table.add_row(
-            str(r.get("name")),
-            str(r.get("steps")),
-            _fmt(r.get("final_loss"), ".4f"),
-            _fmt(r.get("min_loss"), ".4f"),
-            _fmt(r.get("eval_loss"), ".4f"),
-            _fmt(r.get("tokens_per_s"), ",.0f"),
-            str(r.get("status")),
+    `plateau`: the unigram loss of the data (launch.report.unigram), where a stalled run sits."""
+    scored = [r for r in rows if r.get("eval_loss") is not None]
+    lines = []
+    if len(scored) >= 2:
+        worst = max(scored, key=lambda r: r["eval_loss"])
+        best = min(scored, key=lambda r: r["eval_loss"])
+        lines.append(
+            f"Look at: {worst['run']} ends at eval loss {worst['eval_loss']:.3f} against "
+            f"{best['eval_loss']:.3f} for {best['run']}; {plateau:.3f} is this data's unigram "
+            "plateau (predicting token frequencies and nothing else) - see loss.png."
         )
-    return table
+    lines.append(
+        f"Then: grad_norm.png and resid_rms_by_depth.png in {report} show how each placement got "
+        "there (gradient size against the clip line, residual growth by depth); compare.md has "
+        "the table."
+    )
+    lines.append(
+        "Next: `normlab theory` (the same placements at initialisation, seconds) or "
+        "`normlab study` (each claim over learning rates and seeds)."
+    )
+    return lines

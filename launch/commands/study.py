@@ -1,8 +1,10 @@
-"""`normlab study [RECIPES...] [--out DIR]`: the one-command stability study.
+"""`normlab study [RECIPES...] [--lrs A,B] [--seeds 0,1] [--out DIR]`: the claims, decided.
 
-Trains each recipe in turn (default: every placement at the tiny size, Post-LN with and without
-warm-up) on the bundled corpus with every observational instrument on, then writes the compare
-report. Runs live in DIR/runs/<recipe>; running the study again resumes or reuses finished runs.
+Trains every recipe at every learning rate and seed (default: the recipes the claims need, at
+lr 1e-3 and 3e-3, seeds 0 and 1, on the bundled corpus at the tiny size) with every observational
+instrument on, then writes the compare report of all runs, a table of mean and spread per
+(recipe, lr), and one verdict per claim by the rule printed beside it (launch.report.claims).
+Runs live in DIR/runs/<recipe>_lr<lr>_s<seed>; running the study again reuses finished runs.
 """
 
 from __future__ import annotations
@@ -21,17 +23,18 @@ from launch.commands.submit import add_submit_options, job_spec
 from launch.config import RunConfig, load_config
 from launch.errors import ConfigError
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"  # launch/commands/ -> repo
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"  # the repository root's
 DEFAULT_RECIPES = [
     "post_warmup",
     "post_nowarmup",
     "pre",
-    "peri",
-    "olmo2",
+    "pre_nowarmup",
     "deepnorm",
-    "mix",
+    "peri",
     "ln_scaling",
 ]
+DEFAULT_LRS = (1e-3, 3e-3)
+DEFAULT_SEEDS = (0, 1)
 OBSERVERS = ["activations", "gradients", "attention_logits", "qk_gains"]
 
 
@@ -52,26 +55,77 @@ def spike_window(steps: int, asked: int | None) -> int:
     return asked if asked is not None else min(1000, max(10, steps // 5))
 
 
+def run_label(recipe: str, lr: float | None, seed: int | None) -> str:
+    """Run directory name: the recipe alone, or with its learning rate and seed."""
+    label = recipe
+    if lr is not None:
+        label += f"_lr{lr:g}"
+    if seed is not None:
+        label += f"_s{seed}"
+    return label
+
+
 def study_configs(
-    recipes: list[str], out: Path, overrides: list[str], steps: int | None, window: int | None
+    recipes: list[str],
+    out: Path,
+    overrides: list[str],
+    steps: int | None,
+    window: int | None,
+    lrs: list[float] | None = None,
+    seeds: list[int] | None = None,
 ) -> list[RunConfig]:
-    """Every run's validated config (all checked before any training starts)."""
+    """Every run's validated config (all checked before any training starts).
+
+    lrs / seeds None: each recipe's own value, in DIR/runs/<recipe>."""
     cfgs = []
     for name in recipes:
         path = recipe_path(name)
-        extra = [f"training.steps={steps}"] if steps is not None else []
-        cfg = load_config(path, [*overrides, *extra, f"run_dir={out / 'runs' / path.stem}"])
-        for instrument in OBSERVERS:
-            cfg.instruments.setdefault(instrument, True)
-        score = cfg.instruments.get("spike_score")
-        settings = dict(score) if isinstance(score, dict) else {}
-        settings["window"] = spike_window(cfg.training.steps, window)  # the study's choice
-        cfg.instruments["spike_score"] = settings
-        cfgs.append(cfg)
-    names = [c.name for c in cfgs]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"recipes given twice: {names}")
+        for lr in lrs or [None]:
+            for seed in seeds or [None]:
+                extra = [f"training.steps={steps}"] if steps is not None else []
+                extra += [f"optim.lr={lr!r}"] if lr is not None else []
+                extra += [f"training.seed={seed}"] if seed is not None else []
+                run_dir = out / "runs" / run_label(path.stem, lr, seed)
+                cfg = load_config(path, [*overrides, *extra, f"run_dir={run_dir}"])
+                cfgs.append(_observe(cfg, window))
+    dirs = [c.run_dir for c in cfgs]
+    if len(set(dirs)) != len(dirs):
+        raise ConfigError(f"recipes, learning rates or seeds given twice: {recipes}")
     return cfgs
+
+
+def _observe(cfg: RunConfig, window: int | None) -> RunConfig:
+    """Every observational instrument on; the spike window fitted to the run length."""
+    for instrument in OBSERVERS:
+        cfg.instruments.setdefault(instrument, True)
+    score = cfg.instruments.get("spike_score")
+    settings = dict(score) if isinstance(score, dict) else {}
+    settings["window"] = spike_window(cfg.training.steps, window)  # the study's choice
+    cfg.instruments["spike_score"] = settings
+    return cfg
+
+
+def train_all(cfgs: list[RunConfig], console: Console) -> list[dict[str, Any]]:
+    """Train (or resume, or reuse) every run in turn; one timing row per run."""
+    from launch.training.trainer import Trainer  # heavy imports after the arguments are checked
+
+    timings = []
+    for i, cfg in enumerate(cfgs, 1):
+        console.print(f"[bold]study {i}/{len(cfgs)}: {cfg.name}[/bold] -> {cfg.run_dir}")
+        t0 = time.perf_counter()
+        trainer = Trainer(cfg, console=console)
+        status = trainer.run()
+        timings.append(
+            {
+                "recipe": cfg.name,
+                "lr": cfg.optim.lr,
+                "seed": cfg.training.seed,
+                "run_dir": cfg.run_dir,
+                "status": trainer.summary.get("status", "completed" if status == 0 else "failed"),
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
+        )
+    return timings
 
 
 def run_study(
@@ -81,38 +135,49 @@ def run_study(
     steps: int | None = None,
     window: int | None = None,
     console: Console | None = None,
+    lrs: list[float] | None = None,
+    seeds: list[int] | None = None,
 ) -> dict[str, Any]:
-    """Train every recipe, then compare them; returns {'runs': [...], 'rows': ..., 'files': ...}."""
-    from launch.training.trainer import Trainer  # heavy imports after the arguments are checked
+    """Train every run, then report; returns {'runs', 'total_s', 'rows', 'files', 'verdicts'}."""
+    from launch.report.study import write_study_report
 
     out = Path(out)
     console = console or Console(width=None if sys.stdout.isatty() else 240)
-    cfgs = study_configs(recipes, out, overrides or [], steps, window)
-    timings = []
+    cfgs = study_configs(recipes, out, overrides or [], steps, window, lrs, seeds)
     start = time.perf_counter()
-    for i, cfg in enumerate(cfgs, 1):
-        console.print(f"[bold]study {i}/{len(cfgs)}: {cfg.name}[/bold] -> {cfg.run_dir}")
-        t0 = time.perf_counter()
-        trainer = Trainer(cfg, console=console)
-        status = trainer.run()
-        timings.append(
-            {
-                "recipe": cfg.name,
-                "run_dir": cfg.run_dir,
-                "status": trainer.summary.get("status", "completed" if status == 0 else "failed"),
-                "seconds": round(time.perf_counter() - t0, 1),
-            }
-        )
+    timings = train_all(cfgs, console)
     total = round(time.perf_counter() - start, 1)
-    report = compare([c.run_dir for c in cfgs if c.run_dir], out, console)
+    quiet = Console(file=open("/dev/null", "w"), width=240)  # noqa: SIM115 (table goes to compare.md)
+    report = compare([c.run_dir for c in cfgs if c.run_dir], out, quiet)
     (out / "study.json").write_text(json.dumps({"total_s": total, "runs": timings}, indent=2))
+    found = write_study_report([c.run_dir for c in cfgs if c.run_dir], out, total, console)
     console.print(f"study: {len(cfgs)} runs in {total:.0f} s; report in {out}", highlight=False)
-    return {"runs": timings, "total_s": total, **report}
+    return {"runs": timings, "total_s": total, **report, "verdicts": found}
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{what} must be comma-separated numbers, got {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise ConfigError(f"{what} must be positive numbers, got {text!r}")
+    return values
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise ConfigError(f"{what} must be integers >= 0, got {text!r}")
+    return values
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "study", help="train a set of recipes and compare them (default: every placement, tiny)"
+        "study", help="train recipes over learning rates and seeds; decide the claims"
     )
     p.add_argument(
         "recipes",
@@ -121,13 +186,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"recipe files or names in recipes/ (default: {' '.join(DEFAULT_RECIPES)})",
     )
     p.add_argument("--out", default="study", help="report and runs directory (default: ./study)")
-    p.add_argument("--steps", type=int, help="training.steps for every recipe")
+    p.add_argument("--steps", type=int, help="training.steps for every run")
+    p.add_argument(
+        "--lrs",
+        default=",".join(f"{v:g}" for v in DEFAULT_LRS),
+        help="comma-separated learning rates (default: %(default)s); 'recipe' keeps each one's",
+    )
+    p.add_argument(
+        "--seeds",
+        default=",".join(str(v) for v in DEFAULT_SEEDS),
+        help="comma-separated seeds (default: %(default)s)",
+    )
     p.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a dotted override applied to every recipe (repeatable), e.g. --set optim.lr=3e-3",
+        help="a dotted override applied to every run (repeatable), e.g. --set model.n_layers=12",
     )
     p.add_argument(
         "--spike-window",
@@ -142,15 +217,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    lrs = None if args.lrs == "recipe" else _floats(args.lrs, "--lrs")
+    seeds = _ints(args.seeds, "--seeds")
     if args.submit:
         from launch.cluster.study import submit_study
 
+        recipes = args.recipes or DEFAULT_RECIPES
         cfgs = study_configs(
-            args.recipes or DEFAULT_RECIPES, Path(args.out), args.set, args.steps, args.spike_window
+            recipes, Path(args.out), args.set, args.steps, args.spike_window, lrs, seeds
         )
         submit_study(cfgs, Path(args.out), job_spec(args))
         return 0
     result = run_study(
-        args.recipes or DEFAULT_RECIPES, args.out, args.set, args.steps, args.spike_window
+        args.recipes or DEFAULT_RECIPES,
+        args.out,
+        args.set,
+        args.steps,
+        args.spike_window,
+        lrs=lrs,
+        seeds=seeds,
     )
     return 0 if all(r["status"] in ("completed", "diverged") for r in result["runs"]) else 1

@@ -1,4 +1,8 @@
-"""`normlab train RECIPE [key=value ...]`: train, or resume the run in its run directory."""
+"""`normlab train RECIPE [key=value ...]`: train, or resume the run in its run directory.
+
+RECIPE is a YAML file, a bare recipe name (`pre`, `7b`: recipes/ and recipes/presets/), or a run
+directory (resumed with its own config.yaml).
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,34 @@ import argparse
 from pathlib import Path
 
 from launch.config import RunConfig, load_config
+from launch.config.loader import find_recipe
+from launch.errors import ConfigError
 
 
 def add_recipe_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="recipe YAML, or an existing run directory to resume")
     parser.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. optim.lr=3e-4"
+        "recipe", help="recipe YAML, a recipe name (pre, peri, 7b...), or a run directory to resume"
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted overrides, e.g. optim.lr=3e-4; your own corpus: data.dataset=DIR (a "
+        "`normlab prepare` output; model.vocab_size then defaults to its tokenizer's size)",
     )
 
 
 def resolve(recipe: str, overrides: list[str]) -> RunConfig:
     """A run directory (holding config.yaml) resumes with its own config and location."""
-    path = Path(recipe)
-    if path.is_dir() and (path / "config.yaml").is_file():
+    path = Path(recipe).expanduser()
+    if path.is_dir():
+        if not (path / "config.yaml").is_file():
+            raise ConfigError(
+                f"{path} is a directory but not a run directory (no config.yaml); give a recipe "
+                "file or name"
+            )
         return load_config(path / "config.yaml", [*overrides, f"run_dir={path}"])
-    return load_config(path, overrides)
+    return load_config(find_recipe(recipe), overrides)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +45,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_recipe_args(p)
     p.add_argument("--run-dir", help="where the run lives (default: runs/<recipe name>)")
     p.add_argument(
-        "--force", action="store_true", help="continue a run directory holding another config"
+        "--force",
+        action="store_true",
+        help="continue a run directory holding another config (the new optimizer and schedule "
+        "values apply from the resumed step on; moments are kept)",
+    )
+    p.add_argument(
+        "--from",
+        dest="from_step",
+        metavar="STEP",
+        help="resume from this checkpoint (step_00000400, or 400) instead of the latest, e.g. "
+        "the previous verified one when the latest is damaged",
     )
     p.set_defaults(func=run)
 
@@ -38,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve(args.recipe, overrides)
     from launch.training.trainer import Trainer  # heavy imports only once the config is valid
 
-    trainer = Trainer(cfg, force=args.force)
+    trainer = Trainer(cfg, force=args.force, from_step=args.from_step)
     status = trainer.run()
     s = trainer.summary
     if trainer.engine.is_main and s.get("status") == "completed":

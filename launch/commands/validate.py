@@ -1,11 +1,15 @@
 """`normlab validate RECIPE [key=value ...]`: print the resolved config and parameter count.
 
-The model is built on the `meta` device, so a 7B recipe is counted without allocating memory.
+Runs the same checks as `normlab train` before it creates anything (launch.training.preflight):
+a recipe that validates starts. The model is built on the `meta` device, so a 7B recipe is
+counted without allocating memory. The printed config shows every value as resolved (the
+model's defaults and the tokenizer's vocabulary size filled in).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
 import yaml
@@ -24,6 +28,17 @@ def count_model(cfg: RunConfig) -> tuple[int, int]:
     return total, total - embed
 
 
+def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
+    """cfg as a dict with the model section as built (no null where a default applies)."""
+    out = cfg.to_dict()
+    out["model"] = {"preset": cfg.model.preset, **cfg.model_config().to_dict()}
+    if out["model"]["preset"] is None:
+        del out["model"]["preset"]
+    if out["training"]["threads"] is None:
+        out["training"]["threads"] = torch.get_num_threads()
+    return out
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("validate", help="check a recipe; print its config and size")
     add_recipe_args(p)
@@ -33,9 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = resolve(args.recipe, list(args.overrides))
+    from launch.training.preflight import preflight
+
+    preflight(cfg)
     total, non_embed = count_model(cfg)
     if not args.quiet:
-        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+        print(yaml.safe_dump(resolved_dict(cfg), sort_keys=False), end="")
     analytic = count_params(cfg.model_config())
     print(
         f"{cfg.name}: valid; {total:,} parameters ({total / 1e6:,.1f} M; "

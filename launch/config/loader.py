@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -103,17 +104,43 @@ def _coerce_scalar(value: Any, hint: type, key: str) -> Any:
     if hint is float:
         if isinstance(value, str):  # YAML 1.1 reads '3e-4' (no dot) as a string
             try:
-                return float(value)
+                return _finite(float(value), key)
             except ValueError:
                 pass
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            return _finite(float(value), key)
         raise ConfigError(f"{key} must be a number, got {value!r}")
     if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise ConfigError(f"{key} must be an integer, got {value!r}")
     if not isinstance(value, hint):
         raise ConfigError(f"{key} must be of type {hint.__name__}, got {value!r}")
     return value
+
+
+def _finite(value: float, key: str) -> float:
+    """NaN and infinity are never a setting: they reach the optimizer or init as silent garbage."""
+    if not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    return value
+
+
+def find_non_finite(data: Any, prefix: str = "") -> str | None:
+    """The dotted key of the first NaN or infinite float anywhere in nested dicts/lists (the
+    untyped sections, such as instrument settings, included), None when every float is finite."""
+    if isinstance(data, float):
+        return None if math.isfinite(data) else prefix.rstrip(".")
+    items = (
+        data.items()
+        if isinstance(data, dict)
+        else enumerate(data)
+        if isinstance(data, list | tuple)
+        else ()
+    )
+    for k, v in items:
+        found = find_non_finite(v, f"{prefix}{k}.")
+        if found is not None:
+            return found
+    return None
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -127,6 +154,25 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def find_recipe(name: str | Path) -> Path:
+    """A recipe path as given, else a bare name in recipes/ or recipes/presets/ (`pre`, `7b`)."""
+    path = Path(name).expanduser()
+    if path.exists() or path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
+        return path  # a path: load_yaml names it if it is missing
+    for folder in (RECIPES_DIR, RECIPES_DIR / "presets"):
+        if (folder / f"{name}.yaml").is_file():
+            return folder / f"{name}.yaml"
+    known = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(
+        f"no recipe file or recipe name {str(name)!r}: {hint}recipes: {', '.join(known)}"
+    )
+
+
 def load_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Read a recipe, resolving `base:` (a path or list of paths, relative to the file)."""
     path = Path(path).resolve()
@@ -136,7 +182,10 @@ def load_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]
     if not path.is_file():
         raise ConfigError(f"recipe not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        where = f"{exc.reason} at byte {exc.start}"
+        raise ConfigError(f"{path}: not a UTF-8 text file ({where})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from None
     if not isinstance(data, dict):

@@ -8,6 +8,7 @@ combinations. Each error is a `ConfigError` whose message names the dotted key.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import typing
 from dataclasses import dataclass, field
@@ -16,9 +17,17 @@ from typing import Any, Literal
 
 import yaml
 
-from launch.config.loader import apply_overrides, build, deep_merge, load_yaml, suggest, to_plain
+from launch.config.loader import (
+    apply_overrides,
+    build,
+    deep_merge,
+    find_non_finite,
+    load_yaml,
+    suggest,
+    to_plain,
+)
 from launch.errors import ConfigError
-from launch.registry import ENGINES, OPTIMIZERS
+from launch.registry import ENGINES, INSTRUMENTS, OPTIMIZERS
 from model import ModelConfig
 from model.presets import PRESETS
 
@@ -44,8 +53,10 @@ ModelSection = _model_section()
 
 @dataclass
 class DataSection:
-    dataset: str = "bundled"  # 'bundled' (the shipped corpus) or a prepared directory
-    vocab_size: int = 4096  # tokenizer size trained by `normlab prepare`
+    dataset: str = "bundled"  # 'bundled' (the shipped corpus) or a `normlab prepare` directory
+    # tokenizer size. bundled: the size trained for it (None: 4096). A prepared directory:
+    # None reads its meta.json; another value than the directory's is an error.
+    vocab_size: int | None = None
     tokenizer: Literal["bpe", "unigram"] = "bpe"
     seq_len: int = 256
     batch_size: int = 16  # sequences per micro-batch per process
@@ -164,8 +175,12 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
         cfg.run_dir = str(Path("runs") / (cfg.name or "run"))
     # fp16 clamping switches itself on in fp16 unless a recipe sets it (SCIENCE.md section 9)
     cfg.instruments.setdefault("fp16_clamp", {"mode": "auto"})
+    resolve_vocab(cfg)
     validate(cfg)
     return cfg
+
+
+BUNDLED_VOCAB = 4096  # tokenizer size trained for the bundled corpus
 
 
 def expand_preset(model: Any) -> Any:
@@ -177,7 +192,40 @@ def expand_preset(model: Any) -> Any:
         return model
     if preset not in PRESETS:
         raise ConfigError(f"unknown model.preset {preset!r}{suggest(str(preset), list(PRESETS))}")
-    return deep_merge(dict(PRESETS[preset]), model)
+    # a preset's vocabulary is only an example: the model follows the data's tokenizer
+    sizes = {k: v for k, v in PRESETS[preset].items() if k != "vocab_size"}
+    return deep_merge(sizes, model)
+
+
+def resolve_vocab(cfg: RunConfig) -> None:
+    """Fill data.vocab_size from the prepared directory (or 4096 for the bundled corpus) and
+    model.vocab_size from data.vocab_size when the recipe leaves them unset."""
+    d = cfg.data
+    prepared = prepared_vocab_size(d.dataset)
+    if prepared is not None:
+        if d.vocab_size not in (None, prepared):
+            raise ConfigError(
+                f"data.vocab_size is {d.vocab_size} but data.dataset {d.dataset} was prepared "
+                f"with a {prepared}-piece tokenizer: remove data.vocab_size (the prepared "
+                f"directory decides), or prepare it again with --vocab-size {d.vocab_size}"
+            )
+        d.vocab_size = prepared
+    elif d.vocab_size is None:
+        d.vocab_size = BUNDLED_VOCAB
+    if cfg.model.vocab_size is None:
+        cfg.model.vocab_size = d.vocab_size
+
+
+def prepared_vocab_size(dataset: str) -> int | None:
+    """The tokenizer size in <dataset>/meta.json; None for 'bundled' or an unreadable directory
+    (the trainer's dataset check then names what is wrong with it)."""
+    if dataset == "bundled":
+        return None
+    try:
+        size = json.loads((Path(dataset).expanduser() / "meta.json").read_text())["vocab_size"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def validate(cfg: RunConfig) -> None:
@@ -198,11 +246,34 @@ def validate(cfg: RunConfig) -> None:
     if mc.vocab_size < cfg.data.vocab_size:
         raise ConfigError(
             f"model.vocab_size ({mc.vocab_size}) is smaller than data.vocab_size "
-            f"({cfg.data.vocab_size}): the embedding cannot hold every token id"
+            f"({cfg.data.vocab_size}): the embedding cannot hold every token id; remove "
+            f"model.vocab_size (it defaults to the tokenizer's size) or set it >= "
+            f"{cfg.data.vocab_size}"
         )
+    bad = find_non_finite(cfg.to_dict())
+    if bad is not None:
+        raise ConfigError(f"{bad} must be a finite number, got {_lookup(cfg.to_dict(), bad)!r}")
     _validate_optim(cfg)
     _validate_schedule(cfg)
     _validate_engine(cfg)
+    _validate_instruments(cfg)
+
+
+def _lookup(data: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    return data
+
+
+def _validate_instruments(cfg: RunConfig) -> None:
+    for name, settings in cfg.instruments.items():
+        if name not in INSTRUMENTS:
+            hint = suggest(str(name), list(INSTRUMENTS), "instruments.")
+            raise ConfigError(f"unknown instrument 'instruments.{name}'{hint}")
+        if not isinstance(settings, dict | bool | None):
+            raise ConfigError(
+                f"instruments.{name} must be a mapping of settings, true or false, got {settings!r}"
+            )
 
 
 def _validate_optim(cfg: RunConfig) -> None:
@@ -240,11 +311,6 @@ def _validate_qk_clip(cfg: RunConfig) -> None:
             "optim.qk_clip needs each attention's per-head max logit, which a compiled block "
             "does not hand back: set engine.compile: false"
         )
-    if cfg.engine.name == "deepspeed":
-        raise ConfigError(
-            "optim.qk_clip on engine deepspeed is not supported yet (ZeRO keeps fp32 master "
-            "partitions the clip would have to rescale): use engine.name: fsdp or single"
-        )
 
 
 def _validate_schedule(cfg: RunConfig) -> None:
@@ -279,6 +345,16 @@ def _validate_engine(cfg: RunConfig) -> None:
         )
     if e.name == "single" and e.activation_checkpointing:
         raise ConfigError("engine.activation_checkpointing needs engine.name: fsdp or deepspeed")
+    if e.name == "deepspeed" and e.zero_stage not in (1, 2, 3):
+        raise ConfigError(
+            f"engine deepspeed needs engine.zero_stage 1, 2 or 3, got {e.zero_stage} "
+            "(stage 0 is plain data parallelism: use engine.name: fsdp)"
+        )
+    if e.name == "fsdp" and cfg.precision.dtype == "fp16":
+        raise ConfigError(
+            "precision.dtype fp16 is not supported by engine fsdp (no sharded loss scaler); "
+            "use bf16, or engine.name: deepspeed for fp16 with its loss scaler"
+        )
 
 
 def _get(cfg: RunConfig, dotted: str) -> Any:

@@ -1,16 +1,20 @@
-"""compare's PNG plots, one line per run: loss, gradient norm, residual RMS by depth at several
-steps, maximum attention logit over time."""
+"""compare's PNG plots, one line per run: loss (with eval loss), gradient norm (with the clip
+threshold), residual RMS by depth at several steps, maximum attention logit over time.
+
+Every run gets its own colour, dash and marker so overlapping curves stay apart; legends sit
+outside the data; each title names the dataset, learning rate, steps and seeds of the runs."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
 from launch.instruments.common import (  # noqa: E402
     MAX_LOGIT,
@@ -19,8 +23,20 @@ from launch.instruments.common import (  # noqa: E402
     parse_block_key,
 )
 from launch.report.runs import Run  # noqa: E402
+from launch.report.table import dataset_label  # noqa: E402
 
 DEPTH_PANELS = 4
+LINESTYLES = ["-", "--", "-.", ":"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+
+def curve_style(i: int) -> dict[str, Any]:
+    """Colour, dash and marker all change with i."""
+    return {
+        "color": plt.get_cmap("tab10")(i % 10),
+        "linestyle": LINESTYLES[i % len(LINESTYLES)],
+        "marker": MARKERS[i % len(MARKERS)],
+    }
 
 
 def _clean(values: list[float]) -> list[float]:
@@ -28,26 +44,127 @@ def _clean(values: list[float]) -> list[float]:
     return [v if isinstance(v, float | int) and math.isfinite(v) else math.nan for v in values]
 
 
-def _line_plot(runs: list[Run], key: str, title: str, path: Path, log_y: bool) -> Path | None:
+def _values(runs: list[Run], section: str, key: str) -> str:
+    found = sorted({str((r.config.get(section) or {}).get(key)) for r in runs})
+    return ", ".join(found)
+
+
+def setting(runs: list[Run]) -> str:
+    """Dataset, learning rate(s), steps and seed(s) of the runs, for a title."""
+    data = ", ".join(sorted({dataset_label(r.config) for r in runs}))
+    return (
+        f"data {data}; lr {_values(runs, 'optim', 'lr')}; "
+        f"steps {_values(runs, 'training', 'steps')}; seed {_values(runs, 'training', 'seed')}"
+    )
+
+
+def readable_log(ax: plt.Axes) -> None:
+    """Plain numbers on a log axis ('0.4', not '4 x 10^-1'); minor labels only in a narrow range."""
+    if ax.get_yscale() != "log":
+        return
+    low, high = ax.get_ylim()
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    narrow = low > 0 and high / low < 30
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g") if narrow else NullFormatter())
+
+
+def _finish(fig: plt.Figure, ax: plt.Axes, path: Path) -> Path:
+    readable_log(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _line_plot(
+    runs: list[Run], key: str, title: str, ylabel: str, path: Path, log_y: bool
+) -> tuple[plt.Figure, plt.Axes] | None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     drawn = False
-    for run in runs:
+    for i, run in enumerate(runs):
         steps, values = run.series(key)
         if steps:
-            ax.plot(steps, _clean(values), label=run.label, linewidth=1.2)
+            every = max(1, len(steps) // 10)
+            ax.plot(
+                steps,
+                _clean(values),
+                label=run.label,
+                linewidth=1.2,
+                markersize=4,
+                markevery=(i % every, every),
+                **curve_style(i),
+            )
             drawn = True
     if not drawn:
         plt.close(fig)
         return None
-    ax.set(title=title, xlabel="step", ylabel=key)
+    ax.set(title=f"{title}\n{setting(runs)}", xlabel="step", ylabel=ylabel)
     if log_y:
         ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig, ax
+
+
+def loss_plot(runs: list[Run], path: Path) -> Path | None:
+    made = _line_plot(
+        runs,
+        "loss",
+        "training loss (lines) and eval loss (open markers)",
+        "cross-entropy (nats)",
+        path,
+        log_y=False,
+    )
+    if made is None:
+        return None
+    fig, ax = made
+    for i, run in enumerate(runs):
+        if run.evals:
+            style = curve_style(i)
+            ax.plot(
+                [int(r["step"]) for r in run.evals],
+                _clean([r["eval_loss"] for r in run.evals]),
+                linestyle="none",
+                marker=style["marker"],
+                color=style["color"],
+                markersize=8,
+                markerfacecolor="white",
+                label=f"{run.label} (eval)",
+            )
+    return _finish(fig, ax, path)
+
+
+def grad_norm_plot(runs: list[Run], path: Path) -> Path | None:
+    made = _line_plot(
+        runs,
+        "grad_norm",
+        "global gradient norm before clipping",
+        "gradient L2 norm (log scale)",
+        path,
+        log_y=True,
+    )
+    if made is None:
+        return None
+    fig, ax = made
+    clips = sorted(
+        {float((r.config.get("optim") or {}).get("grad_clip") or 0) for r in runs} - {0.0}
+    )
+    for clip in clips:
+        ax.axhline(
+            clip, color="black", linestyle=":", linewidth=1.2, label=f"clip threshold {clip:g}"
+        )
+    return _finish(fig, ax, path)
+
+
+def max_logit_plot(runs: list[Run], path: Path) -> Path | None:
+    made = _line_plot(
+        runs,
+        MAX_LOGIT,
+        "maximum attention logit (any head, any block)",
+        "max q.k / sqrt(d_head)",
+        path,
+        log_y=False,
+    )
+    return None if made is None else _finish(*made, path)
 
 
 def _depth_steps(runs: list[Run]) -> list[int]:
@@ -68,25 +185,38 @@ def _depth_plot(runs: list[Run], path: Path) -> Path | None:
     targets = _depth_steps(runs)
     if not targets:
         return None
-    fig, axes = plt.subplots(1, len(targets), figsize=(4 * len(targets), 4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(targets), figsize=(3.6 * len(targets) + 1.5, 4), sharey=True, squeeze=False
+    )
     for ax, target in zip(axes[0], targets, strict=True):
-        for run in runs:
+        for i, run in enumerate(runs):
             rows = [r for r in run.train if run.blocks(RESID, r) and int(r["step"]) <= target]
             if rows:
                 rms = run.blocks(RESID, rows[-1])
-                (line,) = ax.plot(range(1, len(rms) + 1), _clean(rms), marker="o", label=run.label)
+                (line,) = ax.plot(
+                    range(1, len(rms) + 1),
+                    _clean(rms),
+                    label=run.label,
+                    markersize=4,
+                    **curve_style(i),
+                )
                 _pre_norm_line(ax, run, rows[-1], line.get_color())
-        ax.set(title=f"step {target}", xlabel="block", ylabel="residual RMS")
+        ax.set(title=f"step {target}", xlabel="block")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7)
+    for ax in axes[0]:
+        readable_log(ax)  # after every panel is drawn: the shared range is final
+    axes[0][0].set_ylabel("residual RMS (output of each block)")
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     fig.suptitle(
-        "residual-stream RMS by depth (output of each block; dashed: post-norm blocks' sum "
-        "before their closing norm)"
+        "residual-stream RMS by depth, one y-range (x, dashed: post-norm blocks' sum before their "
+        f"closing norm)\n{setting(runs)}",
+        fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -107,11 +237,9 @@ def _pre_norm_line(ax: plt.Axes, run: Run, row: dict[str, float], color: str) ->
 
 def write_plots(runs: list[Run], out: Path) -> list[Path]:
     made = [
-        _line_plot(runs, "loss", "training loss", out / "loss.png", log_y=False),
-        _line_plot(
-            runs, "grad_norm", "gradient norm (before clipping)", out / "grad_norm.png", log_y=True
-        ),
+        loss_plot(runs, out / "loss.png"),
+        grad_norm_plot(runs, out / "grad_norm.png"),
         _depth_plot(runs, out / "resid_rms_by_depth.png"),
-        _line_plot(runs, MAX_LOGIT, "maximum attention logit", out / "max_logit.png", log_y=False),
+        max_logit_plot(runs, out / "max_logit.png"),
     ]
     return [p for p in made if p is not None]

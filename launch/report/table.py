@@ -30,6 +30,9 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("run", "run", ""),
     ("recipe", "recipe", ""),
     ("placement", "placement", ""),
+    ("dataset", "dataset", ""),
+    ("lr", "lr", "g"),
+    ("seed", "seed", "d"),
     ("warmup", "warm-up", "d"),
     ("status", "status", ""),
     ("steps", "steps", "d"),
@@ -73,6 +76,12 @@ def placement_label(config: dict[str, Any]) -> str:
     return label
 
 
+def dataset_label(config: dict[str, Any]) -> str:
+    """The run's data: 'bundled' (the shipped corpus) or the prepared directory's name."""
+    name = str((config.get("data") or {}).get("dataset", "?"))
+    return name if name == "bundled" else Path(name).name or name
+
+
 def _last(run: Run, key: str) -> float | None:
     for row in reversed(run.train):
         if key in row:
@@ -105,6 +114,9 @@ def summarize(run: Run) -> dict[str, Any]:
         "run": run.label,
         "recipe": cfg.get("name") or run.label,
         "placement": placement_label(cfg),
+        "dataset": dataset_label(cfg),
+        "lr": (cfg.get("optim") or {}).get("lr"),
+        "seed": (cfg.get("training") or {}).get("seed"),
         "warmup": (cfg.get("schedule") or {}).get("warmup_steps"),
         "status": s.get("status") or "no summary",
         "steps": steps,

@@ -1,12 +1,15 @@
 """Atomic checkpoints under <run_dir>/checkpoints.
 
-Write into `.tmp-step_X`, fsync, rename to `step_X`, then replace the `latest` pointer (a text file
-naming the directory) with os.replace, then prune to the last k. A crash at any point leaves either
-the previous checkpoint or the new one as `latest`, never a half-written one.
+Write into `.tmp-step_X`, fsync, write the manifest (sizes and sha256 of every file), rename to
+`step_X`, then replace the `latest` pointer (a text file naming the directory) with os.replace,
+then prune to the last k. A crash at any point leaves either the previous checkpoint or the new
+one as `latest`, never a half-written one. Loading verifies the manifest first and names a damaged
+file; a full disk mid-save removes the temporary directory and leaves `latest` where it was.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -15,9 +18,12 @@ from typing import Any
 
 from launch.engines.base import Engine
 from launch.errors import CheckpointError
+from launch.training.manifest import find_damage, write_manifest
+from launch.training.resume import reapply, recipe_hyperparams
 
 LATEST = "latest"
 STEP_DIR = re.compile(r"^step_(\d{8})$")
+FULL_BYTES = 1 << 20  # a save that failed with less free space than this hit a full disk
 
 
 def step_dir_name(step: int) -> str:
@@ -44,6 +50,7 @@ class CheckpointManager:
     def __init__(self, run_dir: Path, keep_last: int) -> None:
         self.root = Path(run_dir) / "checkpoints"
         self.keep_last = keep_last
+        self.recipe_changes: list[str] = []  # set by load()
 
     def step_dirs(self) -> list[Path]:
         """Complete checkpoint directories, oldest first."""
@@ -55,11 +62,15 @@ class CheckpointManager:
         """The directory `latest` names (or the newest complete one if the pointer is missing)."""
         pointer = self.root / LATEST
         if pointer.is_file():
-            name = pointer.read_text().strip()
+            try:
+                name = pointer.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError):
+                name = "<unreadable bytes>"
             target = self.root / name
             if not STEP_DIR.match(name) or not target.is_dir():
                 raise CheckpointError(
                     f"{pointer} names {name!r}, which is not a checkpoint directory"
+                    f"{self._offer(None)}"
                 )
             return target
         dirs = self.step_dirs()
@@ -73,15 +84,27 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
         engine.barrier()
-        engine.save(tmp, extra_state)
-        engine.barrier()
-        if engine.is_main:
-            self._commit(tmp, final)
+        try:
+            engine.save(tmp, extra_state)
+            engine.barrier()
+            if engine.is_main:
+                self._commit(tmp, final)
+        except (OSError, RuntimeError) as exc:
+            full = _disk_full(exc, tmp)
+            if full is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # frees the space the partial save took
+            raise CheckpointError(
+                f"no space left on device while writing {full}; the previous checkpoint "
+                f"{self.latest() or '(none)'} is intact: free space and run the same command "
+                "again to resume from it"
+            ) from None
         engine.barrier()
         return final
 
     def _commit(self, tmp: Path, final: Path) -> None:
         _fsync_tree(tmp)
+        write_manifest(tmp)  # last file written, before the rename and before `latest` moves
         if final.exists():  # re-reaching a step saved before a crash that preceded `latest`
             old = final.with_name(f".old-{final.name}")
             os.replace(final, old)
@@ -93,19 +116,26 @@ class CheckpointManager:
             os.fsync(fh.fileno())
         os.replace(pointer_tmp, self.root / LATEST)
         _fsync_dir(self.root)
-        self._prune(keep=final.name)
+        self.prune(keep=final.name)
 
-    def _prune(self, keep: str) -> None:
+    def prune(self, keep: str) -> None:
+        """Keep the newest keep_last complete checkpoints (and always `keep`)."""
         dirs = self.step_dirs()
         for old in dirs[: max(0, len(dirs) - self.keep_last)]:
             if old.name != keep:
                 shutil.rmtree(old)
 
-    def load(self, engine: Engine) -> tuple[Path, dict[str, Any]] | None:
-        """Restore the latest checkpoint into `engine`; None when there is none."""
-        ckpt = self.latest()
+    def load(self, engine: Engine, step: str | None = None) -> tuple[Path, dict[str, Any]] | None:
+        """Restore the latest checkpoint (or the one `step` names) into `engine` after checking
+        its manifest; the recipe's optimizer hyperparameters are kept (launch.training.resume).
+        None when there is none. `self.recipe_changes` lists the values the recipe changed."""
+        ckpt = self.find(step) if step is not None else self.latest()
         if ckpt is None:
             return None
+        damage = find_damage(ckpt)
+        if damage is not None:
+            raise CheckpointError(f"checkpoint {ckpt.name} is damaged: {damage}{self._offer(ckpt)}")
+        recipe = recipe_hyperparams(engine.optimizer)
         try:
             extra = engine.load(ckpt)
         except CheckpointError:
@@ -114,7 +144,28 @@ class CheckpointManager:
             raise CheckpointError(f"cannot restore checkpoint {ckpt}: {exc}") from None
         if not isinstance(extra, dict) or "step" not in extra:
             raise CheckpointError(f"checkpoint {ckpt} has no trainer state (step missing)")
+        self.recipe_changes = reapply(engine.optimizer, recipe)
         return ckpt, extra
+
+    def find(self, step: str) -> Path:
+        """The checkpoint directory `step` names: step_00000400, step_400 or 400."""
+        digits = str(step).removeprefix("step_")
+        ckpt = self.root / step_dir_name(int(digits)) if digits.isdigit() else None
+        if ckpt is None or not ckpt.is_dir():
+            found = ", ".join(p.name for p in self.step_dirs()) or "none"
+            raise CheckpointError(f"no checkpoint {step!r} in {self.root} (found: {found})")
+        return ckpt
+
+    def _offer(self, damaged: Path | None) -> str:
+        """'; resume from the previous verified checkpoint with --from step_X' (or why not)."""
+        older = [p for p in self.step_dirs() if damaged is None or p.name < damaged.name]
+        for ckpt in reversed(older):
+            if find_damage(ckpt) is None:
+                return (
+                    f"; the previous verified checkpoint is {ckpt.name}: resume from it with "
+                    f"`normlab train {self.root.parent} --from {ckpt.name}`"
+                )
+        return "; no earlier verified checkpoint exists (move checkpoints/ away to start over)"
 
     def remove_stale(self) -> None:
         """Temporary directories left by a crash mid-save (called once the resume succeeded)."""
@@ -122,3 +173,25 @@ class CheckpointManager:
             for p in self.root.iterdir():
                 if p.name.startswith((".tmp-", ".old-")) and p.is_dir():
                     shutil.rmtree(p)
+
+
+def _disk_full(exc: BaseException, tmp: Path) -> Path | None:
+    """The file being written when the disk (or quota) filled, None for another error. torch's
+    writers turn ENOSPC into a RuntimeError without errno, so an empty filesystem also counts."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    codes = {getattr(e, "errno", None) for e in chain}
+    if not codes & {errno.ENOSPC, errno.EDQUOT}:
+        try:
+            st = os.statvfs(tmp if tmp.exists() else tmp.parent)
+        except OSError:
+            return None
+        if st.f_bavail * st.f_frsize > FULL_BYTES:
+            return None
+    named = [Path(e.filename) for e in chain if isinstance(getattr(e, "filename", None), str)]
+    if named:
+        return named[0]
+    files = sorted((p for p in tmp.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime)
+    return files[-1] if files else tmp

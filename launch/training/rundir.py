@@ -1,11 +1,19 @@
 """Run-directory rules: resume a run with the same config, refuse a different one without --force,
-and never touch a directory that is not a normlab run."""
+never touch a directory that is not a normlab run, and one owner at a time (RunDirLock)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,16 +55,21 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, force: bool) -> list[str]:
         raise RunDirError(f"run_dir {run_dir} exists and is not a directory")
     cfg_path = run_dir / CONFIG
     if not cfg_path.is_file():
-        if any(run_dir.iterdir()):
+        if any(p.name not in LOCK_FILES for p in run_dir.iterdir()):
             raise RunDirError(
                 f"run_dir {run_dir} is not empty and holds no {CONFIG}: not a normlab run; "
                 "choose another run_dir"
             )
         return []
     try:
-        old = yaml.safe_load(cfg_path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RunDirError(f"{cfg_path} is not valid YAML ({exc}); fix or move it") from None
+        old = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        why = str(exc).replace("\n", " ")
+        raise RunDirError(f"{cfg_path} is not valid YAML ({why}); fix or move it") from None
+    if not isinstance(old, dict):
+        raise RunDirError(
+            f"{cfg_path} holds a {type(old).__name__}, not a run config mapping; fix or move it"
+        )
     diff = config_diff(old, cfg.to_dict())
     if diff and not force:
         shown = "; ".join(diff[:4]) + (f"; ... {len(diff) - 4} more" if len(diff) > 4 else "")
@@ -85,5 +98,200 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / SUMMARY
-    return json.loads(path.read_text()) if path.is_file() else None
+    """summary.json, None when it is missing or unreadable (it is rewritten, never trusted)."""
+    try:
+        summary = json.loads((run_dir / SUMMARY).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+# --- one owner per run directory ------------------------------------------------------------------
+# The lock is a file created with O_CREAT | O_EXCL (atomic on local filesystems and on NFSv3+),
+# holding the owner's host, PID, process start time and a token. The owner refreshes its mtime
+# every HEARTBEAT_S seconds. A lock is stale when its process is gone (same host: the PID is dead
+# or belongs to a newer process) or, from another host, when its heartbeat is older than STALE_S.
+
+LOCK = ".lock"
+LOCK_FILES = {LOCK, LOCK + ".break"}
+HEARTBEAT_S = float(os.environ.get("NORMLAB_LOCK_HEARTBEAT_S", "30"))
+STALE_S = float(os.environ.get("NORMLAB_LOCK_STALE_S", "300"))  # 10 missed heartbeats
+TOKEN_ENV = "NORMLAB_RUN_LOCK"  # a launcher's lock token, inherited by the ranks it starts
+
+
+class RunDirBusy(RunDirError):
+    """Another live process owns the run directory."""
+
+
+@dataclass(frozen=True)
+class LockOwner:
+    host: str
+    pid: int
+    started: str  # ISO time the owner took the lock
+    token: str
+    proc_start: str | None = None  # /proc/<pid>/stat start time (guards against PID reuse)
+    command: str = ""
+
+    def describe(self) -> str:
+        what = self.command or "a process"
+        return f"{what} (host {self.host}, PID {self.pid}, since {self.started})"
+
+
+def _proc_start(pid: int) -> str | None:
+    """The process start time in clock ticks since boot (Linux), None where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def read_lock(run_dir: Path) -> LockOwner | None:
+    """The current owner of `run_dir` (live or stale), None when there is no readable lock."""
+    try:
+        data = json.loads((Path(run_dir) / LOCK).read_text())
+        return LockOwner(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def stale_reason(run_dir: Path, owner: LockOwner) -> str | None:
+    """Why the lock of `owner` is stale, or None while its owner may still be running."""
+    if owner.host == socket.gethostname():
+        try:
+            os.kill(owner.pid, 0)
+        except ProcessLookupError:
+            return f"PID {owner.pid} is gone"
+        except PermissionError:
+            pass  # alive, owned by another user
+        if owner.proc_start and _proc_start(owner.pid) not in (None, owner.proc_start):
+            return f"PID {owner.pid} now belongs to another process"
+        return None
+    try:
+        age = time.time() - (Path(run_dir) / LOCK).stat().st_mtime
+    except FileNotFoundError:
+        return "released"
+    if age > STALE_S:
+        return f"no heartbeat for {age:.0f} s (limit {STALE_S:g} s, NORMLAB_LOCK_STALE_S)"
+    return None
+
+
+class RunDirLock:
+    """`with RunDirLock(run_dir, "normlab train"):` owns run_dir for the block, or raises RunDirBusy
+    naming the live owner. A stale lock is taken over (and said so on stderr). A lock whose token
+    is in $NORMLAB_RUN_LOCK belongs to the launcher that started this process: it is inherited."""
+
+    def __init__(self, run_dir: Path, command: str = "normlab") -> None:
+        self.run_dir, self.path, self.command = Path(run_dir), Path(run_dir) / LOCK, command
+        self.owner: LockOwner | None = None
+        self._created_dir = False
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def acquire(self) -> LockOwner:
+        inherited = read_lock(self.run_dir)
+        if inherited is not None and inherited.token == os.environ.get(TOKEN_ENV):
+            return inherited  # held by our launcher: nothing to do, nothing to release
+        if not self.run_dir.exists():
+            self.run_dir.mkdir(parents=True)
+            self._created_dir = True
+        for _ in range(3):
+            if self._create():
+                self._start_heartbeat()
+                return self.owner  # type: ignore[return-value]
+            self._break_if_stale()
+        raise RunDirBusy(f"could not take the lock {self.path}; retry")
+
+    def _create(self) -> bool:
+        owner = LockOwner(
+            host=socket.gethostname(), pid=os.getpid(), started=_now(), token=uuid.uuid4().hex,
+            proc_start=_proc_start(os.getpid()), command=self.command,
+        )  # fmt: skip
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(asdict(owner)) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.owner = owner
+        return True
+
+    def _break_if_stale(self) -> None:
+        """Remove a stale lock; a live owner raises RunDirBusy. A second lock file serialises the
+        breakers, so two processes never both remove (one of them the other's fresh) lock."""
+        owner = read_lock(self.run_dir)
+        if owner is None:  # unreadable: mid-write by its creator, or garbage left behind
+            time.sleep(0.2)
+            owner = read_lock(self.run_dir)
+            if owner is None and self.path.exists():
+                self._remove_garbage()
+            return
+        why = stale_reason(self.run_dir, owner)
+        if why is None:
+            raise RunDirBusy(
+                f"run_dir {self.run_dir} is in use by {owner.describe()}; wait for it, stop it, "
+                f"or remove {self.path} if that process is gone"
+            )
+        breaker = self.path.with_name(LOCK + ".break")
+        try:
+            fd = os.open(breaker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:  # another process is breaking it; a dead breaker expires
+            if time.time() - _mtime(breaker) > 60:
+                breaker.unlink(missing_ok=True)
+            time.sleep(0.2)
+            return
+        os.close(fd)
+        try:
+            if read_lock(self.run_dir) == owner:
+                self.path.unlink(missing_ok=True)
+                msg = f"normlab: took over the stale lock of {owner.describe()}: {why}"
+                print(msg, file=sys.stderr)
+        finally:
+            breaker.unlink(missing_ok=True)
+
+    def _remove_garbage(self) -> None:
+        if time.time() - _mtime(self.path) > 10:  # not a creator mid-write: a broken file
+            self.path.unlink(missing_ok=True)
+            print(f"normlab: removed the unreadable lock file {self.path}", file=sys.stderr)
+
+    def _start_heartbeat(self) -> None:
+        def beat() -> None:
+            while not self._stop.wait(HEARTBEAT_S):
+                with contextlib.suppress(OSError):
+                    os.utime(self.path)
+
+        self._beat = threading.Thread(target=beat, name="normlab-lock-heartbeat", daemon=True)
+        self._beat.start()
+
+    def release(self) -> None:
+        """Remove the lock if this process created it (and the run dir if it made it and it is
+        still empty); a lock taken over by someone else meanwhile is left alone."""
+        if self.owner is None:
+            return
+        self._stop.set()
+        if read_lock(self.run_dir) == self.owner:
+            self.path.unlink(missing_ok=True)
+        self.owner = None
+        if self._created_dir:
+            with contextlib.suppress(OSError):
+                self.run_dir.rmdir()  # only when empty: a failed first start leaves nothing
+
+    def __enter__(self) -> RunDirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return time.time()
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")

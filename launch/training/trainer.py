@@ -7,6 +7,7 @@ per boundary (log, eval or checkpoint step), where non-finite values are caught 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import sys
@@ -22,15 +23,22 @@ from rich.console import Console
 from data.loader import PackedLoader
 from launch.config import RunConfig
 from launch.engines.base import Engine
-from launch.errors import ConfigError
+from launch.errors import ConfigError, NormlabError
 from launch.optim import build_optimizer, check_optimizer, optim_callbacks, set_lr
 from launch.registry import ENGINES, resolve
 from launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
 from launch.training.checkpoint import CheckpointManager
 from launch.training.datasets import resolve_dataset
 from launch.training.metrics import MetricsWriter
+from launch.training.preflight import preflight
 from launch.training.progress import ProgressDisplay
-from launch.training.rundir import check_run_dir, read_summary, write_config, write_summary
+from launch.training.rundir import (
+    RunDirLock,
+    check_run_dir,
+    read_summary,
+    write_config,
+    write_summary,
+)
 from launch.training.schedule import build_schedule
 from launch.training.signals import GracefulStop, stop_message, stop_status
 
@@ -68,11 +76,13 @@ class Trainer:
         cfg: RunConfig,
         *,
         force: bool = False,
+        from_step: str | None = None,
         callbacks: list[Callback] | None = None,
         console: Console | None = None,
     ) -> None:
         self.cfg = cfg
         self.force = force
+        self.from_step = from_step  # resume from this checkpoint instead of `latest`
         self.run_dir = Path(cfg.run_dir or "runs/run")
         self.console = console or Console()
         self.callbacks = (
@@ -126,10 +136,14 @@ class Trainer:
         return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
     def _restore(self) -> Path | None:
-        loaded = self.ckpt.load(self.engine)
+        loaded = self.ckpt.load(self.engine, self.from_step)
         if loaded is None:
             return None
         path, extra = loaded
+        if self.ckpt.recipe_changes and self.engine.is_main:
+            changed = "; ".join(self.ckpt.recipe_changes[:6])
+            msg = f"recipe values replace the checkpoint's: {changed}"
+            self.console.print(msg, highlight=False)
         self.step = int(extra["step"])
         self.loader.load_state_dict(extra["loader"])
         self.stats = extra["stats"]
@@ -151,8 +165,13 @@ class Trainer:
 
     # --- entry point --------------------------------------------------------------------------
     def run(self) -> int:
-        """Train; a multi-process engine then leaves its process group cleanly (every rank)."""
-        with GracefulStop(self._force_exit) as self.stop:  # USR1/TERM/INT: checkpoint, stop
+        """Train; a multi-process engine then leaves its process group cleanly (every rank).
+        Rank 0 owns the run directory (RunDirLock) for the whole run; a second trainer is refused
+        before it reads or writes anything there."""
+        preflight(self.cfg, self._rank_world()[1])  # what would fail later, before anything
+        owner = self._rank_world()[0] == 0
+        lock = RunDirLock(self.run_dir, "normlab train") if owner else contextlib.nullcontext()
+        with lock, GracefulStop(self._force_exit) as self.stop:  # USR1/TERM/INT: checkpoint, stop
             status = self._run()
         if hasattr(self, "engine"):
             self.engine.shutdown()  # barrier + destroy; an exception skips it (no barrier hang)
@@ -164,10 +183,7 @@ class Trainer:
         resumed = self._restore()  # raises CheckpointError before anything is written
         main = self.engine.is_main
         if resumed is not None and self.step >= self.cfg.training.steps:
-            if main:
-                self.console.print(f"{self.run_dir}: already trained to step {self.step}")
-            self.summary = read_summary(self.run_dir) or {}
-            return 0
+            return self._already_trained(resumed)
         if main:
             write_config(self.run_dir, self.cfg, replaced=bool(diff))
             self.ckpt.remove_stale()
@@ -190,13 +206,34 @@ class Trainer:
             cb.on_train_start(self)
         try:
             status = self._loop()
+        except NormlabError as exc:  # a full disk, say: the summary says so, not "running"
+            self._write_summary("failed", message=str(exc))
+            raise
         finally:
             self.display.close()
             if self.metrics is not None:
                 self.metrics.close()
         for cb in self.callbacks:
             cb.on_train_end(self, status)
-        return 0 if status == "completed" else 128 + self.stopped_by if self.stopped_by else 1
+        return 0 if status == "completed" else (128 + self.stopped_by if self.stopped_by else 1)
+
+    def _already_trained(self, resumed: Path) -> int:
+        """The final checkpoint exists. A run killed after it (summary not 'completed') is
+        completed now: summary from the checkpoint's statistics, keep_last applied."""
+        self.summary = read_summary(self.run_dir) or {}
+        if self.summary.get("status") == "completed":
+            if self.engine.is_main:
+                self.console.print(f"{self.run_dir}: already trained to step {self.step}")
+            return 0
+        if self.engine.is_main:
+            self.ckpt.prune(keep=resumed.name)
+            self.console.print(
+                f"{self.run_dir}: stopped after its final checkpoint ({resumed.name}); marked "
+                "completed",
+                highlight=False,
+            )
+        self._write_summary("completed")
+        return 0
 
     # --- the loop -----------------------------------------------------------------------------
     def _loop(self) -> str:

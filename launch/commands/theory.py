@@ -1,0 +1,99 @@
+"""`normlab theory [--out DIR]`: Xiong et al. (2020) at initialisation, in seconds on a CPU.
+
+Measures Lemma 2 (stream energy by depth), Theorem 1 (last-MLP gradient against depth) and the
+per-layer gradient profile of their Figure 3 for Post-LN and Pre-LN, prints whether each
+prediction held by the rule printed beside it, and writes theory.md, theory.json and three PNGs.
+Differences from the paper are reported as measured (SCIENCE.md section 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from launch.errors import ConfigError
+
+
+def _depths(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"--depths must be comma-separated integers, got {text!r}") from None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "theory", help="Post-LN vs Pre-LN at initialisation (Xiong et al. 2020): table and plots"
+    )
+    p.add_argument("--out", default="theory", help="where the report goes (default: ./theory)")
+    p.add_argument("--d-model", type=int, default=128, help="model width d (default 128)")
+    p.add_argument(
+        "--d-ff-mult",
+        type=int,
+        default=1,
+        help="MLP width as a multiple of d (default 1, Lemma 2's setting; 4 predicts 1.32 d)",
+    )
+    p.add_argument("--seeds", type=int, default=6, help="models averaged per point (default 6)")
+    p.add_argument("--depths", default="2,4,8,16", help="L values for Theorem 1 (default 2,4,8,16)")
+    p.add_argument("--layers", type=int, default=8, help="L of the by-layer panels (default 8)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from launch.report.theory import TheorySetup, checks, measure
+    from launch.report.theory_plots import markdown, write_plots
+
+    try:
+        setup = TheorySetup(
+            d_model=args.d_model,
+            d_ff_mult=args.d_ff_mult,
+            seeds=args.seeds,
+            depths=_depths(args.depths),
+            profile_depth=args.layers,
+            lemma_depth=args.layers,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    start = time.perf_counter()
+    res = measure(setup)
+    found = checks(res)
+    seconds = time.perf_counter() - start
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = write_plots(res, out)
+    (out / "theory.md").write_text(markdown(res, found, pngs, seconds))
+    (out / "theory.json").write_text(json.dumps(_as_json(res, found, seconds), indent=2))
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(_table(found, seconds))
+    console.print(f"wrote {out / 'theory.md'}, theory.json, {', '.join(p.name for p in pngs)}")
+    return 0
+
+
+def _table(found: list, seconds: float) -> Table:
+    table = Table(title=f"normlab theory: Xiong et al. 2020 at initialisation ({seconds:.1f} s)")
+    for col in ("prediction", "rule", "measured", "held"):
+        table.add_column(col)
+    for c in found:
+        table.add_row(c.claim, c.rule, c.measured, "[green]yes" if c.held else "[red]NO")
+    return table
+
+
+def _as_json(res, found: list, seconds: float) -> dict:  # noqa: ANN001
+    from dataclasses import asdict
+
+    return {
+        "setup": asdict(res.setup),
+        "seconds": round(seconds, 2),
+        "checks": [asdict(c) for c in found],
+        "lemma2": {p: v.tolist() for p, v in res.lemma2.items()},
+        "theorem1": {p: v.tolist() for p, v in res.theorem1.items()},
+        "profile": {p: v.tolist() for p, v in res.profile.items()},
+    }

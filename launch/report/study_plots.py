@@ -1,0 +1,155 @@
+"""The study's figures: one panel per learning rate, one curve per recipe averaged over seeds.
+
+study_loss.png: mean training loss (band: min..max over seeds) with the mean eval loss as markers.
+study_depth.png: mean residual-stream RMS by block at the last logged step. Panels share their y
+range so learning rates compare at a glance; the legend sits outside the data.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from launch.instruments.common import RESID  # noqa: E402
+from launch.report.runs import Run  # noqa: E402
+
+LINESTYLES = ["-", "--", "-.", ":"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+
+def curve_style(i: int) -> dict:
+    """Colour, dash and marker all change with i, so overlapping curves stay apart."""
+    return {
+        "color": plt.get_cmap("tab10")(i % 10),
+        "linestyle": LINESTYLES[i % len(LINESTYLES)],
+        "marker": MARKERS[i % len(MARKERS)],
+    }
+
+
+def _key(run: Run) -> tuple[str, float]:
+    return str(run.config.get("name")), float((run.config.get("optim") or {}).get("lr", math.nan))
+
+
+def _by_lr(runs: list[Run]) -> tuple[list[float], list[str], dict[tuple[str, float], list[Run]]]:
+    groups: dict[tuple[str, float], list[Run]] = {}
+    for run in runs:
+        groups.setdefault(_key(run), []).append(run)
+    lrs = sorted({lr for _, lr in groups})
+    recipes = list(dict.fromkeys(r for r, _ in groups))
+    return lrs, recipes, groups
+
+
+def _stack(series: list[tuple[list[int], list[float]]]) -> tuple[list[int], np.ndarray]:
+    """Values at the steps every seed logged (rows: seeds)."""
+    common = sorted(set.intersection(*(set(s) for s, _ in series)))
+    table = [dict(zip(s, v, strict=True)) for s, v in series]
+    return common, np.array([[t[k] for k in common] for t in table], dtype=float)
+
+
+def _caption(runs: list[Run]) -> str:
+    cfg = runs[0].config
+    d, t, m = cfg.get("data", {}), cfg.get("training", {}), cfg.get("model", {})
+    seeds = sorted({(r.config.get("training") or {}).get("seed") for r in runs})
+    return (
+        f"dataset {d.get('dataset')}; {m.get('n_layers')} blocks, d {m.get('d_model')}; "
+        f"{t.get('steps')} steps; seeds {', '.join(str(s) for s in seeds)}"
+    )
+
+
+def _loss_panel(ax: plt.Axes, lr: float, recipes: list[str], groups: dict) -> None:
+    for i, recipe in enumerate(recipes):
+        runs = groups.get((recipe, lr))
+        if not runs:
+            continue
+        style = curve_style(i)
+        steps, values = _stack([r.series("loss") for r in runs])
+        if not steps:
+            continue
+        with np.errstate(invalid="ignore"):
+            mean = values.mean(0)
+        every = max(1, len(steps) // 8)
+        ax.plot(steps, mean, label=recipe, markevery=every, markersize=4, **style)
+        ax.fill_between(steps, values.min(0), values.max(0), color=style["color"], alpha=0.15)
+        evals = _stack([_eval_series(r) for r in runs])
+        if evals[0]:
+            ax.plot(
+                evals[0],
+                evals[1].mean(0),
+                linestyle="none",
+                marker=style["marker"],
+                markersize=8,
+                markerfacecolor="white",
+                color=style["color"],
+            )
+    ax.set(title=f"lr {lr:g}", xlabel="step")
+    ax.grid(alpha=0.3)
+
+
+def _eval_series(run: Run) -> tuple[list[int], list[float]]:
+    return [int(r["step"]) for r in run.evals], [float(r["eval_loss"]) for r in run.evals]
+
+
+def _depth_panel(ax: plt.Axes, lr: float, recipes: list[str], groups: dict) -> None:
+    for i, recipe in enumerate(recipes):
+        profiles = []
+        for run in groups.get((recipe, lr), []):
+            row = next((r for r in reversed(run.train) if run.blocks(RESID, r)), None)
+            if row is not None:
+                profiles.append(run.blocks(RESID, row))
+        if not profiles or len({len(p) for p in profiles}) != 1:
+            continue
+        mean = np.mean(np.array(profiles, dtype=float), axis=0)
+        ax.plot(range(1, len(mean) + 1), mean, label=recipe, **curve_style(i))
+    ax.set(title=f"lr {lr:g}", xlabel="block", yscale="log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+
+
+def _figure(runs: list[Run], path: Path, draw, ylabel: str, title: str) -> Path | None:  # noqa: ANN001
+    lrs, recipes, groups = _by_lr(runs)
+    if not lrs:
+        return None
+    fig, axes = plt.subplots(
+        1, len(lrs), figsize=(4.2 * len(lrs) + 2, 4.2), sharey=True, squeeze=False
+    )
+    for ax, lr in zip(axes[0], lrs, strict=True):
+        draw(ax, lr, recipes, groups)
+    axes[0][0].set_ylabel(ylabel)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        h, lab = ax.get_legend_handles_labels()
+        handles += [x for x, n in zip(h, lab, strict=True) if n not in labels]
+        labels += [n for n in lab if n not in labels]
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.suptitle(f"{title}\n{_caption(runs)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def write_study_plots(runs: list[Run], out: Path) -> list[Path]:
+    made = [
+        _figure(
+            runs,
+            out / "study_loss.png",
+            _loss_panel,
+            "training loss (mean; band: seeds)",
+            "training loss per recipe (line: mean over seeds; open markers: eval loss)",
+        ),
+        _figure(
+            runs,
+            out / "study_depth.png",
+            _depth_panel,
+            "residual RMS (output of block)",
+            "residual-stream RMS by depth at the last logged step (mean over seeds)",
+        ),
+    ]
+    return [p for p in made if p is not None]

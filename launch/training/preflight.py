@@ -1,0 +1,66 @@
+"""Everything `normlab train` would refuse, checked before anything is created or started.
+
+`train` (every rank), `validate` and `launch` (once, before torchrun) call `preflight`, so a
+recipe that validates is a recipe that starts: instrument settings, the engine and its stage,
+optional dependencies, the device, the DeepSpeed config, the dataset directory and its tokenizer
+size against the model. Only the model itself is not built (validate counts it on `meta`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launch.config import RunConfig
+from launch.errors import ConfigError
+from launch.extras import require
+from launch.training.callbacks import build_callbacks
+
+
+def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:
+    """Raise the ConfigError/DataError/MissingDependency that starting this run would raise.
+    local=False (a job submitted to other machines) skips the checks of this host's devices."""
+    build_callbacks(cfg.instruments)  # each instrument checks its own settings
+    _check_engine(cfg, world_size, local)
+    check_dataset(cfg)
+
+
+def _check_engine(cfg: RunConfig, world_size: int, local: bool) -> None:
+    from launch.engines.single import resolve_device
+
+    # 'cuda' without a GPU is an error here, not on a login node submitting to GPU nodes
+    device = resolve_device(cfg.training.device if local else "cpu")
+    if cfg.engine.name == "single" and world_size > 1:
+        raise ConfigError(
+            f"engine.name is 'single' but the launch asks for {world_size} processes; set "
+            "engine.name=fsdp or engine.name=deepspeed (or use `normlab train`)"
+        )
+    if cfg.engine.name != "deepspeed":
+        return
+    require("deepspeed", "engine.name=deepspeed")
+    from launch.engines.deepspeed_engine import ds_config
+
+    ds_config(cfg, world_size)  # the generated config and engine.deepspeed_config
+    on_cpu = device.type == "cpu" if local else cfg.training.device == "cpu"
+    if cfg.precision.dtype == "fp16" and on_cpu:
+        raise ConfigError(
+            "precision.dtype fp16 with engine deepspeed needs CUDA devices: DeepSpeed's CPU "
+            "accelerator has no fp16 support; use bf16 or fp32 on CPU"
+        )
+
+
+def check_dataset(cfg: RunConfig) -> None:
+    """A prepared data.dataset must be complete and its tokenizer must fit model.vocab_size."""
+    if cfg.data.dataset == "bundled":
+        return  # prepared into the cache on first use
+    from data.prepare import read_meta
+
+    path = Path(cfg.data.dataset).expanduser()
+    meta = read_meta(path)  # DataError: missing, not prepared, or sizes disagree
+    tokens = int(meta["vocab_size"])
+    model_vocab = cfg.model_config().vocab_size
+    if model_vocab < tokens:
+        raise ConfigError(
+            f"model.vocab_size ({model_vocab}) is smaller than the tokenizer of data.dataset "
+            f"{path} ({tokens} pieces): remove model.vocab_size (it defaults to the tokenizer's "
+            f"size) or set model.vocab_size={tokens}"
+        )
