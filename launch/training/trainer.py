@@ -215,7 +215,7 @@ class Trainer:
                 self.metrics.close()
         for cb in self.callbacks:
             cb.on_train_end(self, status)
-        return 0 if status == "completed" else 128 + self.stopped_by if self.stopped_by else 1
+        return 0 if status == "completed" else (128 + self.stopped_by if self.stopped_by else 1)
 
     def _already_trained(self, resumed: Path) -> int:
         """The final checkpoint exists. A run killed after it (summary not 'completed') is

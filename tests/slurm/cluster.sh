@@ -106,11 +106,11 @@ start() {
 }
 
 stop_daemons() {
-  local f
+  local f pid
   for f in "$STATE"/slurmd-*.pid "$STATE"/slurmctld.pid; do
-    [ -f "$f" ] || continue
-    kill "$(cat "$f")" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$(cat "$f")" 2>/dev/null || break; sleep 0.1; done
+    pid=$(cat "$f" 2>/dev/null) || continue  # a daemon removes its pid file as it exits
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     rm -f "$f"
   done
   [ "${1:-}" = quiet ] || echo "cluster.sh: stopped"
