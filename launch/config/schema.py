@@ -311,11 +311,6 @@ def _validate_qk_clip(cfg: RunConfig) -> None:
             "optim.qk_clip needs each attention's per-head max logit, which a compiled block "
             "does not hand back: set engine.compile: false"
         )
-    if cfg.engine.name == "deepspeed":
-        raise ConfigError(
-            "optim.qk_clip on engine deepspeed is not supported yet (ZeRO keeps fp32 master "
-            "partitions the clip would have to rescale): use engine.name: fsdp or single"
-        )
 
 
 def _validate_schedule(cfg: RunConfig) -> None:

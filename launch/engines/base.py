@@ -22,6 +22,23 @@ from model.loss import lm_loss
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 StepVeto = Callable[[torch.Tensor], bool]
 ReduceOp = Literal["sum", "mean", "max", "min"]
+RowScaler = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+@torch.no_grad()
+def scale_rows_(param: torch.Tensor, factors: torch.Tensor) -> None:
+    """param[r, ...] *= factors[r]: plain tensors, and FSDP2 DTensors (each rank its own rows)."""
+    factors = factors.to(param.dtype).reshape(-1, *([1] * (param.ndim - 1)))
+    if hasattr(param, "device_mesh"):
+        from torch.distributed.tensor import distribute_tensor
+
+        factors = distribute_tensor(
+            factors.expand(param.shape).contiguous(),
+            param.device_mesh,
+            param.placements,
+            src_data_rank=None,  # every rank holds the same factors: no communication
+        )
+    param.mul_(factors)
 
 
 class Engine(ABC):
@@ -59,6 +76,11 @@ class Engine(ABC):
         """Wrap a small probe module on this engine's device exactly as the model's parameters are
         (sharded, for a sharding engine): start-up self-checks run the real optimizer on it."""
         return module
+
+    def scale_rows_(self, param: nn.Parameter, factors: torch.Tensor) -> None:
+        """Multiply row r of `param` by factors[r] (QK-Clip, after the step) wherever this engine
+        keeps the weight; DeepSpeed overrides this for its partitions and fp32 master copies."""
+        scale_rows_(param, factors)
 
     # --- one optimizer step -------------------------------------------------------------------
     @abstractmethod

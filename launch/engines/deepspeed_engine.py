@@ -209,6 +209,35 @@ class DeepSpeedEngine(DistributedEngine):
             return [(p, False) for p in params]
         return [(_grad_fragment(p), True) for p in params]
 
+    @torch.no_grad()
+    def scale_rows_(self, param: nn.Parameter, factors: torch.Tensor) -> None:
+        """QK-Clip's row scaling on both copies ZeRO keeps: the model's weight (a full replica in
+        ZeRO-1/2; in ZeRO-3 this rank's flat partition `ds_tensor`, plus the gathered tensor of
+        a persistent small parameter) and this rank's piece of the fp32 master weight the
+        optimizer steps, so the next forward and the next step both start from the clipped value."""
+        shape = tuple(getattr(param, "ds_shape", param.shape))
+        flat = factors.float().reshape(-1, 1).expand(shape[0], math.prod(shape[1:])).flatten()
+        if self.cfg.engine.zero_stage == 3:
+            from deepspeed.utils import safe_get_local_fp32_param, safe_set_local_fp32_param
+
+            part = param.ds_tensor.numel()  # ZeRO-3 splits the flattened tensor, last one padded
+            piece = flat.new_ones(part)
+            own = flat[self._rank * part : (self._rank + 1) * part]
+            piece[: own.numel()] = own
+            piece = piece.to(param.ds_tensor.device)
+            param.ds_tensor.mul_(piece.to(param.ds_tensor.dtype))
+            master = safe_get_local_fp32_param(param)
+            safe_set_local_fp32_param(param, master * piece.to(master.device))
+            if param.numel() == flat.numel():  # a persistent (small) parameter stays gathered
+                param.data.mul_(flat.view(shape).to(param.device, param.dtype))
+            return
+        param.mul_(flat.view(param.shape).to(param.device, param.dtype))
+        mapping = getattr(param, "_hp_mapping", None)
+        if mapping is not None:  # this rank's fragment of the fp32 master partition
+            address = mapping.lp_fragment_address
+            piece = flat.narrow(0, address.start, address.numel)
+            mapping.hp_fragment.mul_(piece.to(mapping.hp_fragment.device))
+
     # --- checkpoints --------------------------------------------------------------------------
     def save(self, ckpt_dir: Path, extra_state: dict[str, Any]) -> None:
         self._ds.save_checkpoint(str(ckpt_dir), tag=DS_TAG, save_latest=False)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from launch.engines.base import RowScaler, scale_rows_
 from launch.instruments.common import attention_of, block_key, unwrap
 from launch.training.callbacks import Callback
 from model.attention import Attention, FlatQKNorm, HeadQKNorm
@@ -40,50 +41,39 @@ def _per_row(gamma: torch.Tensor, head_dim: int) -> torch.Tensor:
     return gamma.repeat_interleave(head_dim)  # (heads * head_dim,)
 
 
-@torch.no_grad()
-def scale_rows_(param: torch.Tensor, factors: torch.Tensor) -> None:
-    """param[r, ...] *= factors[r]; sharded (DTensor Shard(0)) parameters scale their own rows."""
-    factors = factors.to(param.dtype).reshape(-1, *([1] * (param.ndim - 1)))
-    if hasattr(param, "device_mesh"):
-        from torch.distributed.tensor import distribute_tensor
-
-        factors = distribute_tensor(
-            factors.expand(param.shape).contiguous(),
-            param.device_mesh,
-            param.placements,
-            src_data_rank=None,  # every rank holds the same factors: no communication
-        )
-    param.mul_(factors)
-
-
-def _scale_linear_(linear: nn.Linear, rows: torch.Tensor) -> None:
-    scale_rows_(linear.weight, rows)
+def _scale_linear_(linear: nn.Linear, rows: torch.Tensor, scale: RowScaler) -> None:
+    scale(linear.weight, rows)
     if linear.bias is not None:
-        scale_rows_(linear.bias, rows)
+        scale(linear.bias, rows)
 
 
 @torch.no_grad()
-def qk_clip_(att: Attention, s_max: torch.Tensor, tau: float, alpha: float) -> torch.Tensor:
-    """Rescale one attention's q/k weights (or QK-Norm gains) after the step; returns gamma."""
+def qk_clip_(
+    att: Attention, s_max: torch.Tensor, tau: float, alpha: float, scale: RowScaler = scale_rows_
+) -> torch.Tensor:
+    """Rescale one attention's q/k weights (or QK-Norm gains) after the step; returns gamma.
+
+    `scale(param, factors)` multiplies row r of param by factors[r] wherever the engine keeps
+    the weights (DTensor shards, ZeRO partitions and their fp32 master copies)."""
     gamma = clip_factors(s_max.float(), tau)
     groups = att.n_heads // att.n_kv_heads
     q_pow = 1.0 if groups > 1 else alpha  # GQA: only the query head moves
     if isinstance(att.q_norm, HeadQKNorm):
         g = gamma.min().reshape(1)
-        scale_rows_(att.q_norm.weight, g.pow(q_pow).expand(att.head_dim))
+        scale(att.q_norm.weight, g.pow(q_pow).expand(att.head_dim))
         if groups == 1:
-            scale_rows_(att.k_norm.weight, g.pow(1 - alpha).expand(att.head_dim))
+            scale(att.k_norm.weight, g.pow(1 - alpha).expand(att.head_dim))
         return gamma
     q_rows = _per_row(gamma.pow(q_pow), att.head_dim)
     k_rows = _per_row(gamma.pow(1 - alpha), att.head_dim) if groups == 1 else None
     if isinstance(att.q_norm, FlatQKNorm):
-        scale_rows_(att.q_norm.weight, q_rows)
+        scale(att.q_norm.weight, q_rows)
         if k_rows is not None:
-            scale_rows_(att.k_norm.weight, k_rows)
+            scale(att.k_norm.weight, k_rows)
     else:
-        _scale_linear_(att.q_proj, q_rows)
+        _scale_linear_(att.q_proj, q_rows, scale)
         if k_rows is not None:
-            _scale_linear_(att.k_proj, k_rows)
+            _scale_linear_(att.k_proj, k_rows, scale)
     return gamma
 
 
@@ -130,7 +120,7 @@ class QKClip(Callback):
             clipped = torch.zeros_like(clipped)
         else:
             for att, row in zip(self._atts, s_max, strict=True):
-                qk_clip_(att, row, self.tau, self.alpha)
+                qk_clip_(att, row, self.tau, self.alpha, trainer.engine.scale_rows_)
         self._events = self._events + clipped.sum()
         for i in range(s_max.shape[0]):
             for h in range(s_max.shape[1]):
