@@ -20,7 +20,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="tokenize a corpus into train.bin/val.bin (default: the bundled Shakespeare corpus)",
         description="Train or reuse a SentencePiece tokenizer and write packed token arrays.",
     )
-    p.add_argument("inputs", nargs="*", help=".txt/.jsonl/.json/.parquet files (default: bundled)")
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        help=".txt/.jsonl/.json/.parquet files or directories of them (default: bundled)",
+    )
     p.add_argument("--out", type=Path, help="output dir (default: runs/data/<name>)")
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
@@ -32,6 +36,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--num-proc", type=int, default=2, help="tokenizer processes")
     p.add_argument("--seed", type=int, default=0, help="train/val split seed")
     p.add_argument("--overwrite", action="store_true", help="replace a differently prepared --out")
+    p.add_argument(
+        "--skip-undecodable",
+        action="store_true",
+        help="leave out lines of .txt inputs that are not UTF-8 (counted) instead of stopping",
+    )
     p.set_defaults(func=run_prepare)
     return p
 
@@ -64,6 +73,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             dataset_name=args.dataset,
             dataset_split=args.dataset_split,
             overwrite=args.overwrite,
+            skip_undecodable=args.skip_undecodable,
         )
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)

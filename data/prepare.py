@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -27,6 +29,7 @@ from data.writer import write_splits
 
 FORMAT_VERSION = 1
 CHUNK_LINES = 128  # lines per document for .txt inputs (the split unit)
+SAMPLE_LINE_CHARS = 4000  # <= 16384 bytes (SPM_OPTIONS max_sentence_length) in any UTF-8
 TOKENIZER_SAMPLE_CHARS = 10_000_000  # bound on tokenizer training text, keeps training quick
 META = "meta.json"
 SPLIT_RULE = (
@@ -79,9 +82,12 @@ def _sample_sentences(docs: Any, is_val: np.ndarray, seed: int) -> list[str]:
     for start in range(0, len(order), 1024):
         for text in docs.select(order[start : start + 1024])["text"]:
             for line in (text or "").splitlines():
-                if line.strip():
-                    out.append(line)
-                    total += len(line)
+                # SentencePiece drops sentences over max_sentence_length bytes: cut long lines
+                for start in range(0, len(line), SAMPLE_LINE_CHARS):
+                    piece = line[start : start + SAMPLE_LINE_CHARS]
+                    if piece.strip():
+                        out.append(piece)
+                        total += len(piece)
             if total >= TOKENIZER_SAMPLE_CHARS:
                 return out
     return out
@@ -204,7 +210,7 @@ def _validate(
 
 
 def _resolve_sources(
-    inputs: list[str] | None, dataset_name: str | None, dataset_split: str
+    inputs: list[str] | None, dataset_name: str | None, dataset_split: str, skip: bool = False
 ) -> list[dict[str, Any]]:
     if dataset_name:
         return [{"dataset": dataset_name, "split": dataset_split}]
@@ -212,7 +218,7 @@ def _resolve_sources(
         from data.corpus import bundled_corpus_path
 
         inputs = [str(bundled_corpus_path())]
-    return describe_sources(inputs)
+    return describe_sources(inputs, skip)
 
 
 def prepare(
@@ -230,12 +236,16 @@ def prepare(
     dataset_split: str = "train",
     chunk_lines: int = CHUNK_LINES,
     overwrite: bool = False,
+    skip_undecodable: bool = False,
 ) -> dict[str, Any]:
     """Tokenise `inputs` (local .txt/.jsonl/.json/.parquet; None: the bundled corpus) or the Hub
     dataset `dataset_name` into `out_dir`; returns meta.json's content. Idempotent: a directory
     already prepared from the same inputs, split settings and tokenizer is reused untouched."""
     _validate(inputs, dataset_name, tokenizer, vocab_size, model_type, val_fraction, chunk_lines)
-    srcs = _resolve_sources(inputs, dataset_name, dataset_split)
+    srcs = _resolve_sources(inputs, dataset_name, dataset_split, skip_undecodable)
+    skipped = sum(s.get("skipped_lines", 0) for s in srcs)
+    if skipped:
+        print(f"skipping {skipped:,} undecodable (not UTF-8) lines", file=sys.stderr)
     tok_sha = file_sha256(tokenizer) if tokenizer else None
     spec = None if tok_sha else tokenizer_spec(vocab_size, model_type)
     settings = {
@@ -265,7 +275,22 @@ def prepare(
         f"prepared {out}: {n['train']:,} train + {n['val']:,} val tokens, vocab "
         f"{meta['vocab_size']} ({meta['dtype']}) in {meta['timings_s']['total']} s"
     )
+    _warn_small_val(n, val_fraction)
+    print(f"train on it: normlab train pre data.dataset={shlex.quote(str(out))}")
     return meta
+
+
+def _warn_small_val(tokens: dict[str, int], asked: float) -> None:
+    """The split is by document: few documents give a smaller (or no) validation split."""
+    total = tokens["train"] + tokens["val"]
+    got = tokens["val"] / total if total else 0.0
+    if asked > 0 and got < 0.5 * asked:
+        print(
+            f"warning: the validation split holds {tokens['val']:,} tokens ({got:.2%}), less than "
+            f"the {asked:.2%} asked: the split is by document (a .txt chunk of --chunk-lines "
+            "lines); give more documents or a larger --val-fraction",
+            file=sys.stderr,
+        )
 
 
 def _load(srcs: list[dict[str, Any]], cache: Path, settings: dict[str, Any]) -> Any:

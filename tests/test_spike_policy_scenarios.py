@@ -136,3 +136,22 @@ def test_non_finite_without_checkpoint_stops_as_diverged() -> None:
     sim = SimRun(policy(), ckpt_every=0)
     status = sim.run(100, lambda step, applied: (math.nan if step > 50 else 3.0, 1.0))
     assert status == "diverged" and sim.stopped_at == 55 and "non-finite" in sim.reason
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"rollback": "no"}, "spike_policy.rollback must be bool"),
+        ({"window": True}, "spike_policy.window must be int"),
+        ({"k": float("nan")}, "spike_policy.k must be a finite number"),
+        ({"k": float("inf")}, "spike_policy.k must be a finite number"),
+        ({"max_rollbacks": -1}, "max_rollbacks >= 0"),
+        ({"max_rollbacks": 2.5}, "spike_policy.max_rollbacks must be int"),
+        ({"max_bad": 3}, "unknown key 'instruments.spike_policy.max_bad'"),
+    ],
+)
+def test_bad_settings_are_config_errors(settings: dict, match: str) -> None:
+    from launch.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        SpikePolicy(settings)

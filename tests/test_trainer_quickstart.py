@@ -62,5 +62,5 @@ def test_default_recipes_are_the_measured_setting() -> None:
         "post_nowarmup": ("post", 0),
         "post_warmup": ("post", 100),
         "pre_nowarmup": ("pre", 0),
-        "deepnorm_nowarmup": ("deepnorm", 0),
+        "deepnorm_warmup": ("deepnorm", 100),
     }

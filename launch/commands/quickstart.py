@@ -2,9 +2,10 @@
 
 Prepares the bundled corpus, then trains the recipes in recipes/quickstart/ on the CPU: 12 blocks
 of the tiny width at lr 1e-3, the setting where a measured sweep (docs/quickstart_sweep.md) found
-Post-LN without warm-up stuck on the unigram plateau while Post-LN with warm-up, Pre-LN and
-DeepNorm (both without warm-up) train. It ends with the compare report (stability columns, PNGs),
-two lines on what to look at, and the next command.
+Post-LN without warm-up stuck on the unigram plateau while Post-LN with 100 warm-up steps, Pre-LN
+without warm-up and DeepNorm with warm-up train (DeepNorm without warm-up stalled there too). It
+ends with the compare report (stability columns, PNGs), two lines on what to look at, and the next
+command.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ DEFAULT = [
     "quickstart/post_nowarmup",
     "quickstart/post_warmup",
     "quickstart/pre_nowarmup",
-    "quickstart/deepnorm_nowarmup",
+    "quickstart/deepnorm_warmup",
 ]
 
 

@@ -50,10 +50,12 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve(args.recipe, list(args.overrides))
     from launch.training.preflight import preflight
 
-    preflight(cfg)
+    preflight(cfg, local=False)  # GPU recipes validate on a CPU machine (the README's 7b)
     total, non_embed = count_model(cfg)
     if not args.quiet:
         print(yaml.safe_dump(resolved_dict(cfg), sort_keys=False), end="")
+    if cfg.training.device == "cuda" and not torch.cuda.is_available():
+        print("note: training.device is cuda; this machine has no CUDA device (train elsewhere)")
     analytic = count_params(cfg.model_config())
     print(
         f"{cfg.name}: valid; {total:,} parameters ({total / 1e6:,.1f} M; "

@@ -7,6 +7,7 @@ metrics.jsonl through them).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -92,15 +93,18 @@ def settings_of(settings: Any, allowed: dict[str, Any], name: str) -> dict[str, 
             raise ConfigError(f"unknown key 'instruments.{name}.{key}'{hint}")
     out = dict(allowed)
     for key, value in settings.items():
-        default = allowed[key]
-        if isinstance(default, bool) or not isinstance(default, int | float | str):
-            out[key] = value
-        elif not isinstance(value, type(default)) and not (
-            isinstance(default, float) and isinstance(value, int)
-        ):
-            raise ConfigError(
-                f"instruments.{name}.{key} must be {type(default).__name__}, got {value!r}"
-            )
-        else:
-            out[key] = type(default)(value)
+        out[key] = _typed(value, allowed[key], f"instruments.{name}.{key}")
     return out
+
+
+def _typed(value: Any, default: Any, where: str) -> Any:
+    """`value` as the type of `default`: bools are no numbers, numbers must be finite."""
+    if not isinstance(default, bool | int | float | str):
+        return value
+    kind = type(default)
+    fits = isinstance(value, kind) or (kind is float and isinstance(value, int))
+    if isinstance(value, bool) != (kind is bool) or not fits:
+        raise ConfigError(f"{where} must be {kind.__name__}, got {value!r}")
+    if kind is float and not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, got {value!r}")
+    return kind(value)

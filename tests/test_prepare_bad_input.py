@@ -1,0 +1,88 @@
+"""`normlab prepare` on bad input: one line and exit 2 for every file type it cannot use (empty,
+binary, not UTF-8, a directory with none of its file types, jsonl without a text column); not
+UTF-8 lines can be skipped (counted); very long lines still train a tokenizer; a small validation
+split warns; success ends with the command that trains on the result."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from launch.cli import main
+
+
+def _prepare(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["prepare", *args, "--vocab-size", "300", "--num-proc", "1"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> Path:
+    d = tmp_path / "in"
+    (d / "none").mkdir(parents=True)
+    (d / "none" / "notes.md").write_text("not a supported type\n")
+    (d / "empty.txt").write_bytes(b"")
+    (d / "binary.txt").write_bytes(bytes(range(256)) * 20)
+    (d / "latin1.txt").write_bytes(b"ascii\n" + ("caf\xe9 na\xefve\n" * 50).encode("latin-1"))
+    (d / "all_latin1.txt").write_bytes(("caf\xe9\n" * 5).encode("latin-1"))
+    (d / "nofield.jsonl").write_text(json.dumps({"body": "hello"}) + "\n")
+    (d / "numbers.jsonl").write_text(json.dumps({"text": 5}) + "\n")
+    return d
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("empty.txt", "is empty"),
+        ("binary.txt", "looks binary"),
+        ("latin1.txt", "is not UTF-8 text (50 undecodable lines, the first is line 2)"),
+        ("all_latin1.txt", "holds no UTF-8 text"),
+        ("none", "holds no .txt"),
+        ("missing.txt", "input file not found"),
+        ("nofield.jsonl", "no column 'text'"),
+        ("numbers.jsonl", "not text; set --text-field"),
+    ],
+)
+def test_bad_inputs_are_one_line(
+    inputs: Path, capsys: pytest.CaptureFixture[str], name: str, needle: str
+) -> None:
+    out_dir = inputs.parent / "out"
+    code, _, err = _prepare(capsys, str(inputs / name), "--out", str(out_dir))
+    last = err.strip().splitlines()[-1]  # above it only datasets' progress bars
+    assert code == 2 and needle in last and "Traceback" not in err, err
+    assert not out_dir.exists()
+
+
+def test_skip_undecodable_long_lines_small_val_and_the_train_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
+    d = tmp_path / "corpus"
+    d.mkdir()
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = " ".join("".join(rng.choices(letters, k=rng.randint(2, 7))) for _ in range(30000))
+    (d / "long.txt").write_text(words + "\n" + "short line of text\n" * 20)  # a 160k-char line
+    (d / "mixed.txt").write_bytes(b"good line\n" + "bad \xe9\n".encode("latin-1") * 3)
+    out = tmp_path / "prepared"
+    args = ("--out", str(out), "--skip-undecodable", "--val-fraction", "0")
+    code, stdout, err = _prepare(capsys, str(d), *args)
+    assert code == 0, err
+    assert "skipping 3 undecodable (not UTF-8) lines" in err
+    assert f"train on it: normlab train pre data.dataset={out}" in stdout
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["vocab_size"] == 300 and meta["tokens"]["train"] > 0
+
+
+def test_small_validation_split_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    from data.prepare import _warn_small_val
+
+    _warn_small_val({"train": 9990, "val": 10}, 0.005)  # 0.1 % of tokens, 0.5 % asked
+    assert "holds 10 tokens (0.10%), less than the 0.50% asked" in capsys.readouterr().err
+    _warn_small_val({"train": 9950, "val": 50}, 0.005)
+    assert capsys.readouterr().err == ""
