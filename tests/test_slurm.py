@@ -155,10 +155,11 @@ def test_study_submit_then_compare(tiny: dict[str, Path]) -> None:
     out = tiny["root"] / "study"
     proc = normlab(
         "study", str(tiny["short"]), str(write_recipe(tiny["root"], tiny["data"], 6, 3)),
-        "--out", str(out), "--submit", "--gpus-per-node", "0",
+        "--out", str(out), "--lrs", "recipe", "--seeds", "0", "--submit", "--gpus-per-node", "0",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     runs = sorted(p for p in (out / "runs").iterdir())
+    assert len(runs) == 2, runs
     jobs = [json.loads((r / "slurm.json").read_text())["jobs"][-1]["job_id"] for r in runs]
     for run, job in zip(runs, jobs, strict=True):
         wait_done(job, run)

@@ -152,3 +152,17 @@ def test_status_of_a_local_run(tiny: dict[str, Path]) -> None:
     assert "step 8/8" in text.stdout and "local" in text.stdout
     bad = normlab("status", str(tiny["root"]))
     assert bad.returncode == 2 and "is not a run directory" in bad.stderr
+
+
+def test_run_dir_in_use_is_refused(tiny: dict[str, Path], capsys) -> None:
+    """A live owner of the run directory (its lock held by this very process) blocks a submit."""
+    from launch.training.rundir import RunDirLock
+
+    run = tiny["root"] / "busy"
+    with RunDirLock(run, "normlab train"):
+        before = sorted(p.name for p in run.iterdir())
+        argv = ["submit", str(tiny["recipe"]), "--run-dir", str(run), "--gpus-per-node", "0"]
+        assert main(argv) == 2
+        assert sorted(p.name for p in run.iterdir()) == before
+    err = capsys.readouterr().err
+    assert "is in use by normlab train" in err and len(err.strip().splitlines()) == 1, err

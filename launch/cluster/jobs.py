@@ -76,11 +76,25 @@ def prepare(cfgs: list[RunConfig], spec: ClusterSpec, force: bool) -> list[Submi
     return out
 
 
+def check_not_in_use(run_dir: Path) -> None:
+    """A process training in the directory right now (its run-directory lock is live)."""
+    from launch.training.rundir import read_lock, stale_reason
+
+    owner = read_lock(run_dir)
+    if owner is not None and stale_reason(run_dir, owner) is None:
+        raise RunDirError(
+            f"run_dir {run_dir} is in use by {owner.describe()}: stop it first, or choose "
+            "another run_dir"
+        )
+
+
 def check_cluster(subs: list[Submission], spec: ClusterSpec) -> None:
+    """What needs SLURM or the run directory's current owner, before anything is written."""
+    for sub in subs:
+        check_not_owned(sub.run_dir)  # a live SLURM job named in slurm.json
+        check_not_in_use(sub.run_dir)  # a live local process holding the run-directory lock
     slurm.require("sbatch")
     slurm.check_partition(spec.partition)
-    for sub in subs:
-        check_not_owned(sub.run_dir)
 
 
 def submit(cfg: RunConfig, sub: Submission) -> Submission:
