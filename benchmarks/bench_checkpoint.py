@@ -38,6 +38,7 @@ def config(args: argparse.Namespace, run_dir: Path):  # type: ignore[no-untyped-
             },
             "data": {"vocab_size": 8192, "seq_len": 128, "batch_size": 4},
             "training": {"device": "cpu", "steps": args.steps},
+            "schedule": {"warmup_steps": 0},
             "engine": {"name": "fsdp"},
             "checkpoint": {"async": True, "keep_last": 2},
         }
