@@ -62,6 +62,7 @@ def test_fsdp_two_ranks_reproduce_single_curve(tiny: dict[str, Path], fsdp_run: 
     assert {p.name for p in ckpt.iterdir()} == {
         "dcp",
         "engine.json",
+        "manifest.json",
         "trainer_rank0.pt",
         "trainer_rank1.pt",
     }

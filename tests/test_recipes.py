@@ -12,7 +12,8 @@ from launch.config import load_config
 from model import Transformer, count_params
 from tests.conftest import REPO
 
-RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
+# recipes/clusters holds cluster files for `normlab submit`, not recipes
+RECIPES = sorted(p for p in (REPO / "recipes").rglob("*.yaml") if "clusters" not in p.parts)
 SCHEMES = {
     "post_warmup": "post",
     "post_nowarmup": "post",
