@@ -181,6 +181,8 @@ def test_train_run_passing_tau_is_held_near_tau_by_qk_clip(tmp_path: Path) -> No
     clipped = [r["s_max"] for r in logged["clipped"]]
     first = next(i for i, s in enumerate(clipped) if s > 0.3)  # the first clipping step
     assert free[: first + 1] == clipped[: first + 1]  # the clip never changes its own step
-    assert max(free) > 6 * 0.3 and free[-1] == max(free)  # unclipped: still growing
+    # unclipped: passes tau several times over and is still growing (5.3x with the
+    # world-size-independent init draws; 6.3x before them)
+    assert max(free) > 4 * 0.3 and free[-1] == max(free)
     assert max(clipped) < 1.5 * 0.3 and logged["clipped"][-1]["qk_clip_events"] > 10
     assert logged["free"][-1]["qk_clip_events"] == 0
