@@ -38,11 +38,11 @@ def test_mlp_gain_matches_the_hand_formula(mult: int) -> None:
     d = 256
     cfg = ModelConfig(d_model=d, d_ff=mult * d, mlp="relu", init="xavier", n_heads=4)
     energies = []
-    for _ in range(8):
+    for seed in range(8):  # weights are drawn per (seed, parameter name): a new seed each time
         mlp = build_mlp(cfg)
         holder = torch.nn.Module()
         holder.mlp = mlp
-        init_weights(holder, cfg)
+        init_weights(holder, cfg, seed)
         x = torch.randn(512, d)
         x = x / x.norm(dim=-1, keepdim=True) * math.sqrt(d)
         with torch.no_grad():
