@@ -111,3 +111,36 @@ def test_bad_lrs_and_seeds_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture)
     assert main(["study", "pre", "pre", "--out", out]) == 2
     assert "given twice" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_jobs_train_in_worker_processes_as_one_at_a_time(tiny_data: Path, tmp_path: Path) -> None:
+    """--jobs 2: the same runs (config, seed, lr carried to the workers) as one at a time."""
+    sets = [*overrides(tiny_data), "training.eval_every=0", "schedule.warmup_steps=0"]
+    finals = {}
+    for jobs in (2, 1):
+        out = tmp_path / f"jobs{jobs}"
+        console = Console(record=True, width=250)
+        result = run_study(
+            ["pre_nowarmup"],
+            out,
+            sets,
+            steps=4,
+            console=console,
+            lrs=[2e-3],
+            seeds=[0, 1],
+            jobs=jobs,
+        )
+        assert [r["seed"] for r in result["runs"]] == [0, 1]
+        assert json.loads((out / "study.json").read_text())["jobs"] == jobs
+        finals[jobs] = [
+            [r for r in read_jsonl(Path(r["run_dir"]) / "metrics.jsonl") if "loss" in r][-1]["loss"]
+            for r in result["runs"]
+        ]
+    assert finals[2] == finals[1] and finals[1][0] != finals[1][1]
+    assert "(2 at a time)" in (tmp_path / "jobs2" / "study.md").read_text()
+
+
+def test_jobs_below_one_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["study", "pre", "--jobs", "0", "--out", str(tmp_path / "s")]) == 2
+    assert "--jobs must be >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()

@@ -1,18 +1,21 @@
-"""`normlab study [RECIPES...] [--lrs A,B] [--seeds 0,1] [--out DIR]`: the claims, decided.
+"""`normlab study [RECIPES...] [--lrs A,B] [--seeds 0,1] [--jobs N] [--out DIR]`: claims decided.
 
 Trains every recipe at every learning rate and seed (default: the recipes the claims need, at
 lr 1e-3 and 3e-3, seeds 0 and 1, on the bundled corpus at the tiny size) with every observational
 instrument on, then writes the compare report of all runs, a table of mean and spread per
 (recipe, lr), and one verdict per claim by the rule printed beside it (launch.report.claims).
 Runs live in DIR/runs/<recipe>_lr<lr>_s<seed>; running the study again reuses finished runs.
+--jobs N trains N runs at once, each in its own process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from rich.console import Console
 
 from launch.commands.compare import compare
 from launch.commands.submit import add_submit_options, job_spec
-from launch.config import RunConfig, load_config
+from launch.config import RunConfig, from_dict, load_config
 from launch.errors import ConfigError
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"  # the repository root's
@@ -105,27 +108,59 @@ def _observe(cfg: RunConfig, window: int | None) -> RunConfig:
     return cfg
 
 
-def train_all(cfgs: list[RunConfig], console: Console) -> list[dict[str, Any]]:
-    """Train (or resume, or reuse) every run in turn; one timing row per run."""
+def _train_one(cfg: RunConfig, console: Console) -> dict[str, Any]:
+    """Train (or resume, or reuse) one run; its timing row."""
     from launch.training.trainer import Trainer  # heavy imports after the arguments are checked
 
-    timings = []
-    for i, cfg in enumerate(cfgs, 1):
-        console.print(f"[bold]study {i}/{len(cfgs)}: {cfg.name}[/bold] -> {cfg.run_dir}")
-        t0 = time.perf_counter()
-        trainer = Trainer(cfg, console=console)
-        status = trainer.run()
-        timings.append(
-            {
-                "recipe": cfg.name,
-                "lr": cfg.optim.lr,
-                "seed": cfg.training.seed,
-                "run_dir": cfg.run_dir,
-                "status": trainer.summary.get("status", "completed" if status == 0 else "failed"),
-                "seconds": round(time.perf_counter() - t0, 1),
-            }
-        )
-    return timings
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, console=console)
+    status = trainer.run()
+    return {
+        "recipe": cfg.name,
+        "lr": cfg.optim.lr,
+        "seed": cfg.training.seed,
+        "run_dir": cfg.run_dir,
+        "status": trainer.summary.get("status", "completed" if status == 0 else "failed"),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def _train_in_worker(plain: dict[str, Any], header: str) -> dict[str, Any]:
+    """One run in a spawned worker process (the config travels as its plain dict)."""
+    console = Console(width=None if sys.stdout.isatty() else 240)
+    console.print(header)
+    return _train_one(from_dict(plain), console)
+
+
+def train_all(cfgs: list[RunConfig], console: Console, jobs: int = 1) -> list[dict[str, Any]]:
+    """Every run, `jobs` at a time (separate processes when jobs > 1); timing rows in cfgs order."""
+    headers = [
+        f"[bold]study {i}/{len(cfgs)}: {c.name}[/bold] -> {c.run_dir}"
+        for i, c in enumerate(cfgs, 1)
+    ]
+    if jobs <= 1 or len(cfgs) <= 1:
+        timings = []
+        for header, cfg in zip(headers, cfgs, strict=True):
+            console.print(header)
+            timings.append(_train_one(cfg, console))
+        return timings
+    from launch.training.datasets import resolve_dataset
+
+    for data in {json.dumps(c.to_dict()["data"], sort_keys=True): c.data for c in cfgs}.values():
+        resolve_dataset(data)  # prepared once here, not by two workers at the same time
+    # spawn, not fork: each worker starts its own torch (thread pools do not survive a fork)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = [
+            pool.submit(_train_in_worker, c.to_dict(), h)
+            for c, h in zip(cfgs, headers, strict=True)
+        ]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:  # a run failed, or Ctrl-C: start nothing more
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def run_study(
@@ -137,20 +172,25 @@ def run_study(
     console: Console | None = None,
     lrs: list[float] | None = None,
     seeds: list[int] | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """Train every run, then report; returns {'runs', 'total_s', 'rows', 'files', 'verdicts'}."""
+    """Train every run (`jobs` at a time), then report.
+
+    Returns {'runs', 'total_s', 'rows', 'files', 'verdicts'}."""
     from launch.report.study import write_study_report
 
     out = Path(out)
     console = console or Console(width=None if sys.stdout.isatty() else 240)
     cfgs = study_configs(recipes, out, overrides or [], steps, window, lrs, seeds)
     start = time.perf_counter()
-    timings = train_all(cfgs, console)
+    timings = train_all(cfgs, console, jobs)
     total = round(time.perf_counter() - start, 1)
     quiet = Console(file=open("/dev/null", "w"), width=240)  # noqa: SIM115 (table goes to compare.md)
     report = compare([c.run_dir for c in cfgs if c.run_dir], out, quiet)
-    (out / "study.json").write_text(json.dumps({"total_s": total, "runs": timings}, indent=2))
-    found = write_study_report([c.run_dir for c in cfgs if c.run_dir], out, total, console)
+    (out / "study.json").write_text(
+        json.dumps({"total_s": total, "jobs": jobs, "runs": timings}, indent=2)
+    )
+    found = write_study_report([c.run_dir for c in cfgs if c.run_dir], out, total, console, jobs)
     console.print(f"study: {len(cfgs)} runs in {total:.0f} s; report in {out}", highlight=False)
     return {"runs": timings, "total_s": total, **report, "verdicts": found}
 
@@ -209,6 +249,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="spike-score window (default: 1000, or steps/5 when shorter; OLMo 2 uses 1000)",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs trained at once, each in its own process (default: 1; on a CPU give each "
+        "--set training.threads=N so that jobs x N fits the cores)",
+    )
     p.add_argument("--submit", action="store_true", help="one SLURM job per recipe instead")
     add_submit_options(p)
     p.set_defaults(func=run)
@@ -217,6 +264,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     lrs = None if args.lrs == "recipe" else _floats(args.lrs, "--lrs")
     seeds = _ints(args.seeds, "--seeds")
     if args.submit:
@@ -236,5 +285,6 @@ def run(args: argparse.Namespace) -> int:
         args.spike_window,
         lrs=lrs,
         seeds=seeds,
+        jobs=args.jobs,
     )
     return 0 if all(r["status"] in ("completed", "diverged") for r in result["runs"]) else 1
