@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -108,12 +109,12 @@ def _observe(cfg: RunConfig, window: int | None) -> RunConfig:
     return cfg
 
 
-def _train_one(cfg: RunConfig, console: Console) -> dict[str, Any]:
+def _train_one(cfg: RunConfig, console: Console, force: bool = False) -> dict[str, Any]:
     """Train (or resume, or reuse) one run; its timing row."""
     from launch.training.trainer import Trainer  # heavy imports after the arguments are checked
 
     t0 = time.perf_counter()
-    trainer = Trainer(cfg, console=console)
+    trainer = Trainer(cfg, force=force, console=console)
     status = trainer.run()
     return {
         "recipe": cfg.name,
@@ -125,24 +126,34 @@ def _train_one(cfg: RunConfig, console: Console) -> dict[str, Any]:
     }
 
 
-def _train_in_worker(plain: dict[str, Any], header: str) -> dict[str, Any]:
-    """One run in a spawned worker process (the config travels as its plain dict)."""
-    console = Console(width=None if sys.stdout.isatty() else 240)
-    console.print(header)
-    return _train_one(from_dict(plain), console)
+def _train_in_worker(plain: dict[str, Any], header: str, force: bool) -> dict[str, Any]:
+    """One run in a spawned worker process (the config travels as its plain dict). Plain lines,
+    no live bar: two bars from two processes would overwrite each other."""
+    tty = sys.stdout.isatty()
+    console = Console(
+        force_terminal=False, width=shutil.get_terminal_size().columns if tty else 240
+    )
+    console.rule(header)
+    return _train_one(from_dict(plain), console, force)
 
 
-def train_all(cfgs: list[RunConfig], console: Console, jobs: int = 1) -> list[dict[str, Any]]:
-    """Every run, `jobs` at a time (separate processes when jobs > 1); timing rows in cfgs order."""
-    headers = [
-        f"[bold]study {i}/{len(cfgs)}: {c.name}[/bold] -> {c.run_dir}"
-        for i, c in enumerate(cfgs, 1)
-    ]
+def train_all(
+    cfgs: list[RunConfig],
+    console: Console,
+    jobs: int = 1,
+    force: bool = False,
+    headers: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Every run, `jobs` at a time (separate processes when jobs > 1); timing rows in cfgs order.
+
+    headers: the line printed as each run starts (default: 'study i/n: name -> run_dir')."""
+    if headers is None:
+        headers = [f"study {i}/{len(cfgs)}: {c.name} -> {c.run_dir}" for i, c in enumerate(cfgs, 1)]
     if jobs <= 1 or len(cfgs) <= 1:
         timings = []
         for header, cfg in zip(headers, cfgs, strict=True):
-            console.print(header)
-            timings.append(_train_one(cfg, console))
+            console.rule(header)
+            timings.append(_train_one(cfg, console, force))
         return timings
     from launch.training.datasets import resolve_dataset
 
@@ -152,7 +163,7 @@ def train_all(cfgs: list[RunConfig], console: Console, jobs: int = 1) -> list[di
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         futures = [
-            pool.submit(_train_in_worker, c.to_dict(), h)
+            pool.submit(_train_in_worker, c.to_dict(), h, force)
             for c, h in zip(cfgs, headers, strict=True)
         ]
         try:
