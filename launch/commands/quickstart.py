@@ -80,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
         for c in configs
     ]
     timings = train_all(configs, console, args.jobs, args.force, headers)
+    if len(timings) < len(configs) or any(t["signal"] for t in timings):
+        console.print("quickstart stopped (a signal); run it again to go on", highlight=False)
+        return 1
     statuses = [t["status"] for t in timings]
     minutes = (time.perf_counter() - start) / 60
     report = compare([c.run_dir for c in configs if c.run_dir], out / "report", console)

@@ -14,6 +14,7 @@ import argparse
 import json
 import multiprocessing
 import shutil
+import signal
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -123,12 +124,24 @@ def _train_one(cfg: RunConfig, console: Console, force: bool = False) -> dict[st
         "run_dir": cfg.run_dir,
         "status": trainer.summary.get("status", "completed" if status == 0 else "failed"),
         "seconds": round(time.perf_counter() - t0, 1),
+        "signal": trainer.stopped_by,  # 0, or the signal that stopped it (with a checkpoint)
     }
 
 
-def _train_in_worker(plain: dict[str, Any], header: str, force: bool) -> dict[str, Any]:
-    """One run in a spawned worker process (the config travels as its plain dict). Plain lines,
-    no live bar: two bars from two processes would overwrite each other."""
+_STOP: Any = None  # in a worker: the study's stop event (set once a signal stopped the study)
+
+
+def _remember_stop(event: Any) -> None:
+    global _STOP
+    _STOP = event
+
+
+def _train_in_worker(plain: dict[str, Any], header: str, force: bool) -> dict[str, Any] | None:
+    """One run in a spawned worker process (the config travels as its plain dict); None when
+    the study was stopped before it began. Plain lines, no live bar: two bars from two processes
+    would overwrite each other."""
+    if _STOP is not None and _STOP.is_set():
+        return None
     tty = sys.stdout.isatty()
     console = Console(
         force_terminal=False, width=shutil.get_terminal_size().columns if tty else 240
@@ -154,24 +167,53 @@ def train_all(
         for header, cfg in zip(headers, cfgs, strict=True):
             console.rule(header)
             timings.append(_train_one(cfg, console, force))
+            if timings[-1]["signal"]:  # preempted or interrupted: start no further run
+                break
         return timings
+    return _train_in_workers(cfgs, jobs, force, headers)
+
+
+def _train_in_workers(
+    cfgs: list[RunConfig], jobs: int, force: bool, headers: list[str]
+) -> list[dict[str, Any]]:
+    """train_all's parallel path. A signal to the study (SIGTERM to its process, or to the group
+    when the workers get it too) starts no further run; the timing rows stop there."""
     from launch.training.datasets import resolve_dataset
 
     for data in {json.dumps(c.to_dict()["data"], sort_keys=True): c.data for c in cfgs}.values():
         resolve_dataset(data)  # prepared once here, not by two workers at the same time
     # spawn, not fork: each worker starts its own torch (thread pools do not survive a fork)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    stopped = context.Event()  # also seen by a run already queued to a worker
+    with ProcessPoolExecutor(
+        max_workers=jobs, mp_context=context, initializer=_remember_stop, initargs=(stopped,)
+    ) as pool:
         futures = [
             pool.submit(_train_in_worker, c.to_dict(), h, force)
             for c, h in zip(cfgs, headers, strict=True)
         ]
-        try:
-            return [f.result() for f in futures]
-        except BaseException:  # a run failed, or Ctrl-C: start nothing more
+
+        def stop(signum: int, frame: object) -> None:  # the running runs finish, no new one starts
+            stopped.set()
             for future in futures:
                 future.cancel()
+
+        previous = signal.signal(signal.SIGTERM, stop)
+        timings = []
+        try:
+            for future in futures:
+                row = None if future.cancelled() else future.result()
+                if row is None:
+                    break
+                timings.append(row)
+                if row["signal"]:
+                    stop(row["signal"], None)
+        except BaseException:  # a run failed, or Ctrl-C: start nothing more
+            stop(signal.SIGINT, None)
             raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return timings
 
 
 def run_study(
@@ -187,7 +229,8 @@ def run_study(
 ) -> dict[str, Any]:
     """Train every run (`jobs` at a time), then report.
 
-    Returns {'runs', 'total_s', 'rows', 'files', 'verdicts'}."""
+    Returns {'runs', 'total_s', 'stopped', 'rows', 'files', 'verdicts'}; a study stopped by a
+    signal returns only the first three (no report over unfinished runs)."""
     from launch.report.study import write_study_report
 
     out = Path(out)
@@ -196,6 +239,13 @@ def run_study(
     start = time.perf_counter()
     timings = train_all(cfgs, console, jobs)
     total = round(time.perf_counter() - start, 1)
+    if len(timings) < len(cfgs) or any(t["signal"] for t in timings):
+        console.print(
+            f"study stopped after {len(timings)} of {len(cfgs)} runs (a signal); run the same "
+            "command again to go on: finished runs are reused, stopped ones resume",
+            highlight=False,
+        )
+        return {"runs": timings, "total_s": total, "stopped": True}
     quiet = Console(file=open("/dev/null", "w"), width=240)  # noqa: SIM115 (table goes to compare.md)
     report = compare([c.run_dir for c in cfgs if c.run_dir], out, quiet)
     (out / "study.json").write_text(
@@ -203,7 +253,7 @@ def run_study(
     )
     found = write_study_report([c.run_dir for c in cfgs if c.run_dir], out, total, console, jobs)
     console.print(f"study: {len(cfgs)} runs in {total:.0f} s; report in {out}", highlight=False)
-    return {"runs": timings, "total_s": total, **report, "verdicts": found}
+    return {"runs": timings, "total_s": total, "stopped": False, **report, "verdicts": found}
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -298,4 +348,6 @@ def run(args: argparse.Namespace) -> int:
         seeds=seeds,
         jobs=args.jobs,
     )
+    if result["stopped"]:
+        return 1
     return 0 if all(r["status"] in ("completed", "diverged") for r in result["runs"]) else 1
