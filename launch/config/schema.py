@@ -356,8 +356,8 @@ def _validate_engine(cfg: RunConfig) -> None:
     if cfg.checkpoint.async_ and e.name != "fsdp":
         raise ConfigError(
             f"checkpoint.async needs engine.name: fsdp (torch.distributed.checkpoint's async_save);"
-            f" engine {e.name!r} saves synchronously (DeepSpeed's asynchronous checkpoint engines "
-            "are not wired in): set checkpoint.async: false"
+            f" engine {e.name!r} saves synchronously (DeepSpeed 0.19.8's asynchronous writers "
+            "fail on a normlab run: README, asynchronous checkpoints): set checkpoint.async: false"
         )
     if e.name == "deepspeed" and e.zero_stage not in (1, 2, 3):
         raise ConfigError(
