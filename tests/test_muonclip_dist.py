@@ -1,11 +1,13 @@
-"""MuonClip across engines and restarts, sharing one single-process and one 2-rank FSDP2 run.
+"""MuonClip across engines and restarts, sharing one single-process and one 2-rank run per engine.
 
 Recipe: 2 layers, d 64, 20 fp32 steps, Muon at lr 0.05 with QK-Clip at tau 0.3 (clips from about
 step 5 on: the logits start near 0.12), Newton-Schulz in fp32 so that the only difference between
-the runs is the gradient reduction order. On 2 gloo ranks every matrix is gathered to its owner
-rank, orthogonalised whole and scattered back, QK-Clip rescales DTensor rows, S_max is
-MAX-reduced: the loss curve and every per-head S_max equal the single process within 1e-5.
-QK-Clip with AdamW on DeepSpeed ZeRO-2/3 is checked the same way (Muon itself is refused there).
+the runs is the gradient reduction order. On 2 gloo ranks every matrix is orthogonalised whole by
+one owner rank (FSDP2: gathered from DTensor row shards; ZeRO 1/2/3: reassembled from the ranges
+of the flat fp32 partitions), QK-Clip rescales DTensor rows or ZeRO partitions and their fp32
+masters, S_max is MAX-reduced: the loss curve and every per-head S_max equal the single process
+within 1e-5. A run SIGKILLed after its step-10 checkpoint resumes bit-identically (momentum
+buffers in the checkpoint), on one process, FSDP2 and ZeRO-3.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from dist_helpers import (
     assert_same_curve,
     check_ok,
+    free_port,
     latest_step,
     launch,
     losses,
@@ -54,15 +57,36 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def test_fsdp_muonclip_equals_single_process(runs: dict[str, Path]) -> None:
-    single, fsdp = rows(runs["single"]), rows(runs["fsdp"])
-    assert_same_curve(runs["fsdp"], losses(runs["single"]))
+def zero_run(runs: dict[str, Path], stage: int) -> Path:
+    """The 2-rank MuonClip run on DeepSpeed ZeRO-`stage` (launched once per module)."""
+    run = runs["root"] / f"zero{stage}"
+    if not (run / "metrics.jsonl").is_file():
+        check_ok(launch(runs["recipe"], run, 2, *MUONCLIP, *ZERO[stage], HALF))
+    return run
+
+
+ZERO = {s: ("engine.name=deepspeed", f"engine.zero_stage={s}") for s in (1, 2, 3)}
+
+
+def assert_same_as_single(runs: dict[str, Path], run: Path) -> None:
+    single, got = rows(runs["single"]), rows(run)
+    assert_same_curve(run, losses(runs["single"]))
     assert single[20]["qk_clip_events"] > 10  # QK-Clip really acted
-    assert single[20]["qk_clip_events"] == fsdp[20]["qk_clip_events"]
+    assert single[20]["qk_clip_events"] == got[20]["qk_clip_events"]
     heads = [k for k in single[20] if k.startswith("s_max/") and "/h" in k]
     assert len(heads) == 2 * 4
-    worst = max(abs(single[s][k] - fsdp[s][k]) for s in single for k in heads)
+    worst = max(abs(single[s][k] - got[s][k]) for s in single for k in heads)
     assert worst < 1e-5, worst
+
+
+def test_fsdp_muonclip_equals_single_process(runs: dict[str, Path]) -> None:
+    assert_same_as_single(runs, runs["fsdp"])
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_muonclip_equals_single_process(runs: dict[str, Path], stage: int) -> None:
+    """Muon really runs under ZeRO (normlab's, on the flat partitions; the self-check passed)."""
+    assert_same_as_single(runs, zero_run(runs, stage))
 
 
 def test_fsdp_muon_checkpoint_resumes_on_one_rank(runs: dict[str, Path]) -> None:
@@ -95,14 +119,38 @@ def test_single_sigkill_then_resume_is_bit_identical(runs: dict[str, Path]) -> N
     assert rows(run)[20]["qk_clip_events"] == rows(runs["single"])[20]["qk_clip_events"]
 
 
+@pytest.mark.parametrize("engine", ["fsdp", "zero3"])
+def test_two_rank_sigkill_then_resume_is_bit_identical(runs: dict[str, Path], engine: str) -> None:
+    """SIGKILL (launcher, torchrun and ranks) after the step-10 checkpoint, then resume: every
+    loss equals the uninterrupted 2-rank run of the same engine exactly."""
+    reference = runs["fsdp"] if engine == "fsdp" else zero_run(runs, 3)
+    overrides = ("engine.name=fsdp",) if engine == "fsdp" else ZERO[3]
+    run = runs["root"] / f"{engine}_killed"
+    cmd = [sys.executable, "-m", "launch.cli", "launch", str(runs["recipe"]), *MUONCLIP]
+    cmd += [*overrides, HALF, "--nproc-per-node", "2", "--run-dir", str(run)]
+    killed_at = start_and_kill([*cmd, "--master-port", str(free_port())], run, at_step=10)
+    assert 10 <= killed_at < 20 and latest_step(run) == killed_at
+    proc = normlab(*cmd[3:], "--master-port", str(free_port()))
+    check_ok(proc)
+    assert f"from step_{killed_at:08d}" in proc.stdout
+    assert losses(run) == losses(reference)  # bit-identical, every step
+    assert rows(run)[20]["qk_clip_events"] == rows(reference)[20]["qk_clip_events"]
+
+
 def test_compare_shows_clip_events_next_to_max_logit(runs: dict[str, Path]) -> None:
     from launch.commands.compare import compare
+    from launch.report.plots import max_logit_plot
+    from launch.report.runs import load_run
 
     table = compare([runs["single"], runs["fsdp"]], None)["rows"]
     for row, run in zip(table, (runs["single"], runs["fsdp"]), strict=True):
         logged = rows(run)
+        assert "max_logit" not in logged[20]  # no attention_logits instrument: QK-Clip's S_max
         assert row["qk_clips"] == logged[20]["qk_clip_events"] > 10
         assert row["max_logit"] == max(r["s_max"] for r in logged.values())
+    run = load_run(runs["single"])
+    assert run.series("max_logit") == ([], [])
+    assert max_logit_plot([run], runs["root"] / "max_logit.png") is not None  # drawn from s_max
 
 
 @pytest.fixture(scope="module")
