@@ -364,11 +364,6 @@ def _validate_engine(cfg: RunConfig) -> None:
             f"engine deepspeed needs engine.zero_stage 1, 2 or 3, got {e.zero_stage} "
             "(stage 0 is plain data parallelism: use engine.name: fsdp)"
         )
-    if e.name == "fsdp" and cfg.precision.dtype == "fp16":
-        raise ConfigError(
-            "precision.dtype fp16 is not supported by engine fsdp (no sharded loss scaler); "
-            "use bf16, or engine.name: deepspeed for fp16 with its loss scaler"
-        )
 
 
 def _get(cfg: RunConfig, dotted: str) -> Any:
