@@ -6,8 +6,10 @@ tokenizer's own. Plus --overwrite (replace only once complete), the missing-tran
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -138,16 +140,16 @@ def test_overwrite_replaces_only_a_finished_export(
     assert code == 2 and "already exists" in err and "--overwrite" in err
     assert err.count("\n") == 1 and (out / "mine.txt").is_file()
 
-    def fail(*args: object) -> list[str]:
+    def disk_full(*args: object) -> list[str]:
         (args[3] / "half-written").write_text("x")
-        raise OSError(28, "No space left on device")
+        raise OSError(errno.ENOSPC, "No space left on device", str(args[3] / "model.safetensors"))
 
-    monkeypatch.setattr(export_cmd, "write_export", fail)
-    with pytest.raises(OSError):
-        export_cmd.export(run, out, overwrite=True)
+    monkeypatch.setattr(export_cmd, "write_export", disk_full)
+    code, _, err = cli(capsys, str(run), "--out", str(out), "--overwrite")
+    assert code == 2 and err.count("\n") == 1 and "no space left on device while writing" in err
     assert (out / "mine.txt").read_text() == "old export"  # the failed export destroyed nothing
-    monkeypatch.undo()
     assert not [n for n in os.listdir(out.parent) if n.startswith(".")]  # its temp folder too
+    monkeypatch.undo()
     code, stdout, err = cli(capsys, str(run), "--out", str(out), "--overwrite")
     assert code == 0, err
     assert not (out / "mine.txt").exists() and (out / "config.json").is_file()
@@ -197,3 +199,20 @@ def test_bare_run_name_and_missing_tokenizer(
     assert code == 2 and "no run directory 'lama'" in err
     code, _, err = cli(capsys, "llama", "--out", str(tmp_path / "c"), "--tokenizer", "no.model")
     assert code == 2 and "tokenizer no.model is missing" in err and err.count("\n") == 1
+
+
+def test_damaged_checkpoint_and_unwritable_out_are_one_line(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "copy"
+    shutil.copytree(runs["llama"], run)
+    weights = run / "checkpoints" / "step_00000002" / "model.pt"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    code, _, err = cli(capsys, str(run), "--out", str(tmp_path / "x"))
+    assert code == 2 and err.count("\n") == 1 and "step_00000002 is damaged" in err
+    assert "model.pt" in err and not (tmp_path / "x").exists()
+    (tmp_path / "file").write_text("not a folder")
+    code, _, err = cli(capsys, str(runs["llama"]), "--out", str(tmp_path / "file" / "x"))
+    assert code == 2 and err.count("\n") == 1 and "cannot create --out" in err

@@ -18,6 +18,7 @@ export leaves nothing, and with --overwrite the previous export survives until t
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shutil
@@ -28,9 +29,10 @@ import yaml
 
 from launch.config import RunConfig, load_config
 from launch.engines.fsdp import read_meta
-from launch.errors import RunDirError
+from launch.errors import CheckpointError, RunDirError
 from launch.extras import require
 from launch.training.consolidate import find_checkpoint, read_weights
+from launch.training.manifest import find_damage
 from model import Transformer
 
 NATIVE_DIR, WEIGHTS, CONFIG, MODEL_CONFIG = (
@@ -199,19 +201,36 @@ def export(
     if read_meta(ckpt).get("format") == "deepspeed":
         require("deepspeed", f"exporting the DeepSpeed checkpoint {ckpt}")
     spm = run_tokenizer(cfg, tokenizer)
+    damage = find_damage(ckpt)
+    if damage is not None:
+        raise CheckpointError(f"checkpoint {ckpt.name} is damaged: {damage}; export another --step")
     model = Transformer(cfg.model_config())
     model.load_state_dict(read_weights(ckpt, model))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = temp_dir(out)
     try:
         lines = [f"{ckpt.name} ({engine}) -> {out / NATIVE_DIR / WEIGHTS}"]
         written = write_export(model, cfg, spm, tmp, hf)
         lines += [line.replace(str(tmp), str(out)) for line in written]
         publish(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        where = exc.filename or out
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise RunDirError(f"no space left on device while writing {where}") from None
+        raise RunDirError(f"cannot write {where}: {exc.strerror or exc}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return lines
+
+
+def temp_dir(out: Path) -> Path:
+    """An empty folder beside `out` (same filesystem, so publishing it is a rename)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise RunDirError(f"cannot create --out {out}: {exc.strerror or exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
