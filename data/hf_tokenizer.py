@@ -35,7 +35,7 @@ def special_tokens(spm_path: Path) -> dict[str, int | None]:
     return {name: (i if 0 <= i < sp.vocab_size() else None) for name, i in ids.items()}
 
 
-def hf_tokenizer(spm_path: Path) -> Any:
+def hf_tokenizer(spm_path: Path, model_max_length: int | None = None) -> Any:
     """A transformers fast tokenizer converted from `spm_path`, verified against SentencePiece.
 
     pad: normlab has no pad piece; the tokenizer pads with EOS (attention masks hide it), the
@@ -45,17 +45,27 @@ def hf_tokenizer(spm_path: Path) -> Any:
     sp = load_tokenizer(spm_path)
     ids = special_tokens(spm_path)
     piece = {name: sp.id_to_piece(i) for name, i in ids.items() if i is not None}
+    tokens = {f"{name}_token": p for name, p in piece.items()}
+    tokens.setdefault("pad_token", piece.get("eos"))
+    limit = {"model_max_length": model_max_length} if model_max_length else {}
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copyfile(spm_path, Path(tmp) / SPM_FILE)
-        tok = PreTrainedTokenizerFast.from_pretrained(
-            tmp,
-            bos_token=piece.get("bos"),
-            eos_token=piece.get("eos"),
-            unk_token=piece.get("unk"),
-            pad_token=piece.get("pad", piece.get("eos")),
-            add_bos_token=False,
-            add_eos_token=False,
-        )
+        try:
+            converted = PreTrainedTokenizerFast.from_pretrained(tmp).backend_tokenizer
+        except (OSError, ValueError, TypeError, ImportError) as exc:
+            raise DataError(
+                f"this transformers cannot convert {spm_path} ({exc}); pip install -U "
+                "'normlab[hf]', or export with --no-hf"
+            ) from None
+    # split_special_tokens: a literal "</s>" in text is text, as SentencePiece (and so training)
+    # saw it, not the EOS id. (Exact for BPE; a converted unigram model still matches the
+    # control pieces' names inside its own search: tokenizers has no notion of control pieces.)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=converted,
+        **tokens,
+        **limit,
+        split_special_tokens=True,
+    )
     check_same_tokens(tok, sp, spm_path)
     return tok
 
@@ -65,18 +75,23 @@ def check_same_tokens(tok: Any, sp: Any, spm_path: Path) -> None:
     want = sp.encode(PROBE)
     got = tok(PROBE, add_special_tokens=True)["input_ids"]
     if got != want:
+        pairs = zip(got + [-1], want + [-1], strict=False)
+        at = next(i for i, (a, b) in enumerate(pairs) if a != b)
         raise DataError(
             f"transformers converts {spm_path} into a tokenizer that encodes differently "
-            f"(first ids {got[:8]} vs SentencePiece {want[:8]}); export with --no-hf"
+            f"(from token {at}: {got[at : at + 4]} vs SentencePiece {want[at : at + 4]}); "
+            "export with --no-hf"
         )
     if tok.decode(want) != sp.decode(want):
         raise DataError(f"transformers' tokenizer for {spm_path} decodes differently; --no-hf")
 
 
-def save_hf_tokenizer(spm_path: Path, out: Path) -> dict[str, int | None]:
+def save_hf_tokenizer(
+    spm_path: Path, out: Path, model_max_length: int | None = None
+) -> dict[str, int | None]:
     """Write tokenizer.model, tokenizer.json, tokenizer_config.json and special_tokens_map.json
     into `out`; return the special-token ids (for the model config)."""
-    tok = hf_tokenizer(spm_path)
+    tok = hf_tokenizer(spm_path, model_max_length)
     tok.save_pretrained(str(out))
     shutil.copyfile(spm_path, out / SPM_FILE)
     names = ("bos_token", "eos_token", "unk_token", "pad_token")

@@ -161,7 +161,7 @@ def write_export(model: Transformer, cfg: RunConfig, spm: Path, tmp: Path, hf: b
         return [f"tokenizer {spm.name} (SentencePiece only: --no-hf)"]
     from data.hf_tokenizer import save_hf_tokenizer
 
-    token_ids = save_hf_tokenizer(spm, tmp)
+    token_ids = save_hf_tokenizer(spm, tmp, model.config.max_seq_len)
     return [f"tokenizer {spm} (SentencePiece + HF files)", save_hf(model, tmp, token_ids)]
 
 
