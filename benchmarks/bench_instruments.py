@@ -90,7 +90,17 @@ def bench(sizes: list[str], windows: int, threads: int) -> list[dict]:
                     row[f"{stat}_off_ms"], row[f"{stat}_on_ms"] = 1e3 * off, 1e3 * on_t
                     row[f"{stat}_overhead_pct"] = 100.0 * (on_t - off) / off
                 results.append(row)
+                print_row(row)  # as measured: a long run shows its rows as it goes
     return results
+
+
+def print_row(r: dict) -> None:
+    for stat in ("min", "median"):
+        print(
+            f"{r['size']:<6} {r['log_every']:>9} {stat:>6} {r[f'{stat}_off_ms']:>8.1f} "
+            f"{r[f'{stat}_on_ms']:>8.1f} {r[f'{stat}_overhead_pct']:>8.1f}%",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -100,15 +110,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    results = bench(args.sizes.split(","), args.windows, args.threads)
     print("ms per step, instruments off vs on; min and median over interleaved log windows")
     print(f"{'size':<6} {'log_every':>9} {'stat':>6} {'off':>8} {'on':>8} {'overhead':>9}")
-    for r in results:
-        for stat in ("min", "median"):
-            print(
-                f"{r['size']:<6} {r['log_every']:>9} {stat:>6} {r[f'{stat}_off_ms']:>8.1f} "
-                f"{r[f'{stat}_on_ms']:>8.1f} {r[f'{stat}_overhead_pct']:>8.1f}%"
-            )
+    results = bench(args.sizes.split(","), args.windows, args.threads)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

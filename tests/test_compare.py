@@ -125,3 +125,21 @@ def test_cli_prints_the_table(
     assert main(["compare", str(finished), "--out", str(tmp_path / "o")]) == 0
     text = capsys.readouterr().out
     assert "pre_run" in text and "act. growth" in text and "compare.md" in text
+
+
+def test_growth_reads_the_stream_before_a_closing_norm(tmp_path: Path) -> None:
+    """Post-norm blocks log their output (~1 by construction) and the sum before the norm; the
+    growth column takes the sum there and the output elsewhere (a Mix-LN-like row: block 0 post,
+    block 2 pre)."""
+    from launch.report.runs import Run
+    from launch.report.table import summarize
+
+    row = {"step": 5, "loss": 4.0, "grad_norm": 1.0, "resid_rms/00": 1.0, "pre_norm_rms/00": 2.5}
+    row |= {"resid_rms/01": 1.0, "pre_norm_rms/01": 4.0, "resid_rms/02": 7.5}
+    run = Run(path=tmp_path, config={}, summary={}, train=[row])
+    assert run.stream_rms(row) == [2.5, 4.0, 7.5]
+    assert summarize(run)["act_growth"] == pytest.approx(7.5 / 2.5)
+    post = {k: v for k, v in row.items() if k != "resid_rms/02"}
+    assert summarize(Run(path=tmp_path, config={}, summary={}, train=[post]))[
+        "act_growth"
+    ] == pytest.approx(4.0 / 2.5)

@@ -85,8 +85,13 @@ def test_skip_then_rollback_then_spike_skip(tiny_data: Path, tmp_path: Path) -> 
 
 def test_no_checkpoint_and_non_finite_stops_as_diverged(tiny_data: Path, tmp_path: Path) -> None:
     inject = Inject(nan_steps={2, 3, 4, 5}, big_steps=set())
-    trainer, console = _trainer(tiny_data, tmp_path / "run", inject, checkpoint__every=0)
+    trainer, console = _trainer(
+        tiny_data, tmp_path / "run", inject, checkpoint__every=0, training__log_every=5
+    )
     assert trainer.run() == 1
+    # steps 1..3 were pending (log every 5) when step 4 stopped the run: they are on record
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in rows] == [3] and rows[0]["skipped_steps"] == 2
     text = console.export_text()
     assert "3 bad steps in a row (steps 2..4) with non-finite values" in text
     assert "no checkpoint before step 2" in text

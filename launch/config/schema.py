@@ -356,18 +356,13 @@ def _validate_engine(cfg: RunConfig) -> None:
     if cfg.checkpoint.async_ and e.name != "fsdp":
         raise ConfigError(
             f"checkpoint.async needs engine.name: fsdp (torch.distributed.checkpoint's async_save);"
-            f" engine {e.name!r} saves synchronously (DeepSpeed's asynchronous checkpoint engines "
-            "are not wired in): set checkpoint.async: false"
+            f" engine {e.name!r} saves synchronously (DeepSpeed 0.19.8's asynchronous writers "
+            "fail on a normlab run: README, asynchronous checkpoints): set checkpoint.async: false"
         )
     if e.name == "deepspeed" and e.zero_stage not in (1, 2, 3):
         raise ConfigError(
             f"engine deepspeed needs engine.zero_stage 1, 2 or 3, got {e.zero_stage} "
             "(stage 0 is plain data parallelism: use engine.name: fsdp)"
-        )
-    if e.name == "fsdp" and cfg.precision.dtype == "fp16":
-        raise ConfigError(
-            "precision.dtype fp16 is not supported by engine fsdp (no sharded loss scaler); "
-            "use bf16, or engine.name: deepspeed for fp16 with its loss scaler"
         )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from launch.errors import NormlabError
-from launch.instruments.common import parse_block_key
+from launch.instruments.common import PRE_NORM, RESID, parse_block_key
 from launch.training.metrics import JSONL, read_jsonl
 from launch.training.rundir import CONFIG, SUMMARY
 
@@ -47,6 +47,16 @@ class Run:
             if parsed and parsed[0] == kind and parsed[2] is None:
                 found[parsed[1]] = value
         return [found[i] for i in sorted(found)]
+
+    def stream_rms(self, row: dict[str, float]) -> list[float]:
+        """The residual stream's RMS at each block's end, before any closing norm: `pre_norm_rms`
+        for post-norm blocks (their output is ~1 by construction), `resid_rms` for the others."""
+        found: dict[int, dict[str, float]] = {}
+        for key, value in row.items():
+            parsed = parse_block_key(key)
+            if parsed and parsed[0] in (RESID, PRE_NORM) and parsed[2] is None:
+                found.setdefault(parsed[1], {})[parsed[0]] = value
+        return [found[i].get(PRE_NORM, found[i].get(RESID, math.nan)) for i in sorted(found)]
 
 
 def _float(v: Any) -> Any:

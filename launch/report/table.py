@@ -54,7 +54,9 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("tokens_per_s", "tokens/s", ",.0f"),
 ]
 NOTES = (
-    "act. growth: RMS of the last block's output over the first block's, at the last logged step. "
+    "act. growth: RMS of the residual stream at the last block's end over the first block's, at "
+    "the last logged step (for post-norm blocks the sum before their closing norm, whose output "
+    "is ~1 by construction). "
     "Spike %: OLMo 2 spike score (SCIENCE.md 8) of the cross-entropy and the gradient norm over "
     "every step so far, with the window in 'spike window' (1000, or steps // 2 for a run shorter "
     "than twice that). Non-finite: steps with a non-finite loss (or gradient norm outside fp16); "
@@ -98,7 +100,7 @@ def summarize(run: Run) -> dict[str, Any]:
     resid_row = next((r for r in reversed(run.train) if run.blocks(RESID, r)), None)
     growth = None
     if resid_row is not None:
-        rms = run.blocks(RESID, resid_row)
+        rms = run.stream_rms(resid_row)  # before the closing norm of post-norm blocks
         growth = rms[-1] / rms[0] if rms[0] else math.inf
     # the attention_logits instrument's max, or QK-Clip's (the same exact per-step S_max)
     logits = finite([r[k] for r in run.train for k in (MAX_LOGIT, S_MAX) if k in r])

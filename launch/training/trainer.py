@@ -247,6 +247,9 @@ class Trainer:
             try:
                 pending.append(self._train_step(step))
             except StopRun as why:  # the spike policy: these bad steps are not a passing spike
+                window += self._host_rows(pending, mark)  # steps before the stop stay on record
+                if window:
+                    self._log(window)
                 return self._stopped_by_callback(str(why), step)
             stop = self.stop.agreed() if step < t.steps else 0  # same answer on every rank
             is_log = bool(stop) or step % t.log_every == 0 or step == t.steps
@@ -255,12 +258,7 @@ class Trainer:
             is_ckpt = bool(stop) or step == t.steps or (every > 0 and step % every == 0)
             if not (is_log or is_eval or is_ckpt):
                 continue
-            rows = self._to_host(pending)
-            now = time.perf_counter()
-            for row in rows:
-                row["step_time"] = (now - mark) / len(rows)
-            self.stats["train_s"] += now - mark
-            self.stats["tokens"] += self.tokens_per_step * len(rows)
+            rows = self._host_rows(pending, mark)
             pending = []
             bad = next((r for r in rows if not self._finite(r)), None)
             window += rows if bad is None else rows[: rows.index(bad) + 1]
@@ -309,6 +307,16 @@ class Trainer:
 
     def _veto(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         return any(cb.should_skip_step(self, step, loss, grad_norm) for cb in self.callbacks)
+
+    def _host_rows(self, pending: list[dict[str, Any]], mark: float) -> list[dict[str, float]]:
+        """The pending steps on the host, each with its share of the time since `mark`."""
+        rows = self._to_host(pending)
+        now = time.perf_counter()
+        for row in rows:
+            row["step_time"] = (now - mark) / len(rows)
+        self.stats["train_s"] += now - mark
+        self.stats["tokens"] += self.tokens_per_step * len(rows)
+        return rows
 
     @staticmethod
     def _to_host(records: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -382,7 +390,7 @@ class Trainer:
         return "diverged"
 
     def _stopped_by_callback(self, reason: str, step: int) -> str:
-        """A callback ended the run at `step` (StopRun); steps since the last log are not logged."""
+        """A callback ended the run at `step` (StopRun); the steps before it are logged."""
         self.ckpt.wait(self.engine)
         self.console.print(f"[red]{reason}[/red]", highlight=False)
         self._write_summary("diverged", message=reason, diverged_step=step)
