@@ -19,8 +19,8 @@ from typing import Any
 from rich.console import Console
 
 from launch.commands.compare import compare
-from launch.commands.study import recipe_path
 from launch.config import load_config
+from launch.config.loader import find_recipe
 from launch.report.unigram import dataset_unigram_loss
 from launch.training.datasets import resolve_dataset
 
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from launch.training.trainer import Trainer
 
     console = Console() if sys.stdout.isatty() else Console(width=240)  # no truncated names
-    paths = [recipe_path(n.strip()) for n in args.recipes.split(",") if n.strip()]
+    paths = [find_recipe(n.strip()) for n in args.recipes.split(",") if n.strip()]
     out = Path(args.out)
     configs = [load_config(p, _overrides(args, out / p.stem)) for p in paths]
     start = time.perf_counter()
