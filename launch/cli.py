@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 
 from data.errors import DataError
@@ -53,13 +54,27 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return _stdout_closed()
     except USER_ERRORS as exc:
         print(f"normlab {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"normlab {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _stdout_closed() -> int:
+    """The reader of our stdout went away (`normlab validate pre | head -1`): stop quietly, as
+    a process killed by SIGPIPE would (status 141), without the interpreter's exit-time flush
+    into the closed pipe printing a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 if __name__ == "__main__":

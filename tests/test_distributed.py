@@ -31,7 +31,6 @@ from dist_helpers import (
 )
 
 from launch.config import load_config
-from launch.errors import ConfigError
 
 pytestmark = pytest.mark.distributed
 HALF = "data.batch_size=2"  # per rank: 2 ranks x 2 = the single run's batch of 4
@@ -247,11 +246,6 @@ def test_veto_skips_the_update(tiny: dict[str, Path], overrides: tuple[str, ...]
         assert not skipped and not torch.equal(before["head.weight"], after["head.weight"])
     finally:
         engine.shutdown()
-
-
-def test_fsdp_refuses_fp16(tiny: dict[str, Path]) -> None:
-    with pytest.raises(ConfigError, match="fp16 is not supported by engine fsdp"):
-        _engine(tiny, "engine.name=fsdp", "precision.dtype=fp16")
 
 
 @pytest.mark.parametrize(

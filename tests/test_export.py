@@ -1,6 +1,6 @@
 """`normlab export`: checkpoints of the single, FSDP2 and DeepSpeed ZeRO-3 engines (the sharded
 runs with activation checkpointing) consolidate to one safetensors file holding the trained
-weights, plus the resolved config and (for a Llama-shaped recipe) a HF model whose logits match."""
+weights, plus the resolved config (in normlab/) and, at the root, a HF model whose logits match."""
 
 from __future__ import annotations
 
@@ -48,16 +48,16 @@ def exported(runs: dict[str, Path], name: str, *args: str) -> Path:
     out = runs["root"] / f"export_{name}{'_'.join(a.strip('-') for a in args)}"
     proc = normlab("export", str(runs[name]), "--out", str(out), *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"-> {out / 'model.safetensors'}" in proc.stdout
+    assert f"-> {out / 'normlab' / 'model.safetensors'}" in proc.stdout
     return out
 
 
 def test_single_export_holds_the_checkpoint_weights(runs: dict[str, Path]) -> None:
     out = exported(runs, "single")
     ckpt = torch.load(runs["single"] / "checkpoints" / "step_00000008" / "model.pt")
-    weights = load_file(out / "model.safetensors")
+    weights = load_file(out / "normlab" / "model.safetensors")
     assert set(weights) == set(ckpt) and all(torch.equal(weights[k], ckpt[k]) for k in ckpt)
-    saved = yaml.safe_load((out / "config.yaml").read_text())
+    saved = yaml.safe_load((out / "normlab" / "config.yaml").read_text())
     assert saved == yaml.safe_load((runs["single"] / "config.yaml").read_text()) | {
         "run_dir": str(runs["single"])
     }
@@ -65,7 +65,7 @@ def test_single_export_holds_the_checkpoint_weights(runs: dict[str, Path]) -> No
 
 @pytest.fixture(scope="module")
 def reference(runs: dict[str, Path]) -> dict[str, torch.Tensor]:
-    return load_file(exported(runs, "single", "--no-hf") / "model.safetensors")
+    return load_file(exported(runs, "single", "--no-hf") / "normlab" / "model.safetensors")
 
 
 @pytest.mark.parametrize("engine", ["fsdp", "zero3"])
@@ -74,15 +74,15 @@ def test_sharded_exports_match_the_single_run(
 ) -> None:
     ref = reference
     out = exported(runs, engine)
-    weights = load_file(out / "model.safetensors")
+    weights = load_file(out / "normlab" / "model.safetensors")
     assert set(weights) == set(ref)
     worst = max((weights[k] - ref[k]).abs().max().item() for k in ref)
     assert worst < WEIGHT_TOL, f"{engine}: max weight difference {worst:.3g}"
     # the file alone rebuilds the model
-    cfg = ModelConfig.from_dict(json.loads((out / "model_config.json").read_text()))
+    cfg = ModelConfig.from_dict(json.loads((out / "normlab" / "model_config.json").read_text()))
     model = Transformer(cfg)
     model.load_state_dict(weights)
-    hf = pytest.importorskip("transformers").AutoModelForCausalLM.from_pretrained(out / "hf")
+    hf = pytest.importorskip("transformers").AutoModelForCausalLM.from_pretrained(out)
     tokens = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         diff = (model.eval()(tokens) - hf.eval()(tokens).logits).abs().max().item()
@@ -94,8 +94,8 @@ def test_an_architecture_without_hf_counterpart_exports_safetensors_only(tmp_pat
         n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=64, max_seq_len=16, placement="post"
     )
     line = save_hf(Transformer(cfg), tmp_path)
-    assert line.startswith("no HF export: no HF transformers architecture for placement='post'")
-    assert not (tmp_path / "hf").exists()
+    assert line.startswith("no HF model: no HF transformers architecture for placement='post'")
+    assert not (tmp_path / "config.json").exists()
 
 
 def test_export_errors_leave_existing_directories_alone(runs: dict[str, Path]) -> None:

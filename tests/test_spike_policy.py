@@ -21,6 +21,8 @@ from launch.training.metrics import read_jsonl
 from launch.training.trainer import Trainer
 from tests.conftest import REPO, tiny_overrides
 
+PRE = REPO / "recipes" / "pre.yaml"
+
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,3 +145,24 @@ def test_last_checkpoint_before() -> None:
     assert last_checkpoint_before(dirs, 5) == Path("step_00000004")
     assert last_checkpoint_before(dirs, 4) == Path("step_00000002")
     assert last_checkpoint_before(dirs, 2) is None
+
+
+def test_rollback_keeps_the_recipe_values_of_a_forced_resume(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """A rollback target saved before `--force optim.lr=...` must not bring its old optimizer
+    values back: the rollback restores like a resume (launch.training.resume)."""
+    run = tmp_path / "run"
+    over = tiny_overrides(tiny_data, run, checkpoint__every=4, schedule__kind="constant")
+    assert Trainer(load_config(PRE, [*over, "training.steps=4", "optim.lr=1e-3"])).run() == 0
+    inject = Inject(nan_steps={6, 7, 8}, big_steps=set())
+    settings = [f"instruments.spike_policy.{k}" for k in ("window=3", "k=3.0", "max_bad_steps=3")]
+    cfg = load_config(PRE, [*over, "training.steps=10", "optim.lr=5e-4", *settings])
+    console = Console(record=True, width=200)
+    trainer = Trainer(cfg, force=True, callbacks=[inject], console=console)
+    assert trainer.run() == 0
+    assert "rolled back to step_00000004" in console.export_text()
+    rows = {r["step"]: r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r}
+    assert rows[8]["rollbacks"] == 1
+    assert [rows[s]["lr"] for s in (9, 10)] == [5e-4, 5e-4]  # constant schedule after warm-up
+    assert all(g["initial_lr"] == 5e-4 for g in trainer.engine.optimizer.param_groups)

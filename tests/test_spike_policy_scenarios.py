@@ -32,7 +32,8 @@ class SimRun:
         self.loads: list[str] = []
         self.cfg = SimpleNamespace(precision=SimpleNamespace(dtype="fp16" if fp16 else "fp32"))
         self.ckpt = SimpleNamespace(
-            step_dirs=lambda: [Path(f"step_{s:08d}") for s in sorted(self.saved)]
+            step_dirs=lambda: [Path(f"step_{s:08d}") for s in sorted(self.saved)],
+            restore=lambda engine, path: engine.load(path),
         )
         self.engine = SimpleNamespace(
             is_main=True, all_reduce=lambda t, op="sum": t, load=self._load

@@ -65,7 +65,7 @@ def test_default_set_and_spike_window() -> None:
 def test_unknown_recipe_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["study", "no_such_recipe", "--out", str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err
-    assert "no recipe 'no_such_recipe'" in err and "post_warmup" in err
+    assert "no recipe file or recipe name 'no_such_recipe'" in err and "post_warmup" in err
     assert main(["study", "pre", "--steps", "0", "--out", str(tmp_path / "s")]) == 2
     assert not (tmp_path / "s").exists()
 

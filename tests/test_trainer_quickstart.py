@@ -12,8 +12,8 @@ import pytest
 
 from launch.cli import main
 from launch.commands.quickstart import DEFAULT
-from launch.commands.study import recipe_path
 from launch.config import load_config
+from launch.config.loader import find_recipe
 from launch.report.unigram import dataset_unigram_loss, unigram_loss
 from tests.conftest import tiny_overrides
 
@@ -53,7 +53,7 @@ def test_unigram_loss_by_hand() -> None:
 
 
 def test_default_recipes_are_the_measured_setting() -> None:
-    cfgs = {Path(n).name: load_config(recipe_path(n)) for n in DEFAULT}
+    cfgs = {Path(n).name: load_config(find_recipe(n)) for n in DEFAULT}
     assert {c.model.n_layers for c in cfgs.values()} == {12}
     assert {c.optim.lr for c in cfgs.values()} == {1e-3}
     assert {tuple(c.optim.betas) for c in cfgs.values()} == {(0.9, 0.98)}

@@ -1,110 +1,74 @@
-"""`normlab export RUN_DIR --out DIR [--step N]`: one checkpoint of any engine -> one safetensors
-file plus the resolved config, and a HF transformers model where the architecture exists there.
+"""`normlab export RUN_DIR --out DIR [--step N] [--overwrite]`: one checkpoint of any engine ->
+a folder that HF transformers loads directly, plus normlab's own files.
+
+DIR holds the HF model (config.json, model.safetensors, generation_config.json) where the
+architecture exists in transformers (model.hf), the run's tokenizer (tokenizer.model and the HF
+tokenizer files, data.hf_tokenizer), and normlab/ (model.safetensors with normlab's parameter
+names, config.yaml, model_config.json). `AutoTokenizer.from_pretrained(DIR)` and
+`AutoModelForCausalLM.from_pretrained(DIR)` load it. --no-hf writes tokenizer.model and normlab/
+only (and so needs no transformers).
 
 Runs in one process without a process group: single-engine checkpoints are read directly, FSDP
 checkpoints through torch.distributed.checkpoint (any saving world size), DeepSpeed ZeRO
 checkpoints through DeepSpeed's own zero_to_fp32 consolidation (the fp32 master weights).
-The output is written into a temporary sibling and renamed, so a failed export leaves nothing.
+The output is built in a temporary sibling and renamed into place only when complete, so a failed
+export leaves nothing, and with --overwrite the previous export survives until then.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
-import torch
 import yaml
 
 from launch.config import RunConfig, load_config
-from launch.engines.fsdp import DCP_DIR, read_meta
-from launch.engines.single import MODEL_FILE, check_compatible, read_file
+from launch.engines.fsdp import read_meta
 from launch.errors import CheckpointError, RunDirError
-from launch.training.checkpoint import CheckpointManager, step_dir_name
+from launch.extras import require
+from launch.training.consolidate import find_checkpoint, read_weights
+from launch.training.manifest import find_damage
 from model import Transformer
 
-WEIGHTS, CONFIG, MODEL_CONFIG, HF_DIR = (
+NATIVE_DIR, WEIGHTS, CONFIG, MODEL_CONFIG = (
+    "normlab",
     "model.safetensors",
     "config.yaml",
     "model_config.json",
-    "hf",
 )
-WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+SPM_FILE = "tokenizer.model"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "export", help="consolidate a run's checkpoint into safetensors (and HF format)"
+        "export", help="a run's checkpoint as a HF transformers folder (+ normlab's own files)"
     )
-    p.add_argument("run_dir", help="a run directory (holding config.yaml and checkpoints/)")
-    p.add_argument("--out", required=True, help="new output directory (must not exist)")
+    p.add_argument(
+        "run_dir", help="a run directory (holding config.yaml), or a run name (runs/NAME)"
+    )
+    p.add_argument("--out", required=True, help="output directory (refused if it exists)")
     p.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
-    p.add_argument("--no-hf", action="store_true", help="skip the HF transformers export")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing export in --out, once the new one is complete",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="FILE",
+        help="SentencePiece .model to ship (default: the one of the run's data.dataset)",
+    )
+    p.add_argument(
+        "--no-hf",
+        action="store_true",
+        help="native format only (tokenizer.model and normlab/); needs no transformers",
+    )
     p.set_defaults(func=run)
-
-
-def clean_key(key: str) -> str:
-    """Parameter name without the wrappers of activation checkpointing, compile or DeepSpeed."""
-    key = key.removeprefix("module.")
-    for prefix in WRAPPER_PREFIXES:
-        key = key.replace(prefix, "")
-    return key
-
-
-def find_checkpoint(run_dir: Path, step: int | None) -> Path:
-    manager = CheckpointManager(run_dir, keep_last=1)
-    if step is None:
-        ckpt = manager.latest()
-        if ckpt is None:
-            raise CheckpointError(f"{run_dir} holds no checkpoint")
-        return ckpt
-    ckpt = manager.root / step_dir_name(step)
-    if not ckpt.is_dir():
-        found = ", ".join(p.name for p in manager.step_dirs()) or "none"
-        raise CheckpointError(f"{run_dir} has no checkpoint at step {step} (found: {found})")
-    return ckpt
-
-
-def read_weights(ckpt: Path, model: Transformer) -> dict[str, torch.Tensor]:
-    """The checkpoint's model weights keyed like `model.state_dict()`, whatever the engine."""
-    meta = read_meta(ckpt)
-    fmt = meta.get("format", "single")
-    if fmt == "single":
-        found = read_file(ckpt / MODEL_FILE, weights_only=True)
-    elif fmt == "dcp":
-        found = _read_dcp(ckpt / DCP_DIR, model)
-    elif fmt == "deepspeed":
-        found = _read_zero(ckpt, meta.get("tag", "deepspeed"))
-    else:
-        raise CheckpointError(f"{ckpt}: unknown checkpoint format {fmt!r}")
-    found = {clean_key(k): v for k, v in found.items()}
-    expected = model.state_dict()
-    check_compatible(expected, found, ckpt)
-    return {k: found[k].to(expected[k].dtype) for k in expected}
-
-
-def _read_dcp(path: Path, model: Transformer) -> dict[str, torch.Tensor]:
-    import torch.distributed.checkpoint as dcp
-
-    state = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
-    try:
-        dcp.load(state, checkpoint_id=path, no_dist=True)
-    except (RuntimeError, ValueError, KeyError, OSError) as exc:
-        msg = str(exc).strip().splitlines()
-        raise CheckpointError(f"cannot read {path}: {msg[-1] if msg else exc!r}") from None
-    return state["model"]
-
-
-def _read_zero(ckpt: Path, tag: str) -> dict[str, torch.Tensor]:
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # consolidation runs on the host
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    try:
-        return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=tag))
-    except (FileNotFoundError, ValueError, KeyError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot consolidate the ZeRO checkpoint in {ckpt}: {exc}") from None
 
 
 def save_safetensors(model: Transformer, path: Path) -> None:
@@ -116,50 +80,164 @@ def save_safetensors(model: Transformer, path: Path) -> None:
     save_file(tensors, str(path), metadata=meta)
 
 
-def save_hf(model: Transformer, out: Path) -> str:
-    """Write the HF model when a family matches; return a line saying what happened."""
+def save_hf(model: Transformer, out: Path, token_ids: dict[str, int | None] | None = None) -> str:
+    """Write the HF model into `out` when a family matches; return a line saying what happened."""
     from model.hf import hf_family, to_hf
 
     try:
         family = hf_family(model.config)
     except ValueError as exc:
-        return f"no HF export: {exc}"
+        return f"no HF model: {exc}"
+    to_hf(model, token_ids).save_pretrained(str(out))
+    return f"HF {family} model -> {out}"
+
+
+def resolve_run_dir(name: str) -> Path:
+    """A run directory as given, else runs/NAME (where `normlab train NAME` puts it)."""
+    path = Path(name).expanduser()
+    for candidate in (path, Path("runs") / name):
+        if (candidate / CONFIG).is_file():
+            return candidate
+    if path.is_dir() or len(path.parts) > 1:
+        raise RunDirError(f"{path} is not a normlab run directory (no {CONFIG})")
+    raise RunDirError(f"no run directory {name!r} (nor runs/{name}) holding {CONFIG}")
+
+
+def check_out(out: Path, run_dir: Path, overwrite: bool) -> None:
+    """Refuse an existing --out unless --overwrite, and even then anything but a normlab export
+    (an empty folder or one holding normlab/model_config.json): nothing else is replaced."""
+    target, run = out.resolve(), run_dir.resolve()
+    if target == run or target in run.parents:
+        raise RunDirError(f"--out {out} would replace the run directory {run_dir}")
+    if not out.exists() and not out.is_symlink():
+        return
+    if not overwrite:
+        raise RunDirError(f"--out {out} already exists; choose a new directory or --overwrite")
+    if not out.is_dir() or out.is_symlink():
+        raise RunDirError(f"--out {out} exists and is not a directory; not replacing it")
+    marks = (out / NATIVE_DIR / MODEL_CONFIG, out / MODEL_CONFIG)
+    if any(out.iterdir()) and not any(m.is_file() for m in marks):
+        raise RunDirError(
+            f"--out {out} is not a normlab export (no {NATIVE_DIR}/{MODEL_CONFIG}); "
+            "--overwrite only replaces an earlier export"
+        )
+
+
+def run_tokenizer(cfg: RunConfig, given: str | None) -> Path:
+    """The SentencePiece model the run trained on (or --tokenizer), checked against its size."""
+    if given:
+        path = Path(given).expanduser()
+    elif cfg.data.dataset == "bundled":
+        from launch.training.datasets import resolve_dataset  # prepares it if the cache is gone
+
+        path = resolve_dataset(cfg.data, quiet=True) / SPM_FILE
+    else:
+        path = Path(cfg.data.dataset).expanduser() / SPM_FILE
+    if not path.is_file():
+        raise RunDirError(
+            f"the run's tokenizer {path} is missing (data.dataset {cfg.data.dataset}); "
+            "pass --tokenizer FILE (the tokenizer.model it was prepared with)"
+        )
+    from data.tokenizer import load_tokenizer
+
+    size = load_tokenizer(path).vocab_size()
+    if size != cfg.data.vocab_size:
+        raise RunDirError(
+            f"{path} has {size} pieces but the run trained on a {cfg.data.vocab_size}-piece "
+            "tokenizer (data.vocab_size); pass --tokenizer with the run's tokenizer.model"
+        )
+    return path
+
+
+def write_export(model: Transformer, cfg: RunConfig, spm: Path, tmp: Path, hf: bool) -> list[str]:
+    """Everything of the export into the empty folder `tmp`; return report lines."""
+    native = tmp / NATIVE_DIR
+    native.mkdir()
+    save_safetensors(model, native / WEIGHTS)
+    (native / CONFIG).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    (native / MODEL_CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+    if not hf:
+        shutil.copyfile(spm, tmp / SPM_FILE)
+        return [f"tokenizer {spm.name} (SentencePiece only: --no-hf)"]
+    from data.hf_tokenizer import save_hf_tokenizer
+
+    token_ids = save_hf_tokenizer(spm, tmp, model.config.max_seq_len)
+    return [f"tokenizer {spm} (SentencePiece + HF files)", save_hf(model, tmp, token_ids)]
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Move the complete export `tmp` to `out`; an earlier export there is removed only after."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.replace(out, old / out.name)
     try:
-        hf = to_hf(model)
-    except ImportError:
-        return "no HF export: transformers is not installed"
-    hf.save_pretrained(str(out / HF_DIR))
-    return f"HF {family} model -> {out / HF_DIR}"
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old / out.name, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
-def export(run_dir: Path, out: Path, step: int | None = None, hf: bool = True) -> list[str]:
-    """Export one checkpoint of `run_dir` into the new directory `out`; return report lines."""
+def export(
+    run_dir: Path,
+    out: Path,
+    step: int | None = None,
+    hf: bool = True,
+    overwrite: bool = False,
+    tokenizer: str | None = None,
+) -> list[str]:
+    """Export one checkpoint of `run_dir` into `out`; return report lines. Every check (output
+    folder, optional packages, checkpoint, tokenizer) runs before anything is written."""
     if not (run_dir / CONFIG).is_file():
         raise RunDirError(f"{run_dir} is not a normlab run directory (no {CONFIG})")
-    if out.exists():
-        raise RunDirError(f"--out {out} already exists; choose a new directory")
+    check_out(out, run_dir, overwrite)
+    if hf:
+        require("transformers", "normlab export (its HF format; --no-hf writes the native only)")
     cfg: RunConfig = load_config(run_dir / CONFIG, [f"run_dir={run_dir}"])
     ckpt = find_checkpoint(run_dir, step)
+    engine = read_meta(ckpt).get("engine", "single")
+    if read_meta(ckpt).get("format") == "deepspeed":
+        require("deepspeed", f"exporting the DeepSpeed checkpoint {ckpt}")
+    spm = run_tokenizer(cfg, tokenizer)
+    damage = find_damage(ckpt)
+    if damage is not None:
+        raise CheckpointError(f"checkpoint {ckpt.name} is damaged: {damage}; export another --step")
     model = Transformer(cfg.model_config())
     model.load_state_dict(read_weights(ckpt, model))
-    tmp = out.with_name(f".tmp-{out.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = temp_dir(out)
     try:
-        save_safetensors(model, tmp / WEIGHTS)
-        (tmp / CONFIG).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        (tmp / MODEL_CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-        lines = [f"{ckpt.name} ({read_meta(ckpt).get('engine', 'single')}) -> {out / WEIGHTS}"]
-        if hf:
-            lines.append(save_hf(model, tmp).replace(str(tmp), str(out)))
-        os.replace(tmp, out)
+        lines = [f"{ckpt.name} ({engine}) -> {out / NATIVE_DIR / WEIGHTS}"]
+        written = write_export(model, cfg, spm, tmp, hf)
+        lines += [line.replace(str(tmp), str(out)) for line in written]
+        publish(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        where = exc.filename or out
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise RunDirError(f"no space left on device while writing {where}") from None
+        raise RunDirError(f"cannot write {where}: {exc.strerror or exc}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return lines
 
 
+def temp_dir(out: Path) -> Path:
+    """An empty folder beside `out` (same filesystem, so publishing it is a rename)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise RunDirError(f"cannot create --out {out}: {exc.strerror or exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    for line in export(Path(args.run_dir), Path(args.out), args.step, hf=not args.no_hf):
+    run_dir = resolve_run_dir(args.run_dir)
+    lines = export(
+        run_dir, Path(args.out), args.step, not args.no_hf, args.overwrite, args.tokenizer
+    )
+    for line in lines:
         print(line)
     return 0

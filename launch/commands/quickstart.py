@@ -19,8 +19,9 @@ from typing import Any
 from rich.console import Console
 
 from launch.commands.compare import compare
-from launch.commands.study import recipe_path, train_all
+from launch.commands.study import train_all
 from launch.config import load_config
+from launch.config.loader import find_recipe
 from launch.errors import ConfigError
 from launch.report.unigram import dataset_unigram_loss
 from launch.training.datasets import resolve_dataset
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
     console = Console() if sys.stdout.isatty() else Console(width=240)  # no truncated names
-    paths = [recipe_path(n.strip()) for n in args.recipes.split(",") if n.strip()]
+    paths = [find_recipe(n.strip()) for n in args.recipes.split(",") if n.strip()]
     out = Path(args.out)
     configs = [load_config(p, _overrides(args, out / p.stem)) for p in paths]
     start = time.perf_counter()

@@ -26,9 +26,9 @@ from rich.console import Console
 from launch.commands.compare import compare
 from launch.commands.submit import add_submit_options, job_spec
 from launch.config import RunConfig, from_dict, load_config
+from launch.config.loader import find_recipe
 from launch.errors import ConfigError
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"  # the repository root's
 DEFAULT_RECIPES = [
     "post_warmup",
     "post_nowarmup",
@@ -41,18 +41,6 @@ DEFAULT_RECIPES = [
 DEFAULT_LRS = (1e-3, 3e-3)
 DEFAULT_SEEDS = (0, 1)
 OBSERVERS = ["activations", "gradients", "attention_logits", "qk_gains"]
-
-
-def recipe_path(name: str) -> Path:
-    """A recipe file path, or a name in the repository's recipes/ directory."""
-    path = Path(name)
-    if path.is_file():
-        return path
-    bundled = RECIPES_DIR / f"{name.removesuffix('.yaml')}.yaml"
-    if bundled.is_file():
-        return bundled
-    known = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
-    raise ConfigError(f"no recipe {name!r} (a YAML file, or one of: {known})")
 
 
 def spike_window(steps: int, asked: int | None) -> int:
@@ -84,7 +72,7 @@ def study_configs(
     lrs / seeds None: each recipe's own value, in DIR/runs/<recipe>."""
     cfgs = []
     for name in recipes:
-        path = recipe_path(name)
+        path = find_recipe(name)
         for lr in lrs or [None]:
             for seed in seeds or [None]:
                 extra = [f"training.steps={steps}"] if steps is not None else []

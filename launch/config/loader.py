@@ -165,14 +165,21 @@ RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def find_recipe(name: str | Path) -> Path:
-    """A recipe path as given, else a bare name in recipes/ or recipes/presets/ (`pre`, `7b`)."""
+    """The recipe file `name` means, for every command that takes one: an existing file as given,
+    else a name in recipes/ or recipes/presets/ (`pre`, `pre.yaml`, `7b`, `quickstart/pre`).
+    A path-like name that matches nothing is returned as given (load_yaml names it missing)."""
     path = Path(name).expanduser()
-    if path.exists() or path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
-        return path  # a path: load_yaml names it if it is missing
-    for folder in (RECIPES_DIR, RECIPES_DIR / "presets"):
-        if (folder / f"{name}.yaml").is_file():
-            return folder / f"{name}.yaml"
+    if path.is_file():
+        return path
+    stem = str(name).removesuffix(".yaml").removesuffix(".yml")
+    if stem and not Path(stem).is_absolute():
+        for folder in (RECIPES_DIR, RECIPES_DIR / "presets"):
+            if (folder / f"{stem}.yaml").is_file():
+                return folder / f"{stem}.yaml"
+    if path.suffix in (".yaml", ".yml") or len(path.parts) > 1 or path.is_dir():
+        return path
     known = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    known += sorted(p.stem for p in (RECIPES_DIR / "presets").glob("*.yaml"))
     close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise ConfigError(

@@ -289,17 +289,8 @@ def _validate_optim(cfg: RunConfig) -> None:
         raise ConfigError(f"optim.betas must lie in [0, 1), got {list(o.betas)}")
     if not 0.0 <= o.muon_momentum < 1.0:
         raise ConfigError(f"optim.muon_momentum must lie in [0, 1), got {o.muon_momentum}")
-    if o.name == "muon" and cfg.engine.name == "deepspeed":
-        raise ConfigError(MUON_ON_DEEPSPEED)
     if o.qk_clip is not None:
         _validate_qk_clip(cfg)
-
-
-MUON_ON_DEEPSPEED = (
-    "optim.name muon cannot run on engine deepspeed: its ZeRO optimizers hand the optimizer flat "
-    "partitions, not matrices, and DeepSpeed's own Muon uses another update scale and an fp16 "
-    "Newton-Schulz; use engine.name: fsdp (or single) for Muon"
-)
 
 
 def _validate_qk_clip(cfg: RunConfig) -> None:
@@ -363,11 +354,6 @@ def _validate_engine(cfg: RunConfig) -> None:
         raise ConfigError(
             f"engine deepspeed needs engine.zero_stage 1, 2 or 3, got {e.zero_stage} "
             "(stage 0 is plain data parallelism: use engine.name: fsdp)"
-        )
-    if e.name == "fsdp" and cfg.precision.dtype == "fp16":
-        raise ConfigError(
-            "precision.dtype fp16 is not supported by engine fsdp (no sharded loss scaler); "
-            "use bf16, or engine.name: deepspeed for fp16 with its loss scaler"
         )
 
 

@@ -30,7 +30,10 @@ def build_on_meta(model_cfg: ModelConfig) -> tuple[Transformer, dict[str, Draw]]
 @torch.no_grad()
 def materialize(module: nn.Module, plan: dict[str, Draw], seed: int, device: torch.device) -> None:
     """Allocate `module` (meta, possibly sharded) on `device` and draw its local values."""
+    aliases = shared_parameters(module)
     module.to_empty(device=device)
+    for sub, pname, owner, oname in aliases:  # to_empty gives each alias its own storage
+        setattr(sub, pname, getattr(owner, oname))
     for sub in module.modules():
         if isinstance(sub, Attention):
             sub.reset_rope()  # non-persistent buffers: computed, not drawn
@@ -38,6 +41,22 @@ def materialize(module: nn.Module, plan: dict[str, Draw], seed: int, device: tor
         name = canonical_name(name)
         local, start = local_part(p)
         plan[name].fill_(local, seed, name, p.numel(), start)
+
+
+def shared_parameters(module: nn.Module) -> list[tuple[nn.Module, str, nn.Module, str]]:
+    """(module, name, owner, owner's name) for each parameter that is a second name of one seen
+    before (a tied head: `head.weight is embed.weight`)."""
+    first: dict[int, tuple[nn.Module, str]] = {}
+    aliases = []
+    for sub in module.modules():
+        for pname, p in sub._parameters.items():
+            if p is None:
+                continue
+            if id(p) in first:
+                aliases.append((sub, pname, *first[id(p)]))
+            else:
+                first[id(p)] = (sub, pname)
+    return aliases
 
 
 def local_part(p: torch.Tensor) -> tuple[torch.Tensor, int]:

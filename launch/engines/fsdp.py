@@ -25,6 +25,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DeviceMesh, DTensor, init_device_mesh
 
 from launch.engines.base import OptimizerFactory, StepVeto
@@ -35,6 +36,7 @@ from launch.errors import CheckpointError, ConfigError
 from model import ModelConfig, Transformer
 
 DCP_DIR, META_FILE = "dcp", "engine.json"
+LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the compute dtype of a shard
 
 
 def trainer_file(rank: int) -> str:
@@ -83,11 +85,6 @@ class FSDPEngine(DistributedEngine):
     name = "fsdp"
 
     def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
-        if self.cfg.precision.dtype == "fp16":
-            raise ConfigError(
-                "precision.dtype fp16 is not supported by engine fsdp (no sharded loss scaler); "
-                "use bf16, or engine.name: deepspeed for fp16 with its loss scaler"
-            )
         self._device = self._join()
         self._mesh = device_mesh(self._device.type, self._world, self.cfg.engine.replicate)
         module, plan = build_on_meta(model_cfg)
@@ -103,11 +100,20 @@ class FSDPEngine(DistributedEngine):
         self._module = module
         self._optimizer = build_optimizer(module)
         self._micro = 0
+        prec = self.cfg.precision
+        # fp16: dynamic loss scaling whose inf/NaN check is agreed over every rank's shards
+        self._scaler = ShardedGradScaler(
+            self._device.type,
+            init_scale=prec.loss_scale_init,
+            growth_interval=prec.loss_scale_growth_interval,
+            enabled=prec.dtype == "fp16",
+        )
 
     def _shard(self, module: Transformer) -> None:
+        low = LOW_PRECISION.get(self.cfg.precision.dtype)  # fp32 master shards either way
         policy = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if self.cfg.precision.dtype == "bf16"
+            MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+            if low is not None
             else MixedPrecisionPolicy()
         )
         n = len(module.blocks)
@@ -130,12 +136,13 @@ class FSDPEngine(DistributedEngine):
         # reduce-scatter the gradients once, after the last micro-batch
         self._module.set_requires_gradient_sync(self._micro >= accum)
         loss = self._loss(inputs, targets)
-        (loss / accum).backward()
+        self._scaler.scale(loss / accum).backward()
         return self.all_reduce(loss.detach(), "mean")  # the global-batch loss, as one process
 
     def clip_and_step(
         self, max_norm: float, veto: StepVeto | None = None
     ) -> tuple[torch.Tensor, bool]:
+        self._scaler.unscale_(self._optimizer)  # a no-op outside fp16
         params = [p for p in self._module.parameters() if p.grad is not None]
         grads = [p.grad for p in params]
         norm = torch.nn.utils.get_total_norm(grads, foreach=True)
@@ -148,7 +155,8 @@ class FSDPEngine(DistributedEngine):
             flag = self.all_reduce(torch.tensor(float(skipped), device=self._device), "max")
             skipped = bool(flag.item())
         if not skipped:
-            self._optimizer.step()
+            self._scaler.step(self._optimizer)  # fp16: skips the update on inf/NaN gradients
+        self._scaler.update()
         return norm.detach(), skipped
 
     def zero_grad(self) -> None:
@@ -179,6 +187,7 @@ class FSDPEngine(DistributedEngine):
                 "world_size": self._world,
                 "replicate": self.cfg.engine.replicate,
                 "format": "dcp",
+                "scaler": self._scaler.state_dict(),  # {} outside fp16; the same on every rank
             }
             (ckpt_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -206,6 +215,8 @@ class FSDPEngine(DistributedEngine):
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
         )
+        if meta.get("scaler"):
+            self._scaler.load_state_dict(meta["scaler"])
         return read_extra(ckpt_dir, self._rank)
 
     def release(self) -> None:

@@ -9,9 +9,9 @@ mode:
   the MLP projections, the head), the branch outputs F(.) and the SwiGLU product entering
   `down_proj`, so the clamps sit on the inputs and outputs of every linear layer and on every
   branch output. A branch that overflows would otherwise add inf to the fp32 stream.
-- fp16 parameters (DeepSpeed fp16, a `.half()` model): everything is fp16, the residual stream
-  included, so the clamps also sit on every residual wrapper (`blocks.i.attn`, `blocks.i.mlp`),
-  block output and norm.
+- fp16 parameters (DeepSpeed fp16, FSDP2 fp16 whose shards compute in fp16, a `.half()` model):
+  everything is fp16, the residual stream included, so the clamps also sit on every residual
+  wrapper (`blocks.i.attn`, `blocks.i.mlp`), block output and norm.
 A hook on a tensor that is not fp16 returns at once (a dtype test, not a data-dependent branch);
 on finite fp16 values the clamp is the identity, so a run that never overflows is bit-identical
 with and without the hooks. `counts[i]` adds one for each hooked tensor of block i that held an

@@ -161,7 +161,9 @@ class SpikePolicy(Callback):
                 f"spike policy: {self._bad_span(step)} would need rollback {self.rollbacks + 1}, "
                 f"over instruments.spike_policy.max_rollbacks ({self.max_rollbacks}): stopping"
             )
-        extra = trainer.engine.load(target)  # model, optimizer, scaler; data and step go on
+        # model, optimizer, scaler (data and step go on); verified, and the recipe's optimizer
+        # values kept as on resume: the target may predate a `--force` change of optim.lr
+        extra = trainer.ckpt.restore(trainer.engine, target)
         saved = extra.get("callbacks", {}).get(self.name, {}).get("windows", {})
         for key, win in self.windows.items():
             win.clear()

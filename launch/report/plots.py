@@ -22,6 +22,7 @@ from launch.instruments.common import (  # noqa: E402
     RESID,
     parse_block_key,
 )
+from launch.optim.qk_clip import S_MAX  # noqa: E402
 from launch.report.runs import Run  # noqa: E402
 from launch.report.table import dataset_label  # noqa: E402
 
@@ -85,12 +86,14 @@ def save(fig: plt.Figure | None, path: Path) -> Path | None:
 
 
 def _line_plot(
-    runs: list[Run], key: str, title: str, ylabel: str, log_y: bool
+    runs: list[Run], key: str | tuple[str, ...], title: str, ylabel: str, log_y: bool
 ) -> tuple[plt.Figure, plt.Axes] | None:
+    """One curve per run of `key` (a tuple: the first of its keys that the run logged)."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
     drawn = False
+    keys = (key,) if isinstance(key, str) else key
     for i, run in enumerate(runs):
-        steps, values = run.series(key)
+        steps, values = next((found for k in keys if (found := run.series(k))[0]), ([], []))
         if steps:
             every = max(1, len(steps) // 10)
             ax.plot(
@@ -163,7 +166,7 @@ def grad_norm_figure(runs: list[Run]) -> plt.Figure | None:
 def max_logit_figure(runs: list[Run]) -> plt.Figure | None:
     made = _line_plot(
         runs,
-        MAX_LOGIT,
+        (MAX_LOGIT, S_MAX),  # the attention_logits instrument's, else QK-Clip's exact S_max
         "maximum attention logit (any head, any block)",
         "max q.k / sqrt(d_head)",
         log_y=False,

@@ -176,6 +176,12 @@ class CheckpointManager:
         ckpt = self.find(step) if step is not None else self.latest()
         if ckpt is None:
             return None
+        return ckpt, self.restore(engine, ckpt)
+
+    def restore(self, engine: Engine, ckpt: Path) -> dict[str, Any]:
+        """Load `ckpt` into `engine` (resume, or a spike-policy rollback mid-run): the manifest is
+        checked first and the recipe's optimizer hyperparameters survive the load. Returns the
+        trainer state saved with it."""
         damage = find_damage(ckpt)
         if damage is not None:
             raise CheckpointError(f"checkpoint {ckpt.name} is damaged: {damage}{self._offer(ckpt)}")
@@ -189,7 +195,7 @@ class CheckpointManager:
         if not isinstance(extra, dict) or "step" not in extra:
             raise CheckpointError(f"checkpoint {ckpt} has no trainer state (step missing)")
         self.recipe_changes = reapply(engine.optimizer, recipe)
-        return ckpt, extra
+        return extra
 
     def find(self, step: str) -> Path:
         """The checkpoint directory `step` names: step_00000400, step_400 or 400."""
