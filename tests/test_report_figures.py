@@ -98,6 +98,7 @@ def test_study_figures_average_seeds_per_lr_panel(tmp_path: Path) -> None:
     fig = study_figure(runs, *DEPTH)
     low, high = fig.axes
     assert low.get_ylim() == high.get_ylim()  # one y-range across learning rates
+    assert isinstance(low.yaxis.get_major_formatter(), FormatStrFormatter)  # '40', not 4x10^1
     assert [low.get_title(), high.get_title()] == ["lr 0.001", "lr 0.003"]
     assert list(high.lines[0].get_ydata()) == pytest.approx(
         [40.0, 80.0, 120.0]

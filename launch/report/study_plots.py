@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from launch.instruments.common import RESID  # noqa: E402
-from launch.report.plots import curve_style, save  # noqa: E402
+from launch.report.plots import curve_style, readable_log, save  # noqa: E402
 from launch.report.runs import Run  # noqa: E402
 from launch.report.table import dataset_label  # noqa: E402
 
@@ -112,6 +112,8 @@ def study_figure(runs: list[Run], draw, ylabel: str, title: str) -> plt.Figure |
     )
     for ax, lr in zip(axes[0], lrs, strict=True):
         draw(ax, lr, recipes, groups)
+    for ax in axes[0]:
+        readable_log(ax)  # after every panel is drawn: the shared range is final
     axes[0][0].set_ylabel(ylabel)
     handles, labels = axes[0][0].get_legend_handles_labels()
     for ax in axes[0][1:]:
