@@ -294,17 +294,8 @@ def _validate_optim(cfg: RunConfig) -> None:
         raise ConfigError(f"optim.betas must lie in [0, 1), got {list(o.betas)}")
     if not 0.0 <= o.muon_momentum < 1.0:
         raise ConfigError(f"optim.muon_momentum must lie in [0, 1), got {o.muon_momentum}")
-    if o.name == "muon" and cfg.engine.name == "deepspeed":
-        raise ConfigError(MUON_ON_DEEPSPEED)
     if o.qk_clip is not None:
         _validate_qk_clip(cfg)
-
-
-MUON_ON_DEEPSPEED = (
-    "optim.name muon cannot run on engine deepspeed: its ZeRO optimizers hand the optimizer flat "
-    "partitions, not matrices, and DeepSpeed's own Muon uses another update scale and an fp16 "
-    "Newton-Schulz; use engine.name: fsdp (or single) for Muon"
-)
 
 
 def _validate_qk_clip(cfg: RunConfig) -> None:

@@ -78,6 +78,30 @@ class Engine(ABC):
         (sharded, for a sharding engine): start-up self-checks run the real optimizer on it."""
         return module
 
+    def probe_step(
+        self,
+        make_probe: Callable[[], nn.Module],
+        factory: OptimizerFactory,
+        grad: torch.Tensor,
+    ) -> tuple[torch.Tensor, float]:
+        """One step of the run's optimizer on a probe (one parameter, `weight`, zero) held as the
+        model's parameters are, with gradient `grad` on every rank. Returns the whole weight
+        after the step (fp32, CPU) and the optimizer's lr. DeepSpeed overrides this."""
+        probe = self.wrap_like_model(make_probe())
+        opt = factory(probe)
+        w = probe.weight
+        assert isinstance(w, torch.Tensor)
+        grad = grad.to(w.device, w.dtype)
+        if hasattr(w, "device_mesh"):
+            from torch.distributed.tensor import distribute_tensor
+
+            grad = distribute_tensor(grad, w.device_mesh, w.placements, src_data_rank=None)
+        w.grad = grad
+        opt.step()
+        after = w.detach()
+        after = after.full_tensor() if hasattr(after, "full_tensor") else after
+        return after.float().cpu(), opt.param_groups[0]["lr"]
+
     def scale_rows_(self, param: nn.Parameter, factors: torch.Tensor) -> None:
         """Multiply row r of `param` by factors[r] (QK-Clip, after the step) wherever this engine
         keeps the weight; DeepSpeed overrides this for its partitions and fp32 master copies."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from launch.config import RunConfig
 from launch.config.loader import deep_merge
 from launch.engines.base import OptimizerFactory, StepVeto
 from launch.engines.construct import build_on_meta, build_zero3, materialize
+from launch.engines.deepspeed_muon import check_muon_config, probe_step, register_flat_layouts
 from launch.engines.dist import DistributedEngine
 from launch.engines.fsdp import (
     META_FILE,
@@ -68,7 +70,10 @@ def ds_config(cfg: RunConfig, world_size: int) -> dict[str, Any]:
         "wall_clock_breakdown": False,
     }
     user = cfg.engine.deepspeed_config
-    return deep_merge(out, _user_config(user, out)) if user else out
+    merged = deep_merge(out, _user_config(user, out)) if user else out
+    if cfg.optim.name == "muon":
+        check_muon_config(merged)
+    return merged
 
 
 def _user_config(path: str, generated: dict[str, Any]) -> dict[str, Any]:
@@ -133,6 +138,7 @@ class DeepSpeedEngine(DistributedEngine):
         if self._device.type == "cpu":
             skip_shm_comm_build()
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
+        self._config = config
         module = self._build(model_cfg, config)
         if self.cfg.engine.activation_checkpointing:
             apply_activation_checkpointing(module)
@@ -148,7 +154,17 @@ class DeepSpeedEngine(DistributedEngine):
             )
         except (AssertionError, ValueError) as exc:
             raise ConfigError(f"DeepSpeed rejected the generated config: {exc}") from None
+        register_flat_layouts(self._ds.optimizer, self._optimizer, self.cfg.engine.zero_stage)
         self._micro = 0
+
+    def probe_step(
+        self,
+        make_probe: Callable[[], nn.Module],
+        factory: OptimizerFactory,
+        grad: torch.Tensor,
+    ) -> tuple[torch.Tensor, float]:
+        """The self-check's probe through its own DeepSpeed engine of the run's ZeRO stage."""
+        return probe_step(self._config, self._world, make_probe, factory, grad)
 
     def _build(self, model_cfg: ModelConfig, config: dict[str, Any]) -> Transformer:
         """ZeRO-3: constructed partitioned under zero.Init; ZeRO-1/2 keep whole weights on every

@@ -19,7 +19,10 @@ one checkpoint cover both.
 Sharded matrices (FSDP2 DTensors, Shard(0)): Newton-Schulz needs the whole matrix. The momentum
 is elementwise and stays on the local shard; the Nesterov direction of matrix i is gathered to its
 owner rank i % world, each owner orthogonalises its own matrices (the work is spread over ranks,
-never repeated, never done per shard), and the result is scattered back as shards.
+never repeated, never done per shard), and the result is scattered back as shards. DeepSpeed ZeRO
+hands the optimizer flat fp32 partitions instead: the engine registers each one's `FlatLayout`
+(which range of which matrix it holds, launch.optim.fragments) and every matrix is orthogonalised
+whole by one owner rank the same way; momentum and weight decay are elementwise on the partition.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -38,6 +41,14 @@ NS_EPS = 1e-7
 MuonScale = Literal["match_rms_adamw", "original"]
 NSDtype = Literal["bf16", "fp32"]
 NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+if TYPE_CHECKING:
+    from launch.optim.fragments import FlatLayout
+
+
+def shape_of(p: torch.Tensor) -> tuple[int, ...]:
+    """A parameter's logical shape (ZeRO-3 partitions keep it in ds_shape; the storage is 1-D)."""
+    return tuple(getattr(p, "ds_shape", p.shape))
 
 
 def newton_schulz5(d: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -94,7 +105,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 g.setdefault("nesterov", nesterov)
                 g.setdefault("scale", scale)
                 g.setdefault("ns_dtype", ns_dtype)
-                bad = [tuple(p.shape) for p in g["params"] if p.ndim != 2]
+                bad = [shape_of(p) for p in g["params"] if len(shape_of(p)) != 2]
                 if bad:
                     raise ValueError(f"Muon groups hold 2-D matrices only, got shapes {bad}")
         adam_groups = [g for g in groups if not g["use_muon"]]
@@ -103,6 +114,8 @@ class MuonAdamW(torch.optim.Optimizer):
             torch.optim.AdamW(adam_groups, lr=lr, betas=betas, eps=eps) if adam_groups else None
         )
         super().__init__(groups, {"lr": lr, "weight_decay": 0.0})
+        # id(flat ZeRO partition) -> its layout; registered by the DeepSpeed engine
+        self.flat_layouts: dict[int, FlatLayout] = {}
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -132,10 +145,34 @@ class MuonAdamW(torch.optim.Optimizer):
             buf.lerp_(p.grad, 1 - mu)
             directions.append(p.grad.lerp(buf, mu) if group["nesterov"] else buf)
         dtype = NS_DTYPES[group["ns_dtype"]]
+        lr = group["lr"]
+        if params and id(params[0]) in self.flat_layouts:
+            for p, d in zip(params, directions, strict=True):
+                self._flat_update(p, d, self.flat_layouts[id(p)], group, dtype)
+            return
         for p, o in zip(params, orthogonalise_all(directions, dtype), strict=True):
-            lr = group["lr"]
             p.mul_(1 - lr * group["weight_decay"])
             p.add_(o.to(p.dtype), alpha=-lr * update_scale(p.shape, group["scale"]))
+
+    def _flat_update(
+        self,
+        p: torch.Tensor,
+        direction: torch.Tensor,
+        layout: FlatLayout,
+        group: dict[str, Any],
+        dtype: torch.dtype,
+    ) -> None:
+        """A ZeRO partition: each matrix's range gets its share of the whole-matrix update, with
+        the same elementwise operations (and roundings) as the unpartitioned step."""
+        from launch.optim.fragments import orthogonalise_flat
+
+        outs = orthogonalise_flat(direction, layout, partial(newton_schulz5, dtype=dtype))
+        lr = group["lr"]
+        p.mul_(1 - lr * group["weight_decay"])
+        for f, o in zip(layout.fragments, outs, strict=True):
+            if f.numel:
+                alpha = -lr * update_scale(f.shape, group["scale"])
+                p.narrow(0, f.offset, f.numel).add_(o, alpha=alpha)
 
 
 def orthogonalise_all(
@@ -160,7 +197,7 @@ def split_for_muon(model: nn.Module, weight_decay: float) -> list[dict[str, Any]
     for p in model.parameters():
         if not p.requires_grad:
             continue
-        if p.ndim < 2 or id(p) in embeds:
+        if len(shape_of(p)) < 2 or id(p) in embeds:
             rest.append(p)
         elif id(p) in heads:
             head_params.append(p)

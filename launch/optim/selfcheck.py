@@ -2,8 +2,9 @@
 
 Muon has failed silently elsewhere (SCIENCE.md section 6): DeepSpeed without a ZeRO stage ran it as
 plain SGD, ZeRO-3's zero.Init switched it off, and orthogonalising a shard is not orthogonalising
-the matrix. Before step 1 a probe matrix, wrapped exactly like the model (sharded by FSDP2 over
-the engine's mesh), goes through one step of the run's own optimizer factory with the gradient
+the matrix. Before step 1 a probe matrix, held exactly like the model (sharded by FSDP2 over the
+engine's mesh; under DeepSpeed, built the same way and stepped by a ZeRO engine of the run's
+stage), goes through one step of the run's own optimizer factory with the gradient
 G = U diag(1..10) V^T. A Newton-Schulz update has singular values in about [0.68, 1.14] (ratio
 about 1.7); SGD keeps G's spread (ratio 10), AdamW's first step is sign(G) (ratio > 5), and
 orthogonalising row shards of a wide matrix leaves singular values near 0.2. Anything outside
@@ -39,6 +40,11 @@ class Probe(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(rows, cols, device=device))  # zero: no decay
 
+    def forward(self, grad: torch.Tensor) -> torch.Tensor:
+        """A loss whose gradient with respect to the weight is `grad` (engines that own the
+        backward, such as DeepSpeed, get the probe's gradient this way)."""
+        return (self.weight * grad).sum()
+
 
 def probe_gradient(rows: int, cols: int) -> torch.Tensor:
     """U diag(linspace(1, 10)) V^T, the same on every rank (a fixed seed of its own)."""
@@ -49,10 +55,6 @@ def probe_gradient(rows: int, cols: int) -> torch.Tensor:
     return u @ torch.diag(torch.linspace(1.0, 10.0, k)) @ v.T
 
 
-def full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 def check_orthogonalised(
     engine: Engine, factory: Callable[[nn.Module], torch.optim.Optimizer], scale: str
 ) -> torch.Tensor:
@@ -60,14 +62,11 @@ def check_orthogonalised(
 
     Returns the update's singular values (scale divided out) for the tests."""
     rows = max(32, 4 * engine.world_size)  # wide, so every row shard is wide too
-    probe = engine.wrap_like_model(Probe(rows, 2 * rows, engine.device))
-    opt = factory(probe)
-    grad = probe_gradient(rows, 2 * rows).to(engine.device)
-    w = probe.weight
-    w.grad = _like(w, grad)
-    lr = opt.param_groups[0]["lr"]
-    opt.step()
-    update = -full(w.detach()).float().cpu() / (lr * update_scale(w.shape, scale))  # type: ignore[arg-type]
+    device = engine.device
+    after, lr = engine.probe_step(
+        lambda: Probe(rows, 2 * rows, device), factory, probe_gradient(rows, 2 * rows)
+    )
+    update = -after / (lr * update_scale(after.shape, scale))  # type: ignore[arg-type]
     sv = torch.linalg.svdvals(update)
     lo, hi = float(sv.min()), float(sv.max())
     if not (SV_BAND[0] <= lo and hi <= SV_BAND[1] and hi <= SV_RATIO * lo):
@@ -78,11 +77,3 @@ def check_orthogonalised(
             "orthogonalised shards instead of whole matrices); refusing to train"
         )
     return sv
-
-
-def _like(w: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    if hasattr(w, "device_mesh"):
-        from torch.distributed.tensor import distribute_tensor
-
-        return distribute_tensor(value, w.device_mesh, w.placements, src_data_rank=None)
-    return value

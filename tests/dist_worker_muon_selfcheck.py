@@ -1,0 +1,105 @@
+"""Worker of test_muon's DeepSpeed self-check test (not a test module), run by torchrun on 2 gloo
+ranks: `dist_worker_muon_selfcheck.py OUT.json`.
+
+For ZeRO 1, 2 and 3 the start-up self-check runs on normlab's Muon (it must pass, and the probe
+matrix of 32 x 64 is split between the two ranks' partitions, so the whole-matrix gather is what
+passes), then again with each silent failure forced (it must refuse): Newton-Schulz skipped (SGD),
+each rank orthogonalising only its own range (shard-wise), and, on ZeRO-3, the Muon/AdamW split
+reading the partitioned storage's shape instead of ds_shape (zero.Init switching Muon off). Rank 0
+writes {case: singular values or the refusal} to OUT.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import launch.optim.fragments as fragments
+import launch.optim.muon as muon
+from launch.config import OptimSection, RunConfig
+from launch.engines.deepspeed_engine import DeepSpeedEngine, ds_config, skip_shm_comm_build
+from launch.optim import build_optimizer
+from launch.optim.selfcheck import SelfCheckError, check_orthogonalised
+
+
+def shardwise(direction: torch.Tensor, layout: Any, ns: Callable) -> list[torch.Tensor]:
+    """Each rank orthogonalises its own rows of each matrix: the failure the gather prevents."""
+    out = []
+    for f in layout.fragments:
+        local = direction.narrow(0, f.offset, f.numel)
+        rows = local.view(-1, f.shape[1])
+        out.append(ns(rows).to(direction.dtype).flatten() if f.numel else local)
+    return out
+
+
+FAILURES: dict[str, tuple[Any, str, Any]] = {
+    "sgd": (muon, "newton_schulz5", lambda d, dtype=None: d),
+    "shardwise": (fragments, "orthogonalise_flat", shardwise),
+    "zero_init_shape": (muon, "shape_of", lambda p: tuple(p.shape)),
+}
+
+
+@contextmanager
+def forced(failure: str | None):
+    if failure is None:
+        yield
+        return
+    module, name, value = FAILURES[failure]
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
+def engine_for(stage: int) -> tuple[DeepSpeedEngine, OptimSection]:
+    cfg = RunConfig()
+    cfg.engine.name, cfg.engine.zero_stage = "deepspeed", stage
+    cfg.optim = OptimSection(name="muon", lr=0.02, muon_ns_dtype="fp32")
+    cfg.data.batch_size, cfg.training.grad_accum = 1, 1
+    engine = DeepSpeedEngine(cfg)
+    engine._device, engine._rank, engine._world = torch.device("cpu"), dist.get_rank(), 2
+    engine._config = ds_config(cfg, 2)
+    return engine, cfg.optim
+
+
+def run_case(stage: int, failure: str | None) -> Any:
+    engine, optim = engine_for(stage)
+    with forced(failure):
+        try:
+            factory = partial(build_optimizer, cfg=optim)
+            sv = check_orthogonalised(engine, factory, "match_rms_adamw")
+        except SelfCheckError as exc:
+            return {"refused": str(exc)}
+    return {"sv": sv.tolist()}
+
+
+def main() -> None:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    skip_shm_comm_build()
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    results = {}
+    for stage in (1, 2, 3):
+        failures = [None, "sgd", "shardwise"] + (["zero_init_shape"] if stage == 3 else [])
+        for failure in failures:
+            results[f"zero{stage}/{failure or 'muon'}"] = run_case(stage, failure)
+    if dist.get_rank() == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
