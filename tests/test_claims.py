@@ -14,7 +14,10 @@ from launch.report.claims import (
     compare_loss,
     group_rows,
     loss_of,
+    lower_everywhere,
+    never_worse,
     verdicts,
+    worse_somewhere,
 )
 
 
@@ -111,3 +114,30 @@ def test_contradiction_and_missing_recipes() -> None:
     assert found["Pre-LN activations grow with depth"].verdict == NOT_REPRODUCED
     assert found["Pre-LN trains without warm-up"].verdict == INCONCLUSIVE
     assert "needs recipes pre_nowarmup, pre" in found["Pre-LN trains without warm-up"].evidence
+
+
+C = f"{NOT_REPRODUCED} (contradicted: a {{}} than b)"
+
+
+@pytest.mark.parametrize(
+    "kinds, worse, never, lower",
+    [  # the comparison at each lr -> the verdict of each kind of claim, by the module's rules
+        (["higher", "same"], REPRODUCED, C.format("higher"), C.format("higher")),
+        (["lower", "same"], C.format("lower"), REPRODUCED, INCONCLUSIVE),
+        (["lower", "lower"], C.format("lower"), REPRODUCED, REPRODUCED),
+        (["same", "same"], NOT_REPRODUCED, REPRODUCED, NOT_REPRODUCED),
+        (["higher", "lower"], INCONCLUSIVE, C.format("higher"), C.format("higher")),
+        (["unclear", "same"], INCONCLUSIVE, INCONCLUSIVE, INCONCLUSIVE),
+        (["unclear", "higher"], REPRODUCED, C.format("higher"), C.format("higher")),
+    ],
+)
+def test_claim_kinds_share_one_verdict_rule(
+    kinds: list[str], worse: str, never: str, lower: str
+) -> None:
+    found = {1e-3 * (i + 1): (k, 5.0, 5.0) for i, k in enumerate(kinds)}
+    for decide, expected in (
+        (worse_somewhere, worse),
+        (never_worse, never),
+        (lower_everywhere, lower),
+    ):
+        assert decide("claim", "rule", found, "a", "b").verdict == expected, decide.__name__

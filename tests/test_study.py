@@ -4,6 +4,7 @@ report written, timings recorded; re-running reuses finished runs; bad recipes e
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,67 @@ def test_bad_lrs_and_seeds_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture)
     assert main(["study", "pre", "pre", "--out", out]) == 2
     assert "given twice" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_jobs_train_in_worker_processes_as_one_at_a_time(tiny_data: Path, tmp_path: Path) -> None:
+    """--jobs 2: the same runs (config, seed, lr carried to the workers) as one at a time."""
+    sets = [*overrides(tiny_data), "training.eval_every=0", "schedule.warmup_steps=0"]
+    finals = {}
+    for jobs in (2, 1):
+        out = tmp_path / f"jobs{jobs}"
+        console = Console(record=True, width=250)
+        result = run_study(
+            ["pre_nowarmup"],
+            out,
+            sets,
+            steps=4,
+            console=console,
+            lrs=[2e-3],
+            seeds=[0, 1],
+            jobs=jobs,
+        )
+        assert [r["seed"] for r in result["runs"]] == [0, 1]
+        assert json.loads((out / "study.json").read_text())["jobs"] == jobs
+        finals[jobs] = [
+            [r for r in read_jsonl(Path(r["run_dir"]) / "metrics.jsonl") if "loss" in r][-1]["loss"]
+            for r in result["runs"]
+        ]
+    assert finals[2] == finals[1] and finals[1][0] != finals[1][1]
+    assert "(2 at a time)" in (tmp_path / "jobs2" / "study.md").read_text()
+
+
+def test_jobs_below_one_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["study", "pre", "--jobs", "0", "--out", str(tmp_path / "s")]) == 2
+    assert "--jobs must be >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_signal_stops_the_parallel_study_before_the_next_run(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to the study process: runs being trained finish, no queued run starts, no report."""
+    import os
+    import signal
+    import threading
+
+    out = tmp_path / "study"
+    sets = [*overrides(tiny_data), "training.eval_every=0", "schedule.warmup_steps=0"]
+    original = signal.getsignal(signal.SIGTERM)
+
+    def fire() -> None:  # once the study's own handler is in place (never the default: fatal)
+        deadline = time.monotonic() + 120
+        while signal.getsignal(signal.SIGTERM) == original and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if signal.getsignal(signal.SIGTERM) != original:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=fire)
+    thread.start()
+    result = run_study(
+        ["pre_nowarmup"], out, sets, steps=4, lrs=[2e-3], seeds=[0, 1, 2], jobs=2, window=2
+    )
+    thread.join()
+    assert result["stopped"] and len(result["runs"]) < 3
+    assert not (out / "runs" / "pre_nowarmup_lr0.002_s2").exists()  # queued, never started
+    assert not (out / "study.md").exists()
+    assert signal.getsignal(signal.SIGTERM) == original  # the study's handler is gone again

@@ -38,7 +38,7 @@ def test_quickstart_trains_each_recipe_and_reports(
         assert f"{summary['final_loss']:.4f}" in row and f"{summary['eval_loss']:.4f}" in row
     for png in ("loss.png", "grad_norm.png", "resid_rms_by_depth.png", "max_logit.png"):
         assert (out / "report" / png).is_file() and f"]({png})" in md
-    assert "normlab quickstart: 2 runs" in text
+    assert "normlab quickstart: 2 runs" in text  # trained side by side (--jobs 2 by default)
     plateau = dataset_unigram_loss(tiny_data)
     assert f"{plateau:.3f} is this data's unigram plateau" in text
     assert "Next: `normlab theory`" in text
@@ -57,6 +57,7 @@ def test_default_recipes_are_the_measured_setting() -> None:
     assert {c.model.n_layers for c in cfgs.values()} == {12}
     assert {c.optim.lr for c in cfgs.values()} == {1e-3}
     assert {tuple(c.optim.betas) for c in cfgs.values()} == {(0.9, 0.98)}
+    assert {c.training.steps for c in cfgs.values()} == {300}
     warm = {n: (c.model.placement, c.schedule.warmup_steps) for n, c in cfgs.items()}
     assert warm == {
         "post_nowarmup": ("post", 0),
@@ -64,3 +65,12 @@ def test_default_recipes_are_the_measured_setting() -> None:
         "pre_nowarmup": ("pre", 0),
         "deepnorm_warmup": ("deepnorm", 100),
     }
+
+
+def test_bad_jobs_or_threads_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "qs"
+    assert main(["quickstart", "--jobs", "0", "--out", str(out)]) == 2
+    assert "--jobs must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["quickstart", "--threads", "-1", "--out", str(out)]) == 2
+    assert "--threads must be >= 1, got -1" in capsys.readouterr().err
+    assert not out.exists()

@@ -1,18 +1,23 @@
-"""`normlab study [RECIPES...] [--lrs A,B] [--seeds 0,1] [--out DIR]`: the claims, decided.
+"""`normlab study [RECIPES...] [--lrs A,B] [--seeds 0,1] [--jobs N] [--out DIR]`: claims decided.
 
 Trains every recipe at every learning rate and seed (default: the recipes the claims need, at
 lr 1e-3 and 3e-3, seeds 0 and 1, on the bundled corpus at the tiny size) with every observational
 instrument on, then writes the compare report of all runs, a table of mean and spread per
 (recipe, lr), and one verdict per claim by the rule printed beside it (launch.report.claims).
 Runs live in DIR/runs/<recipe>_lr<lr>_s<seed>; running the study again reuses finished runs.
+--jobs N trains N runs at once, each in its own process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import shutil
+import signal
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +25,7 @@ from rich.console import Console
 
 from launch.commands.compare import compare
 from launch.commands.submit import add_submit_options, job_spec
-from launch.config import RunConfig, load_config
+from launch.config import RunConfig, from_dict, load_config
 from launch.config.loader import find_recipe
 from launch.errors import ConfigError
 
@@ -93,27 +98,110 @@ def _observe(cfg: RunConfig, window: int | None) -> RunConfig:
     return cfg
 
 
-def train_all(cfgs: list[RunConfig], console: Console) -> list[dict[str, Any]]:
-    """Train (or resume, or reuse) every run in turn; one timing row per run."""
+def _train_one(cfg: RunConfig, console: Console, force: bool = False) -> dict[str, Any]:
+    """Train (or resume, or reuse) one run; its timing row."""
     from launch.training.trainer import Trainer  # heavy imports after the arguments are checked
 
-    timings = []
-    for i, cfg in enumerate(cfgs, 1):
-        console.print(f"[bold]study {i}/{len(cfgs)}: {cfg.name}[/bold] -> {cfg.run_dir}")
-        t0 = time.perf_counter()
-        trainer = Trainer(cfg, console=console)
-        status = trainer.run()
-        timings.append(
-            {
-                "recipe": cfg.name,
-                "lr": cfg.optim.lr,
-                "seed": cfg.training.seed,
-                "run_dir": cfg.run_dir,
-                "status": trainer.summary.get("status", "completed" if status == 0 else "failed"),
-                "seconds": round(time.perf_counter() - t0, 1),
-            }
-        )
-    return timings
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, force=force, console=console)
+    status = trainer.run()
+    return {
+        "recipe": cfg.name,
+        "lr": cfg.optim.lr,
+        "seed": cfg.training.seed,
+        "run_dir": cfg.run_dir,
+        "status": trainer.summary.get("status", "completed" if status == 0 else "failed"),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "signal": trainer.stopped_by,  # 0, or the signal that stopped it (with a checkpoint)
+    }
+
+
+_STOP: Any = None  # in a worker: the study's stop event (set once a signal stopped the study)
+
+
+def _remember_stop(event: Any) -> None:
+    global _STOP
+    _STOP = event
+
+
+def _train_in_worker(plain: dict[str, Any], header: str, force: bool) -> dict[str, Any] | None:
+    """One run in a spawned worker process (the config travels as its plain dict); None when
+    the study was stopped before it began. Plain lines, no live bar: two bars from two processes
+    would overwrite each other."""
+    if _STOP is not None and _STOP.is_set():
+        return None
+    tty = sys.stdout.isatty()
+    console = Console(
+        force_terminal=False, width=shutil.get_terminal_size().columns if tty else 240
+    )
+    console.rule(header)
+    return _train_one(from_dict(plain), console, force)
+
+
+def train_all(
+    cfgs: list[RunConfig],
+    console: Console,
+    jobs: int = 1,
+    force: bool = False,
+    headers: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Every run, `jobs` at a time (separate processes when jobs > 1); timing rows in cfgs order.
+
+    headers: the line printed as each run starts (default: 'study i/n: name -> run_dir')."""
+    if headers is None:
+        headers = [f"study {i}/{len(cfgs)}: {c.name} -> {c.run_dir}" for i, c in enumerate(cfgs, 1)]
+    if jobs <= 1 or len(cfgs) <= 1:
+        timings = []
+        for header, cfg in zip(headers, cfgs, strict=True):
+            console.rule(header)
+            timings.append(_train_one(cfg, console, force))
+            if timings[-1]["signal"]:  # preempted or interrupted: start no further run
+                break
+        return timings
+    return _train_in_workers(cfgs, jobs, force, headers)
+
+
+def _train_in_workers(
+    cfgs: list[RunConfig], jobs: int, force: bool, headers: list[str]
+) -> list[dict[str, Any]]:
+    """train_all's parallel path. A signal to the study (SIGTERM to its process, or to the group
+    when the workers get it too) starts no further run; the timing rows stop there."""
+    from launch.training.datasets import resolve_dataset
+
+    for data in {json.dumps(c.to_dict()["data"], sort_keys=True): c.data for c in cfgs}.values():
+        resolve_dataset(data)  # prepared once here, not by two workers at the same time
+    # spawn, not fork: each worker starts its own torch (thread pools do not survive a fork)
+    context = multiprocessing.get_context("spawn")
+    stopped = context.Event()  # also seen by a run already queued to a worker
+    with ProcessPoolExecutor(
+        max_workers=jobs, mp_context=context, initializer=_remember_stop, initargs=(stopped,)
+    ) as pool:
+        futures = [
+            pool.submit(_train_in_worker, c.to_dict(), h, force)
+            for c, h in zip(cfgs, headers, strict=True)
+        ]
+
+        def stop(signum: int, frame: object) -> None:  # the running runs finish, no new one starts
+            stopped.set()
+            for future in futures:
+                future.cancel()
+
+        previous = signal.signal(signal.SIGTERM, stop)
+        timings = []
+        try:
+            for future in futures:
+                row = None if future.cancelled() else future.result()
+                if row is None:
+                    break
+                timings.append(row)
+                if row["signal"]:
+                    stop(row["signal"], None)
+        except BaseException:  # a run failed, or Ctrl-C: start nothing more
+            stop(signal.SIGINT, None)
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return timings
 
 
 def run_study(
@@ -125,22 +213,35 @@ def run_study(
     console: Console | None = None,
     lrs: list[float] | None = None,
     seeds: list[int] | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """Train every run, then report; returns {'runs', 'total_s', 'rows', 'files', 'verdicts'}."""
+    """Train every run (`jobs` at a time), then report.
+
+    Returns {'runs', 'total_s', 'stopped', 'rows', 'files', 'verdicts'}; a study stopped by a
+    signal returns only the first three (no report over unfinished runs)."""
     from launch.report.study import write_study_report
 
     out = Path(out)
     console = console or Console(width=None if sys.stdout.isatty() else 240)
     cfgs = study_configs(recipes, out, overrides or [], steps, window, lrs, seeds)
     start = time.perf_counter()
-    timings = train_all(cfgs, console)
+    timings = train_all(cfgs, console, jobs)
     total = round(time.perf_counter() - start, 1)
+    if len(timings) < len(cfgs) or any(t["signal"] for t in timings):
+        console.print(
+            f"study stopped after {len(timings)} of {len(cfgs)} runs (a signal); run the same "
+            "command again to go on: finished runs are reused, stopped ones resume",
+            highlight=False,
+        )
+        return {"runs": timings, "total_s": total, "stopped": True}
     quiet = Console(file=open("/dev/null", "w"), width=240)  # noqa: SIM115 (table goes to compare.md)
     report = compare([c.run_dir for c in cfgs if c.run_dir], out, quiet)
-    (out / "study.json").write_text(json.dumps({"total_s": total, "runs": timings}, indent=2))
-    found = write_study_report([c.run_dir for c in cfgs if c.run_dir], out, total, console)
+    (out / "study.json").write_text(
+        json.dumps({"total_s": total, "jobs": jobs, "runs": timings}, indent=2)
+    )
+    found = write_study_report([c.run_dir for c in cfgs if c.run_dir], out, total, console, jobs)
     console.print(f"study: {len(cfgs)} runs in {total:.0f} s; report in {out}", highlight=False)
-    return {"runs": timings, "total_s": total, **report, "verdicts": found}
+    return {"runs": timings, "total_s": total, "stopped": False, **report, "verdicts": found}
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -197,6 +298,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="spike-score window (default: 1000, or steps/5 when shorter; OLMo 2 uses 1000)",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs trained at once, each in its own process (default: 1; on a CPU give each "
+        "--set training.threads=N so that jobs x N fits the cores)",
+    )
     p.add_argument("--submit", action="store_true", help="one SLURM job per recipe instead")
     add_submit_options(p)
     p.set_defaults(func=run)
@@ -205,6 +313,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     lrs = None if args.lrs == "recipe" else _floats(args.lrs, "--lrs")
     seeds = _ints(args.seeds, "--seeds")
     if args.submit:
@@ -224,5 +334,8 @@ def run(args: argparse.Namespace) -> int:
         args.spike_window,
         lrs=lrs,
         seeds=seeds,
+        jobs=args.jobs,
     )
+    if result["stopped"]:
+        return 1
     return 0 if all(r["status"] in ("completed", "diverged") for r in result["runs"]) else 1

@@ -110,44 +110,44 @@ def _missing(claim: str, rule: str, *recipes: str) -> Verdict:
     return Verdict(claim, rule, f"needs recipes {', '.join(recipes)} at a common lr", INCONCLUSIVE)
 
 
-def worse_somewhere(claim: str, rule: str, found: dict, a: str, b: str) -> Verdict:
-    """A claim that A is worse than B (higher) at some lr and better nowhere."""
+def _judge(
+    claim: str, rule: str, found: dict, a: str, b: str, holds: bool, against: str | None
+) -> Verdict:
+    """The shared verdict: reproduced when the claim's rule holds; contradicted when `against`
+    ('higher' or 'lower', A against B) was found instead; not reproduced when every lr came out
+    'same'; inconclusive otherwise."""
     kinds = [k for k, _, _ in found.values()]
-    if "higher" in kinds and "lower" not in kinds:
+    if holds:
         verdict = REPRODUCED
-    elif "lower" in kinds and "higher" not in kinds:
-        verdict = f"{NOT_REPRODUCED} (contradicted: {a} lower than {b})"
+    elif against is not None:
+        verdict = f"{NOT_REPRODUCED} (contradicted: {a} {against} than {b})"
     elif kinds and all(k == "same" for k in kinds):
         verdict = NOT_REPRODUCED
     else:
         verdict = INCONCLUSIVE
     return Verdict(claim, rule, _evidence(found, a, b), verdict)
+
+
+def worse_somewhere(claim: str, rule: str, found: dict, a: str, b: str) -> Verdict:
+    """A claim that A is worse than B (higher) at some lr and better nowhere."""
+    kinds = {k for k, _, _ in found.values()}
+    holds = "higher" in kinds and "lower" not in kinds
+    against = "lower" if "lower" in kinds and "higher" not in kinds else None
+    return _judge(claim, rule, found, a, b, holds, against)
 
 
 def never_worse(claim: str, rule: str, found: dict, a: str, b: str) -> Verdict:
     """A claim that A is as good as B (same or lower) at every lr."""
-    kinds = [k for k, _, _ in found.values()]
-    if "higher" in kinds:
-        verdict = f"{NOT_REPRODUCED} (contradicted: {a} higher than {b})"
-    elif all(k in ("same", "lower") for k in kinds):
-        verdict = REPRODUCED
-    else:
-        verdict = INCONCLUSIVE
-    return Verdict(claim, rule, _evidence(found, a, b), verdict)
+    kinds = {k for k, _, _ in found.values()}
+    holds = kinds <= {"same", "lower"}
+    return _judge(claim, rule, found, a, b, holds, "higher" if "higher" in kinds else None)
 
 
 def lower_everywhere(claim: str, rule: str, found: dict, a: str, b: str) -> Verdict:
     """A claim that A is lower than B at every lr."""
-    kinds = [k for k, _, _ in found.values()]
-    if kinds and all(k == "lower" for k in kinds):
-        verdict = REPRODUCED
-    elif "higher" in kinds:
-        verdict = f"{NOT_REPRODUCED} (contradicted: {a} higher than {b})"
-    elif kinds and all(k == "same" for k in kinds):
-        verdict = NOT_REPRODUCED
-    else:
-        verdict = INCONCLUSIVE
-    return Verdict(claim, rule, _evidence(found, a, b), verdict)
+    kinds = {k for k, _, _ in found.values()}
+    holds = kinds == {"lower"}
+    return _judge(claim, rule, found, a, b, holds, "higher" if "higher" in kinds else None)
 
 
 def pre_growth(groups: Groups, recipe: str = "pre") -> Verdict:

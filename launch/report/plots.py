@@ -69,17 +69,24 @@ def readable_log(ax: plt.Axes) -> None:
     ax.yaxis.set_minor_formatter(FormatStrFormatter("%g") if narrow else NullFormatter())
 
 
-def _finish(fig: plt.Figure, ax: plt.Axes, path: Path) -> Path:
+def _finish(fig: plt.Figure, ax: plt.Axes) -> plt.Figure:
     readable_log(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def save(fig: plt.Figure | None, path: Path) -> Path | None:
+    """Write a figure (legends outside the axes included) and free it; None stays None."""
+    if fig is None:
+        return None
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
 def _line_plot(
-    runs: list[Run], key: str | tuple[str, ...], title: str, ylabel: str, path: Path, log_y: bool
+    runs: list[Run], key: str | tuple[str, ...], title: str, ylabel: str, log_y: bool
 ) -> tuple[plt.Figure, plt.Axes] | None:
     """One curve per run of `key` (a tuple: the first of its keys that the run logged)."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -108,13 +115,12 @@ def _line_plot(
     return fig, ax
 
 
-def loss_plot(runs: list[Run], path: Path) -> Path | None:
+def loss_figure(runs: list[Run]) -> plt.Figure | None:
     made = _line_plot(
         runs,
         "loss",
         "training loss (lines) and eval loss (open markers)",
         "cross-entropy (nats)",
-        path,
         log_y=False,
     )
     if made is None:
@@ -133,16 +139,15 @@ def loss_plot(runs: list[Run], path: Path) -> Path | None:
                 markerfacecolor="white",
                 label=f"{run.label} (eval)",
             )
-    return _finish(fig, ax, path)
+    return _finish(fig, ax)
 
 
-def grad_norm_plot(runs: list[Run], path: Path) -> Path | None:
+def grad_norm_figure(runs: list[Run]) -> plt.Figure | None:
     made = _line_plot(
         runs,
         "grad_norm",
         "global gradient norm before clipping",
         "gradient L2 norm (log scale)",
-        path,
         log_y=True,
     )
     if made is None:
@@ -155,19 +160,18 @@ def grad_norm_plot(runs: list[Run], path: Path) -> Path | None:
         ax.axhline(
             clip, color="black", linestyle=":", linewidth=1.2, label=f"clip threshold {clip:g}"
         )
-    return _finish(fig, ax, path)
+    return _finish(fig, ax)
 
 
-def max_logit_plot(runs: list[Run], path: Path) -> Path | None:
+def max_logit_figure(runs: list[Run]) -> plt.Figure | None:
     made = _line_plot(
         runs,
         (MAX_LOGIT, S_MAX),  # the attention_logits instrument's, else QK-Clip's exact S_max
         "maximum attention logit (any head, any block)",
         "max q.k / sqrt(d_head)",
-        path,
         log_y=False,
     )
-    return None if made is None else _finish(*made, path)
+    return None if made is None else _finish(*made)
 
 
 def _depth_steps(runs: list[Run]) -> list[int]:
@@ -184,7 +188,7 @@ def _depth_steps(runs: list[Run]) -> list[int]:
     return sorted(set(picks))
 
 
-def _depth_plot(runs: list[Run], path: Path) -> Path | None:
+def depth_figure(runs: list[Run]) -> plt.Figure | None:
     targets = _depth_steps(runs)
     if not targets:
         return None
@@ -219,9 +223,7 @@ def _depth_plot(runs: list[Run], path: Path) -> Path | None:
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _pre_norm_line(ax: plt.Axes, run: Run, row: dict[str, float], color: str) -> None:
@@ -240,9 +242,9 @@ def _pre_norm_line(ax: plt.Axes, run: Run, row: dict[str, float], color: str) ->
 
 def write_plots(runs: list[Run], out: Path) -> list[Path]:
     made = [
-        loss_plot(runs, out / "loss.png"),
-        grad_norm_plot(runs, out / "grad_norm.png"),
-        _depth_plot(runs, out / "resid_rms_by_depth.png"),
-        max_logit_plot(runs, out / "max_logit.png"),
+        save(loss_figure(runs), out / "loss.png"),
+        save(grad_norm_figure(runs), out / "grad_norm.png"),
+        save(depth_figure(runs), out / "resid_rms_by_depth.png"),
+        save(max_logit_figure(runs), out / "max_logit.png"),
     ]
     return [p for p in made if p is not None]

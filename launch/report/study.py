@@ -74,13 +74,14 @@ def _setting(runs: list[Run]) -> str:
 
 
 def markdown(
-    rows: list[dict[str, Any]], found: list[Verdict], runs: list[Run], total_s: float
+    rows: list[dict[str, Any]], found: list[Verdict], runs: list[Run], total_s: float, jobs: int = 1
 ) -> str:
     head, cells = group_table(rows)
     lines = [
         "# normlab study: the claims, decided",
         "",
-        f"Setting: {_setting(runs)}; {len(runs)} runs in {total_s:.0f} s.",
+        f"Setting: {_setting(runs)}; {len(runs)} runs in {total_s:.0f} s"
+        + (f" ({jobs} at a time)." if jobs > 1 else "."),
         "",
         "Per recipe and learning rate, over seeds: mean +- sd [min, max] (eval loss: the last "
         "evaluation; 'failed': diverged or never evaluated).",
@@ -124,7 +125,7 @@ def print_verdicts(rows: list[dict[str, Any]], found: list[Verdict], console: Co
 
 
 def write_study_report(
-    run_dirs: list[str | Path], out: Path, total_s: float, console: Console
+    run_dirs: list[str | Path], out: Path, total_s: float, console: Console, jobs: int = 1
 ) -> list[Verdict]:
     """Read every run, decide the claims, print them and write study.md and the two figures."""
     runs = [load_run(p) for p in run_dirs]
@@ -132,5 +133,5 @@ def write_study_report(
     found = verdicts(group_rows(rows))
     print_verdicts(rows, found, console)
     write_study_plots(runs, out)
-    (out / "study.md").write_text(markdown(rows, found, runs, total_s))
+    (out / "study.md").write_text(markdown(rows, found, runs, total_s, jobs))
     return found

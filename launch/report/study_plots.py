@@ -18,19 +18,9 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from launch.instruments.common import RESID  # noqa: E402
+from launch.report.plots import curve_style, save  # noqa: E402
 from launch.report.runs import Run  # noqa: E402
-
-LINESTYLES = ["-", "--", "-.", ":"]
-MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
-
-
-def curve_style(i: int) -> dict:
-    """Colour, dash and marker all change with i, so overlapping curves stay apart."""
-    return {
-        "color": plt.get_cmap("tab10")(i % 10),
-        "linestyle": LINESTYLES[i % len(LINESTYLES)],
-        "marker": MARKERS[i % len(MARKERS)],
-    }
+from launch.report.table import dataset_label  # noqa: E402
 
 
 def _key(run: Run) -> tuple[str, float]:
@@ -55,10 +45,11 @@ def _stack(series: list[tuple[list[int], list[float]]]) -> tuple[list[int], np.n
 
 def _caption(runs: list[Run]) -> str:
     cfg = runs[0].config
-    d, t, m = cfg.get("data", {}), cfg.get("training", {}), cfg.get("model", {})
+    t, m = cfg.get("training", {}), cfg.get("model", {})
     seeds = sorted({(r.config.get("training") or {}).get("seed") for r in runs})
+    data = ", ".join(sorted({dataset_label(r.config) for r in runs}))
     return (
-        f"dataset {d.get('dataset')}; {m.get('n_layers')} blocks, d {m.get('d_model')}; "
+        f"dataset {data}; {m.get('n_layers')} blocks, d {m.get('d_model')}; "
         f"{t.get('steps')} steps; seeds {', '.join(str(s) for s in seeds)}"
     )
 
@@ -112,7 +103,7 @@ def _depth_panel(ax: plt.Axes, lr: float, recipes: list[str], groups: dict) -> N
     ax.grid(alpha=0.3)
 
 
-def _figure(runs: list[Run], path: Path, draw, ylabel: str, title: str) -> Path | None:  # noqa: ANN001
+def study_figure(runs: list[Run], draw, ylabel: str, title: str) -> plt.Figure | None:  # noqa: ANN001
     lrs, recipes, groups = _by_lr(runs)
     if not lrs:
         return None
@@ -130,26 +121,24 @@ def _figure(runs: list[Run], path: Path, draw, ylabel: str, title: str) -> Path 
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     fig.suptitle(f"{title}\n{_caption(runs)}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return fig
+
+
+LOSS = (
+    _loss_panel,
+    "training loss (mean; band: seeds)",
+    "training loss per recipe (line: mean over seeds; open markers: eval loss)",
+)
+DEPTH = (
+    _depth_panel,
+    "residual RMS (output of block)",
+    "residual-stream RMS by depth at the last logged step (mean over seeds)",
+)
 
 
 def write_study_plots(runs: list[Run], out: Path) -> list[Path]:
     made = [
-        _figure(
-            runs,
-            out / "study_loss.png",
-            _loss_panel,
-            "training loss (mean; band: seeds)",
-            "training loss per recipe (line: mean over seeds; open markers: eval loss)",
-        ),
-        _figure(
-            runs,
-            out / "study_depth.png",
-            _depth_panel,
-            "residual RMS (output of block)",
-            "residual-stream RMS by depth at the last logged step (mean over seeds)",
-        ),
+        save(study_figure(runs, *LOSS), out / "study_loss.png"),
+        save(study_figure(runs, *DEPTH), out / "study_depth.png"),
     ]
     return [p for p in made if p is not None]
