@@ -8,6 +8,7 @@ leaves a half-written directory nor damages an existing one.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -260,13 +261,21 @@ def prepare(
     if existing is not None:
         print(f"reusing {out}: already prepared with the same inputs and tokenizer")
         return existing
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise DataError(f"cannot create --out {out}: {exc.strerror or exc}") from None
     try:
         meta = _build(srcs, tmp, tokenizer, spec, settings, num_proc)
         meta["fingerprint"] = fingerprint
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
         _finalize(tmp, out)
+    except OSError as exc:  # a full disk or a file that vanished: one line, nothing left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        what = "no space left on device while writing" if full else exc.strerror or "error on"
+        raise DataError(f"{what} {exc.filename or tmp}; {out} is unchanged") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -284,7 +293,13 @@ def _warn_small_val(tokens: dict[str, int], asked: float) -> None:
     """The split is by document: few documents give a smaller (or no) validation split."""
     total = tokens["train"] + tokens["val"]
     got = tokens["val"] / total if total else 0.0
-    if asked > 0 and got < 0.5 * asked:
+    if tokens["val"] == 0:
+        print(
+            "warning: the validation split is empty; `normlab train` evaluates on it, so "
+            "prepare with --val-fraction > 0 to train on this directory",
+            file=sys.stderr,
+        )
+    elif asked > 0 and got < 0.5 * asked:
         print(
             f"warning: the validation split holds {tokens['val']:,} tokens ({got:.2%}), less than "
             f"the {asked:.2%} asked: the split is by document (a .txt chunk of --chunk-lines "

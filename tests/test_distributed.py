@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_helpers import (
+    LOSS_TOL,
     assert_same_curve,
     check_ok,
     env,
@@ -287,3 +288,31 @@ def test_local_tensors_assemble_the_global_statistics(
         assert set(got[kind]) == set(ref)
         for name, value in ref.items():
             assert got[kind][name] == pytest.approx(value, rel=1e-5), (kind, name)
+
+
+def test_deepspeed_resume_takes_the_recipes_new_lr(tiny: dict[str, Path]) -> None:
+    """Issue 13 item 1 on DeepSpeed (2 ranks, ZeRO-2): load_checkpoint restores the saved param
+    groups, yet after `--force optim.lr=...` the resumed steps run at the new rate (logged from
+    the param groups) and leave the old curve, which they follow up to the resume."""
+    ds = ("engine.name=deepspeed", "engine.zero_stage=2", HALF)
+    source = tiny["root"] / "ds2"
+    if not (source / "checkpoints" / "step_00000008").is_dir():  # this test run alone
+        check_ok(launch(tiny["r8"], source, 2, *ds))
+    run = tiny["root"] / "ds2_new_lr"
+    shutil.copytree(source, run)
+    extra = ("--force", "--from", "step_00000004")
+    proc = launch(tiny["r8"], run, 2, *ds, "optim.lr=1e-3", extra=extra)
+    check_ok(proc)
+    assert "lr: 0.003 -> 0.001" in proc.stdout  # the checkpoint's groups held the old rate
+    old, new = (
+        {
+            r["step"]: r
+            for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+            if "lr" in r
+        }
+        for d in (source, run)
+    )
+    for step in range(5, 9):
+        assert new[step]["lr"] == pytest.approx(old[step]["lr"] / 3, rel=1e-12)
+    assert all(abs(old[s]["loss"] - new[s]["loss"]) < LOSS_TOL for s in range(1, 6))
+    assert all(abs(old[s]["loss"] - new[s]["loss"]) > 100 * LOSS_TOL for s in range(6, 9))

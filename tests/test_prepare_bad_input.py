@@ -86,3 +86,28 @@ def test_small_validation_split_warns(capsys: pytest.CaptureFixture[str]) -> Non
     assert "holds 10 tokens (0.10%), less than the 0.50% asked" in capsys.readouterr().err
     _warn_small_val({"train": 9950, "val": 50}, 0.005)
     assert capsys.readouterr().err == ""
+
+
+def test_unwritable_out_and_full_disk_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import data.prepare
+
+    src = tmp_path / "a.txt"
+    rng = random.Random(0)
+    words = ("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=5)) for _ in range(20000))
+    src.write_text(" ".join(words) + "\n")
+    (tmp_path / "file").write_text("x")
+    code, _, err = _prepare(capsys, str(src), "--out", str(tmp_path / "file" / "out"))
+    assert code == 2 and "cannot create --out" in err.strip().splitlines()[-1]
+
+    def full(*args: object, **kw: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x" / "train.bin"))
+
+    monkeypatch.setattr(data.prepare, "write_splits", full)
+    code, _, err = _prepare(capsys, str(src), "--out", str(tmp_path / "out"))
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "no space left on device while writing" in last and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "file"]  # no temp folder

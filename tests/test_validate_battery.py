@@ -80,6 +80,10 @@ def test_instrument_settings_are_walked_too(capsys: pytest.CaptureFixture[str]) 
         (["instruments.gradients=3"], "instruments.gradients must be a mapping"),
         (["engine.name=deepspeed"], "engine deepspeed needs engine.zero_stage 1, 2 or 3"),
         (["data.dataset=/no/such/dir"], "data directory not found: /no/such/dir"),
+        (["data.val_fraction=0"], "data.val_fraction must lie in (0, 1), got 0.0"),
+        (["schedule.decay_fraction=-1"], "schedule.decay_fraction must lie in (0, 1]"),
+        (["training.threads=0"], "training.threads must be > 0"),
+        (["precision.loss_scale_init=0"], "precision.loss_scale_init must be > 0"),
     ],
 )
 def test_validate_refuses_what_train_refuses(
@@ -132,3 +136,13 @@ def test_recipes_dir_is_the_repository_one() -> None:
     from launch.config.loader import RECIPES_DIR
 
     assert RECIPES_DIR == REPO / "recipes"
+
+
+def test_a_split_shorter_than_one_row_is_refused(
+    tiny_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tiny_data's val split holds 5,395 tokens: a 6,000-token row cannot be cut from it."""
+    longer = ["data.seq_len=6000", "model.max_seq_len=6000"]
+    code, _, err = _validate(capsys, "pre", f"data.dataset={tiny_data}", *longer)
+    assert code == 2 and err.count("\n") == 0
+    assert "the val split of data.dataset" in err and "fewer than data.seq_len + 1 (6001)" in err

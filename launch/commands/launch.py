@@ -54,6 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", help="where the run lives (default: runs/<recipe name>)")
     p.add_argument("--force", action="store_true", help="continue a run dir with another config")
     p.add_argument(
+        "--from",
+        dest="from_step",
+        metavar="STEP",
+        help="resume from this checkpoint (step_00000400, or 400) instead of the latest",
+    )
+    p.add_argument(
         "--connect-timeout", type=float, default=60.0,
         help="seconds a node other than 0 waits for node 0's rendezvous (default 60)",
     )  # fmt: skip
@@ -128,6 +134,7 @@ def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> lis
         "--max-restarts", "0",
         "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",  # passed on to the ranks
         *train, *(["--force"] if args.force else []),
+        *(["--from", str(args.from_step)] if args.from_step else []),
     ]  # fmt: skip
 
 
@@ -135,6 +142,10 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
     cfg = resolve(args.recipe, overrides)
     world = check_topology(args, cfg)
+    if args.from_step:  # a missing checkpoint is one line here, not one per rank
+        from launch.training.checkpoint import CheckpointManager
+
+        CheckpointManager(Path(cfg.run_dir or "runs/run"), keep_last=1).find(args.from_step)
     port = args.master_port or (free_port() if args.nnodes == 1 else 29500)
     cmd = torchrun_command(args, cfg, port)
     if args.dry_run:

@@ -242,6 +242,11 @@ def validate(cfg: RunConfig) -> None:
     _positive(cfg, ["training.eval_batches", "checkpoint.keep_last"])
     _non_negative(cfg, ["training.eval_every", "checkpoint.every", "schedule.warmup_steps"])
     _non_negative(cfg, ["optim.weight_decay", "optim.grad_clip", "optim.z_loss"])
+    _positive(cfg, ["precision.loss_scale_init", "precision.loss_scale_growth_interval"])
+    if cfg.training.threads is not None:
+        _positive(cfg, ["training.threads"])
+    if not 0.0 < cfg.data.val_fraction < 1.0:  # every run evaluates, at least at the end
+        raise ConfigError(f"data.val_fraction must lie in (0, 1), got {cfg.data.val_fraction}")
     if cfg.data.seq_len > mc.max_seq_len:
         raise ConfigError(
             f"data.seq_len ({cfg.data.seq_len}) exceeds model.max_seq_len ({mc.max_seq_len})"
@@ -315,7 +320,7 @@ def _validate_schedule(cfg: RunConfig) -> None:
         )
     if not 0.0 <= s.min_lr_ratio <= 1.0:
         raise ConfigError(f"schedule.min_lr_ratio must lie in [0, 1], got {s.min_lr_ratio}")
-    if s.kind == "wsd" and not 0.0 < s.decay_fraction <= 1.0:
+    if not 0.0 < s.decay_fraction <= 1.0:
         raise ConfigError(f"schedule.decay_fraction must lie in (0, 1], got {s.decay_fraction}")
     if s.kind == "wsd" and s.warmup_steps > steps - round(s.decay_fraction * steps):
         raise ConfigError(

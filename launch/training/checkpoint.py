@@ -213,7 +213,8 @@ class CheckpointManager:
             if find_damage(ckpt) is None:
                 return (
                     f"; the previous verified checkpoint is {ckpt.name}: resume from it with "
-                    f"`normlab train {self.root.parent} --from {ckpt.name}`"
+                    f"`normlab train {self.root.parent} --from {ckpt.name}` (several processes: "
+                    f"the same `normlab launch` command with --from {ckpt.name})"
                 )
         return "; no earlier verified checkpoint exists (move checkpoints/ away to start over)"
 

@@ -69,3 +69,10 @@ def check_dataset(cfg: RunConfig) -> None:
             f"{path} ({tokens} pieces): remove model.vocab_size (it defaults to the tokenizer's "
             f"size) or set model.vocab_size={tokens}"
         )
+    for split, held in meta["tokens"].items():  # the loader cuts seq_len + 1 tokens per row
+        if held < cfg.data.seq_len + 1:
+            raise ConfigError(
+                f"the {split} split of data.dataset {path} holds {held} tokens, fewer than "
+                f"data.seq_len + 1 ({cfg.data.seq_len + 1}): lower data.seq_len, or prepare "
+                "more text (for val: a larger --val-fraction)"
+            )
