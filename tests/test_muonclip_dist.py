@@ -196,7 +196,7 @@ def test_single_sigkill_then_resume_is_bit_identical(runs: dict) -> None:
 
 def test_compare_shows_clip_events_next_to_max_logit(runs: dict) -> None:
     from launch.commands.compare import compare
-    from launch.report.plots import max_logit_plot
+    from launch.report.plots import max_logit_figure
     from launch.report.runs import load_run
 
     table = compare([runs["single"], runs["fsdp"]], None)["rows"]
@@ -207,4 +207,8 @@ def test_compare_shows_clip_events_next_to_max_logit(runs: dict) -> None:
         assert row["max_logit"] == max(r["s_max"] for r in logged.values())
     run = load_run(runs["single"])
     assert run.series("max_logit") == ([], [])
-    assert max_logit_plot([run], runs["root"] / "max_logit.png") is not None  # drawn from s_max
+    figure = max_logit_figure([run])  # drawn from s_max
+    assert figure is not None and figure.axes[0].lines
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
