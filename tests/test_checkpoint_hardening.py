@@ -73,7 +73,13 @@ def test_changed_optimizer_values_apply_on_resume_with_moments_kept(
     fresh.ckpt.load(fresh.engine, "step_00000004")
     state = fresh.engine.optimizer.state_dict()["state"]
     assert all(torch.equal(state[i]["exp_avg"], moments[i]["exp_avg"]) for i in moments)
-    assert any("lr: 0.001 -> 0.0005" in c for c in fresh.ckpt.recipe_changes)
+    assert any("initial_lr: 0.001 -> 0.0005" in c for c in fresh.ckpt.recipe_changes)
+    # an unchanged recipe reports nothing: the scheduled `lr` of the saved step is no change
+    same_cfg = load_config(PRE, [*_over(tiny_data, runs["same"]), *base])
+    again = Trainer(same_cfg)
+    again._build()
+    again.ckpt.load(again.engine, "step_00000004")
+    assert again.ckpt.recipe_changes == []
 
 
 def _flip(path: Path, n: int = 64) -> None:

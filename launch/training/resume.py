@@ -45,7 +45,9 @@ def reapply(opt: torch.optim.Optimizer, snapshot: Snapshot) -> list[str]:
             continue  # a group the recipe's optimizer does not have: leave the checkpoint's
         for name, new in values.items():
             old = group.get(name)
-            if not _same(old, new):
+            # `lr` is the schedule's value at the saved step (initial_lr x multiplier): the
+            # recipe's rate is `initial_lr`, so only that one is a change worth reporting
+            if name != "lr" and not _same(old, new):
                 changes.append(f"{key}.{name}: {old!r} -> {new!r}")
             group[name] = new
     return changes

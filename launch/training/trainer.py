@@ -84,7 +84,7 @@ class Trainer:
         self.force = force
         self.from_step = from_step  # resume from this checkpoint instead of `latest`
         self.run_dir = Path(cfg.run_dir or "runs/run")
-        self.console = console or Console()
+        self.console = console or Console(soft_wrap=True)  # a log line stays one line (grep)
         self.callbacks = (
             build_callbacks(cfg.instruments) + optim_callbacks(cfg.optim) + list(callbacks or [])
         )
