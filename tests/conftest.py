@@ -10,6 +10,14 @@ REPO = Path(__file__).resolve().parents[1]
 SLICE_LINES = 20000
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One intra-op thread for in-process models: the suite runs two workers on two cores, and
+    tiny models' backward passes slow down ~100x when OpenMP threads contend for a busy core."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A slice of the bundled corpus prepared once per session at vocab 512."""
