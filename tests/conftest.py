@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,12 +11,17 @@ REPO = Path(__file__).resolve().parents[1]
 SLICE_LINES = 20000
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """One intra-op thread for in-process models: the suite runs two workers on two cores, and
-    tiny models' backward passes slow down ~100x when OpenMP threads contend for a busy core."""
+@pytest.fixture(autouse=True)
+def one_intra_op_thread() -> Iterator[None]:
+    """One intra-op thread per test (a trainer may have set another): the suite runs two workers
+    on two cores, and tiny models' backward passes slow down ~100x when OpenMP threads contend
+    for a busy core."""
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

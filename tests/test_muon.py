@@ -26,16 +26,6 @@ SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=64, max_seq_
 MUON = OptimSection(name="muon", lr=1e-2, weight_decay=0.1)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: a second intra-op thread only adds OpenMP contention (measured
-    100x slower backward passes on the shared 2-core machine under load, 1x when idle)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _matrices(model: torch.nn.Module) -> set[str]:
     return {
         n

@@ -30,16 +30,6 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: a second intra-op thread only adds OpenMP contention (measured
-    100x slower backward passes on the shared 2-core machine under load, 1x when idle)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def attention_inputs(model: Transformer, tokens: torch.Tensor) -> list[torch.Tensor]:
     """What each attention receives in one forward (clipping a block changes the next one's)."""
     seen: list[torch.Tensor] = []
