@@ -77,3 +77,24 @@ def test_muon_with_zero_offload_is_refused_on_one_line(
 def test_muon_on_every_zero_stage_validates(stage: int) -> None:
     zero = ["engine.name=deepspeed", f"engine.zero_stage={stage}"]
     assert main(["validate", str(PRE), "optim.name=muon", CLIP, *zero]) == 0
+
+
+@pytest.mark.parametrize("accum", ["fp32", "float32", "torch.float32"])
+def test_muon_under_deepspeeds_bf16_optimizer_is_refused_on_one_line(
+    accum: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ZeRO-1 + bf16 + fp32 gradient accumulation makes DeepSpeed pick BF16_Optimizer, whose
+    partitions Muon cannot reassemble: refused by validate, before any engine is built."""
+    user = tmp_path / "ds.json"
+    user.write_text(json.dumps({"data_types": {"grad_accum_dtype": accum}}))
+    base = [
+        str(PRE),
+        "precision.dtype=bf16",
+        "engine.name=deepspeed",
+        f"engine.deepspeed_config={user}",
+    ]
+    assert main(["validate", *base, "optim.name=muon", "engine.zero_stage=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "BF16_Optimizer" in err and "zero_stage 2" in err, err
+    assert main(["validate", *base, "optim.name=muon", "engine.zero_stage=2"]) == 0
+    assert main(["validate", *base, "engine.zero_stage=1"]) == 0  # AdamW runs there

@@ -24,6 +24,7 @@ from launch.optim.fragments import FlatLayout, Fragment
 from launch.optim.muon import shape_of
 
 OFFLOADS = ("offload_optimizer", "offload_param")
+FP32_NAMES = ("fp32", "float32", "float", "torch.float32")  # DeepSpeed's DtypeEnum.fp32 spellings
 
 
 def check_muon_config(config: dict[str, Any]) -> None:
@@ -36,6 +37,22 @@ def check_muon_config(config: dict[str, Any]) -> None:
             "engine.deepspeed_config: Muon gathers each matrix to one rank on the accelerator, "
             "and offloaded partitions live on the host; remove the offload for Muon"
         )
+    if _picks_bf16_optimizer(config):
+        raise ConfigError(
+            "optim.name muon cannot run on ZeRO-1 with bf16 and data_types.grad_accum_dtype "
+            "fp32 in engine.deepspeed_config: DeepSpeed then wraps the optimizer in its "
+            "BF16_Optimizer, which hides the fp32 partitions Muon reassembles; drop "
+            "grad_accum_dtype or use engine.zero_stage 2"
+        )
+
+
+def _picks_bf16_optimizer(config: dict[str, Any]) -> bool:
+    """DeepSpeed's own rule (engine._do_optimizer_sanity_check): ZeRO-1, bf16 weights, fp32
+    gradient accumulation and no offload select BF16_Optimizer instead of the ZeRO optimizer."""
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    bf16 = (config.get("bf16") or {}).get("enabled", False)
+    accum = str((config.get("data_types") or {}).get("grad_accum_dtype") or "").lower()
+    return stage == 1 and bool(bf16) and accum in FP32_NAMES
 
 
 def register_flat_layouts(zero_opt: Any, client: torch.optim.Optimizer, stage: int) -> None:
