@@ -1,4 +1,4 @@
-"""Worker of test_muon's DeepSpeed self-check test (not a test module), run by torchrun on 2 gloo
+"""Worker of test_muon's sharded self-check test (not a test module), run by torchrun on 2 gloo
 ranks: `dist_worker_muon_selfcheck.py OUT.json`.
 
 For ZeRO 1, 2 and 3 the start-up self-check runs on normlab's Muon (it must pass, and the probe
@@ -7,6 +7,10 @@ passes), then again with each silent failure forced (it must refuse): Newton-Sch
 each rank orthogonalising only its own range (shard-wise), and, on ZeRO-3, the Muon/AdamW split
 reading the partitioned storage's shape instead of ds_shape (zero.Init switching Muon off). Rank 0
 writes {case: singular values or the refusal} to OUT.json.
+
+On FSDP2 (the probe's 32 rows split 16 / 16 between the ranks) the same: normlab's Muon must pass;
+Newton-Schulz skipped (SGD), each rank orthogonalising its own row shard instead of the gathered
+matrix, and the factory quietly building AdamW must each be refused.
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 import launch.optim.fragments as fragments
 import launch.optim.muon as muon
+import launch.optim.sharded as sharded
 from launch.config import OptimSection, RunConfig
 from launch.engines.deepspeed_engine import DeepSpeedEngine, ds_config, skip_shm_comm_build
+from launch.engines.fsdp import FSDPEngine, device_mesh
 from launch.optim import build_optimizer
 from launch.optim.selfcheck import SelfCheckError, check_orthogonalised
 
@@ -40,10 +47,25 @@ def shardwise(direction: torch.Tensor, layout: Any, ns: Callable) -> list[torch.
     return out
 
 
+def dtensor_shardwise(directions: list[DTensor], ns: Callable) -> list[DTensor]:
+    """Each FSDP2 rank orthogonalises its own row shard of each DTensor, no gather."""
+    return [
+        DTensor.from_local(
+            ns(d.to_local()).to(d.dtype),
+            d.device_mesh,
+            d.placements,
+            shape=d.shape,
+            stride=d.stride(),
+        )
+        for d in directions
+    ]
+
+
 FAILURES: dict[str, tuple[Any, str, Any]] = {
     "sgd": (muon, "newton_schulz5", lambda d, dtype=None: d),
     "shardwise": (fragments, "orthogonalise_flat", shardwise),
     "zero_init_shape": (muon, "shape_of", lambda p: tuple(p.shape)),
+    "fsdp_shardwise": (sharded, "orthogonalise_sharded", dtensor_shardwise),
 }
 
 
@@ -83,6 +105,24 @@ def run_case(stage: int, failure: str | None) -> Any:
     return {"sv": sv.tolist()}
 
 
+def fsdp_case(failure: str | None) -> Any:
+    """The self-check through an FSDP2 engine on the 2-rank mesh, with `failure` forced."""
+    cfg = RunConfig()
+    cfg.engine.name = "fsdp"
+    name = "adamw" if failure == "adamw" else "muon"
+    cfg.optim = OptimSection(name=name, lr=0.02, muon_ns_dtype="fp32")
+    engine = FSDPEngine(cfg)
+    engine._device, engine._rank, engine._world = torch.device("cpu"), dist.get_rank(), 2
+    engine._mesh = device_mesh("cpu", 2, 1)
+    factory = partial(build_optimizer, cfg=cfg.optim)
+    with forced(None if failure == "adamw" else failure):
+        try:
+            sv = check_orthogonalised(engine, factory, "match_rms_adamw")
+        except SelfCheckError as exc:
+            return {"refused": str(exc)}
+    return {"sv": sv.tolist()}
+
+
 def main() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     skip_shm_comm_build()
@@ -94,6 +134,8 @@ def main() -> None:
         failures = [None, "sgd", "shardwise"] + (["zero_init_shape"] if stage == 3 else [])
         for failure in failures:
             results[f"zero{stage}/{failure or 'muon'}"] = run_case(stage, failure)
+    for failure in (None, "sgd", "fsdp_shardwise", "adamw"):
+        results[f"fsdp/{failure or 'muon'}"] = fsdp_case(failure)
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(results, f)

@@ -131,10 +131,14 @@ def test_selfcheck_refuses_a_silent_fallback(failure: str, monkeypatch: pytest.M
 
 
 @pytest.mark.distributed
-def test_selfcheck_on_deepspeed_passes_whole_and_refuses_each_fallback(tmp_path: Path) -> None:
+def test_selfcheck_on_sharded_engines_passes_whole_and_refuses_each_fallback(
+    tmp_path: Path,
+) -> None:
     """2 gloo ranks, ZeRO 1, 2, 3 (the probe matrix is split between the ranks' partitions):
     normlab's Muon passes; skipped Newton-Schulz, shard-wise orthogonalisation and (ZeRO-3) the
-    split reading the partitioned storage's shape instead of ds_shape are each refused."""
+    split reading the partitioned storage's shape instead of ds_shape are each refused. FSDP2
+    (row shards of a DTensor): Muon passes; skipped Newton-Schulz, each rank orthogonalising its
+    own rows and a factory that built AdamW are each refused."""
     from dist_helpers import check_ok, env, free_port
 
     here = Path(__file__).parent
@@ -156,3 +160,8 @@ def test_selfcheck_on_deepspeed_passes_whole_and_refuses_each_fallback(tmp_path:
         for failure in ("sgd", "shardwise", *(["zero_init_shape"] if stage == 3 else [])):
             refusal = results[f"zero{stage}/{failure}"].get("refused", "")
             assert "engine deepspeed" in refusal and "singular values" in refusal, (stage, failure)
+    sv = torch.tensor(results["fsdp/muon"]["sv"])
+    assert sv.min() > 0.6 and sv.max() < 1.2 and sv.max() / sv.min() < 1.8, sv
+    for failure in ("sgd", "fsdp_shardwise", "adamw"):
+        refusal = results[f"fsdp/{failure}"].get("refused", "")
+        assert "engine fsdp" in refusal and "singular values" in refusal, (failure, results)
