@@ -176,3 +176,56 @@ def test_a_signal_stops_the_parallel_study_before_the_next_run(
     assert not (out / "runs" / "pre_nowarmup_lr0.002_s2").exists()  # queued, never started
     assert not (out / "study.md").exists()
     assert signal.getsignal(signal.SIGTERM) == original  # the study's handler is gone again
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (an orphan's zombie may wait for a reaper that never comes)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_workers_checkpoint_and_exit_when_the_study_is_sigkilled(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """A SIGKILLed study leaves no run training on unsupervised: each worker gets SIGTERM from
+    the kernel (parent-death signal), its trainer checkpoints and stops, the worker exits."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "study"
+    sets = [f"--set={o}" for o in overrides(tiny_data)] + ["--set=checkpoint.every=100000"]
+    cmd = [sys.executable, "-m", "launch.cli", "study", "pre_nowarmup", "--lrs", "2e-3"]
+    cmd += ["--seeds", "0,1", "--jobs", "2", "--steps", "100000", "--out", str(out), *sets]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runs = [out / "runs" / f"pre_nowarmup_lr0.002_s{s}" for s in (0, 1)]
+    deadline = time.monotonic() + 120
+    try:
+        while not all((r / "metrics.jsonl").is_file() for r in runs):  # both are training
+            assert proc.poll() is None and time.monotonic() < deadline, "no two runs started"
+            time.sleep(0.1)
+        workers = [c for c in _children(proc.pid) if b"spawn_main" in _cmdline(c)]
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert workers and not any(_alive(w) for w in workers)
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "preempted", summary
+        assert (run / "checkpoints" / "latest").is_file()  # the stop's own checkpoint

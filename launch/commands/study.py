@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -117,11 +119,24 @@ def _train_one(cfg: RunConfig, console: Console, force: bool = False) -> dict[st
 
 
 _STOP: Any = None  # in a worker: the study's stop event (set once a signal stopped the study)
+_PARENT = 0  # in a worker: the study's pid
 
 
-def _remember_stop(event: Any) -> None:
-    global _STOP
-    _STOP = event
+def _init_worker(event: Any) -> None:
+    """Pool-worker start: remember the study's stop event, and watch the study process: once it
+    is gone (even SIGKILLed), SIGTERM this worker once, so no run trains on unsupervised (the
+    trainer checkpoints and stops; an idle worker just exits). A parent-death signal would do
+    it without a thread, but Linux repeats it as each thread of the parent exits, and a second
+    SIGTERM makes the trainer exit without its checkpoint."""
+    global _STOP, _PARENT
+    _STOP, _PARENT = event, os.getppid()
+    threading.Thread(target=_signal_when_orphaned, daemon=True).start()
+
+
+def _signal_when_orphaned() -> None:
+    while os.getppid() == _PARENT:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _train_in_worker(plain: dict[str, Any], header: str, force: bool) -> dict[str, Any] | None:
@@ -135,7 +150,10 @@ def _train_in_worker(plain: dict[str, Any], header: str, force: bool) -> dict[st
         force_terminal=False, width=shutil.get_terminal_size().columns if tty else 240
     )
     console.rule(header)
-    return _train_one(from_dict(plain), console, force)
+    row = _train_one(from_dict(plain), console, force)
+    if os.getppid() != _PARENT:  # the study died (the run stopped with a checkpoint): nobody
+        os._exit(128 + signal.SIGTERM)  # reads the result, and the pool's queues never close
+    return row
 
 
 def train_all(
@@ -174,7 +192,7 @@ def _train_in_workers(
     context = multiprocessing.get_context("spawn")
     stopped = context.Event()  # also seen by a run already queued to a worker
     with ProcessPoolExecutor(
-        max_workers=jobs, mp_context=context, initializer=_remember_stop, initargs=(stopped,)
+        max_workers=jobs, mp_context=context, initializer=_init_worker, initargs=(stopped,)
     ) as pool:
         futures = [
             pool.submit(_train_in_worker, c.to_dict(), h, force)
