@@ -56,8 +56,9 @@ def test_default_recipes_are_the_measured_setting() -> None:
     cfgs = {Path(n).name: load_config(find_recipe(n)) for n in DEFAULT}
     assert {c.model.n_layers for c in cfgs.values()} == {12}
     assert {c.optim.lr for c in cfgs.values()} == {1e-3}
-    assert {tuple(c.optim.betas) for c in cfgs.values()} == {(0.9, 0.98)}
-    assert {c.training.steps for c in cfgs.values()} == {300}
+    assert {tuple(c.optim.betas) for c in cfgs.values()} == {(0.9, 0.999)}
+    assert {c.training.steps for c in cfgs.values()} == {250}
+    assert {c.training.eval_every for c in cfgs.values()} == {50}
     warm = {n: (c.model.placement, c.schedule.warmup_steps) for n, c in cfgs.items()}
     assert warm == {
         "post_nowarmup": ("post", 0),
