@@ -4,8 +4,8 @@ Prepares the bundled corpus, then trains the recipes in recipes/quickstart/ on t
 time with one thread each: 12 blocks of the tiny width at lr 1e-3, Adam betas (0.9, 0.999), 250
 steps. In the 3-seed sweep of this setting (docs/quickstart_sweep.md) Post-LN without warm-up
 stayed on the unigram plateau on every seed, while Post-LN with 100 warm-up steps, Pre-LN without
-warm-up and DeepNorm with warm-up trained on every seed. It ends with the compare report (stability columns,
-PNGs), two lines on what to look at, and the next command.
+warm-up and DeepNorm with warm-up trained on every seed. It ends with the compare report
+(stability columns, PNGs), two lines on what to look at, and the next command.
 """
 
 from __future__ import annotations
