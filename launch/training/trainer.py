@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import sys
 import time
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from rich.console import Console
 
@@ -32,6 +30,7 @@ from launch.training.datasets import resolve_dataset
 from launch.training.metrics import MetricsWriter
 from launch.training.preflight import preflight
 from launch.training.progress import ProgressDisplay
+from launch.training.rng import rng_state, seed_everything, set_rng_state
 from launch.training.rundir import (
     RunDirLock,
     check_run_dir,
@@ -41,31 +40,6 @@ from launch.training.rundir import (
 )
 from launch.training.schedule import build_schedule
 from launch.training.signals import GracefulStop, stop_message, stop_status
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class Trainer:
