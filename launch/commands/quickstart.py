@@ -19,12 +19,12 @@ from typing import Any
 from rich.console import Console
 
 from launch.commands.compare import compare
-from launch.commands.study import train_all
 from launch.config import load_config
 from launch.config.loader import find_recipe
 from launch.errors import ConfigError
 from launch.report.unigram import dataset_unigram_loss
 from launch.training.datasets import resolve_dataset
+from launch.training.parallel import train_all
 
 DEFAULT = [
     "quickstart/post_nowarmup",
