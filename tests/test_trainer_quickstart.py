@@ -75,3 +75,23 @@ def test_bad_jobs_or_threads_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["quickstart", "--threads", "-1", "--out", str(out)]) == 2
     assert "--threads must be >= 1, got -1" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--steps", "0"], "training.steps must be > 0, got 0"),
+        (["--steps", "-3"], "training.steps must be > 0, got -3"),
+        (["--recipes", ",,"], "--recipes names no recipe: ',,'"),
+        (["--recipes", " "], "--recipes names no recipe"),
+        (["--recipes", "pre,nope"], "no recipe file or recipe name 'nope'"),
+    ],
+)
+def test_bad_steps_or_recipes_exit_2_on_one_line(
+    args: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "qs"
+    assert main(["quickstart", *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and needle in err, err
+    assert not out.exists()  # nothing trained, nothing written

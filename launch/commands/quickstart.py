@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _overrides(args: argparse.Namespace, run_dir: Path) -> list[str]:
     over = [f"run_dir={run_dir}", f"training.threads={args.threads}"]
     over += list(args.overrides)
-    return over + ([f"training.steps={args.steps}"] if args.steps else [])
+    return over + ([f"training.steps={args.steps}"] if args.steps is not None else [])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
     console = Console() if sys.stdout.isatty() else Console(width=240)  # no truncated names
-    paths = [find_recipe(n.strip()) for n in args.recipes.split(",") if n.strip()]
+    names = [n.strip() for n in args.recipes.split(",") if n.strip()]
+    if not names:
+        raise ConfigError(f"--recipes names no recipe: {args.recipes!r}")
+    paths = [find_recipe(n) for n in names]
     out = Path(args.out)
     configs = [load_config(p, _overrides(args, out / p.stem)) for p in paths]
     start = time.perf_counter()
