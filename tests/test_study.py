@@ -114,6 +114,32 @@ def test_bad_lrs_and_seeds_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture)
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--set", "optim.lr=-1"], "--lrs"),
+        (["--set", "training.seed=4"], "--seeds"),
+        (["--set", "run_dir=/tmp/elsewhere"], "--out"),
+        (["--steps", "5", "--set", "training.steps=7"], "--steps"),
+    ],
+)
+def test_a_set_the_study_would_replace_exits_2(
+    args: list[str], flag: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--set of a value the study's own axes overwrite is refused instead of silently dropped."""
+    out = tmp_path / "s"
+    assert main(["study", "pre", *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"replaced by the study's {flag}" in err, err
+    assert not out.exists()
+
+
+def test_set_lr_is_kept_with_lrs_recipe_and_steps_without_steps_flag(tmp_path: Path) -> None:
+    sets = ["optim.lr=2e-3", "training.steps=70"]
+    cfgs = study_configs(["pre"], tmp_path, sets, None, None)
+    assert [(c.optim.lr, c.training.steps) for c in cfgs] == [(2e-3, 70)]
+
+
 def test_jobs_train_in_worker_processes_as_one_at_a_time(tiny_data: Path, tmp_path: Path) -> None:
     """--jobs 2: the same runs (config, seed, lr carried to the workers) as one at a time."""
     sets = [*overrides(tiny_data), "training.eval_every=0", "schedule.warmup_steps=0"]

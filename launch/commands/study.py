@@ -201,6 +201,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _refuse_replaced_sets(sets: list[str], lrs: bool, steps: bool) -> None:
+    """A --set the study's own axes would silently replace is an error, not a surprise."""
+    owners = {"optim.lr": "--lrs" if lrs else "", "training.seed": "--seeds"}
+    owners["training.steps"] = "--steps" if steps else ""
+    owners["run_dir"] = "--out"
+    for item in sets:
+        key = item.split("=", 1)[0].strip()
+        flag = owners.get(key)
+        if flag:
+            hint = " (or --lrs recipe to keep this one)" if flag == "--lrs" else ""
+            raise ConfigError(f"--set {key} is replaced by the study's {flag}; give it there{hint}")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
@@ -208,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     lrs = None if args.lrs == "recipe" else _floats(args.lrs, "--lrs")
     seeds = _ints(args.seeds, "--seeds")
+    _refuse_replaced_sets(args.set, lrs is not None, args.steps is not None)
     if args.submit:
         from launch.cluster.study import submit_study
 
