@@ -232,7 +232,8 @@ def test_workers_checkpoint_and_exit_when_the_study_is_sigkilled(
     import sys
 
     out = tmp_path / "study"
-    sets = [f"--set={o}" for o in overrides(tiny_data)] + ["--set=checkpoint.every=100000"]
+    tiny = [o for o in overrides(tiny_data) if not o.startswith("training.steps=")]  # --steps
+    sets = [f"--set={o}" for o in tiny] + ["--set=checkpoint.every=100000"]
     cmd = [sys.executable, "-m", "launch.cli", "study", "pre_nowarmup", "--lrs", "2e-3"]
     cmd += ["--seeds", "0,1", "--jobs", "2", "--steps", "100000", "--out", str(out), *sets]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
