@@ -7,8 +7,9 @@ which call it) replaces every param group's hyperparameters with the saved ones,
 the optimizer from the recipe first; `recipe_hyperparams` snapshots its groups, the checkpoint is
 loaded, and `reapply` writes the recipe's values back. Groups are matched by their name (`group`
 or `name` key, as set by launch.optim and the Muon groups), else by position; every key except
-`params` is restored, so an optimizer with other hyperparameters (momentum, ns_steps) needs
-nothing here. The schedule is rebuilt from the recipe on every start and scales `initial_lr`.
+`params` and `lr` is restored, so an optimizer with other hyperparameters (momentum, ns_steps)
+needs nothing here. `lr` is derived: the schedule, rebuilt from the recipe on every start, sets it
+from `initial_lr` before each step.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 Snapshot = list[tuple[str, dict[str, Any]]]
 NAME_KEYS = ("group", "name")
+DERIVED = ("params", "lr")  # not hyperparameters of the recipe: the model's, the schedule's
 
 
 def _group_key(group: dict[str, Any], index: int) -> str:
@@ -26,9 +28,9 @@ def _group_key(group: dict[str, Any], index: int) -> str:
 
 
 def recipe_hyperparams(opt: torch.optim.Optimizer) -> Snapshot:
-    """Every param group's hyperparameters (all keys but `params`), keyed by group name."""
+    """Every param group's hyperparameters (all keys but DERIVED), keyed by group name."""
     return [
-        (_group_key(g, i), {k: v for k, v in g.items() if k != "params"})
+        (_group_key(g, i), {k: v for k, v in g.items() if k not in DERIVED})
         for i, g in enumerate(opt.param_groups)
     ]
 
@@ -45,9 +47,7 @@ def reapply(opt: torch.optim.Optimizer, snapshot: Snapshot) -> list[str]:
             continue  # a group the recipe's optimizer does not have: leave the checkpoint's
         for name, new in values.items():
             old = group.get(name)
-            # `lr` is the schedule's value at the saved step (initial_lr x multiplier): the
-            # recipe's rate is `initial_lr`, so only that one is a change worth reporting
-            if name != "lr" and not _same(old, new):
+            if not _same(old, new):
                 changes.append(f"{key}.{name}: {old!r} -> {new!r}")
             group[name] = new
     return changes
