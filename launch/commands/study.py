@@ -203,15 +203,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _refuse_replaced_sets(sets: list[str], lrs: bool, steps: bool) -> None:
     """A --set the study's own axes would silently replace is an error, not a surprise."""
-    owners = {"optim.lr": "--lrs" if lrs else "", "training.seed": "--seeds"}
-    owners["training.steps"] = "--steps" if steps else ""
-    owners["run_dir"] = "--out"
+    owners = {"training.seed": "--seeds", "run_dir": "--out"}
+    owners |= {"optim.lr": "--lrs"} if lrs else {}
+    owners |= {"training.steps": "--steps"} if steps else {}
     for item in sets:
-        key = item.split("=", 1)[0].strip()
-        flag = owners.get(key)
-        if flag:
-            hint = " (or --lrs recipe to keep this one)" if flag == "--lrs" else ""
-            raise ConfigError(f"--set {key} is replaced by the study's {flag}; give it there{hint}")
+        key = item.partition("=")[0].strip()
+        if key in owners:
+            hint = " (or --lrs recipe to keep this one)" if key == "optim.lr" else ""
+            raise ConfigError(
+                f"--set {key} is replaced by the study's {owners[key]}; give it there{hint}"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
