@@ -94,8 +94,8 @@ def engine_for(stage: int) -> tuple[DeepSpeedEngine, OptimSection]:
     return engine, cfg.optim
 
 
-def run_case(stage: int, failure: str | None) -> Any:
-    engine, optim = engine_for(stage)
+def self_check(engine: Any, optim: OptimSection, failure: str | None) -> Any:
+    """The start-up self-check through `engine` with `failure` forced: sv or the refusal."""
     with forced(failure):
         try:
             factory = partial(build_optimizer, cfg=optim)
@@ -105,8 +105,14 @@ def run_case(stage: int, failure: str | None) -> Any:
     return {"sv": sv.tolist()}
 
 
+def run_case(stage: int, failure: str | None) -> Any:
+    engine, optim = engine_for(stage)
+    return self_check(engine, optim, failure)
+
+
 def fsdp_case(failure: str | None) -> Any:
-    """The self-check through an FSDP2 engine on the 2-rank mesh, with `failure` forced."""
+    """The self-check through an FSDP2 engine on the 2-rank mesh, with `failure` forced
+    ('adamw': the factory builds AdamW, nothing patched)."""
     cfg = RunConfig()
     cfg.engine.name = "fsdp"
     name = "adamw" if failure == "adamw" else "muon"
@@ -114,13 +120,7 @@ def fsdp_case(failure: str | None) -> Any:
     engine = FSDPEngine(cfg)
     engine._device, engine._rank, engine._world = torch.device("cpu"), dist.get_rank(), 2
     engine._mesh = device_mesh("cpu", 2, 1)
-    factory = partial(build_optimizer, cfg=cfg.optim)
-    with forced(None if failure == "adamw" else failure):
-        try:
-            sv = check_orthogonalised(engine, factory, "match_rms_adamw")
-        except SelfCheckError as exc:
-            return {"refused": str(exc)}
-    return {"sv": sv.tolist()}
+    return self_check(engine, cfg.optim, None if failure == "adamw" else failure)
 
 
 def main() -> None:

@@ -225,8 +225,8 @@ def _alive(pid: int) -> bool:
 def test_workers_checkpoint_and_exit_when_the_study_is_sigkilled(
     tiny_data: Path, tmp_path: Path
 ) -> None:
-    """A SIGKILLed study leaves no run training on unsupervised: each worker gets SIGTERM from
-    the kernel (parent-death signal), its trainer checkpoints and stops, the worker exits."""
+    """A SIGKILLed study leaves no run training on unsupervised: each worker sees its parent
+    gone and SIGTERMs itself once, its trainer checkpoints and stops, the worker exits."""
     import os
     import subprocess
     import sys
