@@ -16,11 +16,10 @@ from functools import partial
 from pathlib import Path
 
 import torch
-
-from launch.config import from_dict
-from launch.engines.fsdp import FSDPEngine
-from launch.optim import build_optimizer
-from launch.training.checkpoint import CheckpointManager
+from normlab.launch.config import from_dict
+from normlab.launch.engines.fsdp import FSDPEngine
+from normlab.launch.optim import build_optimizer
+from normlab.launch.training.checkpoint import CheckpointManager
 
 
 def config(args: argparse.Namespace, run_dir: Path):  # type: ignore[no-untyped-def]

@@ -25,8 +25,8 @@ from rich.console import Console
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launch.config import load_config  # noqa: E402
-from launch.training.trainer import Trainer  # noqa: E402
+from normlab.launch.config import load_config  # noqa: E402
+from normlab.launch.training.trainer import Trainer  # noqa: E402
 
 OBSERVERS = ["activations", "gradients", "attention_logits", "qk_gains", "spike_score"]
 SIZES = {

@@ -83,7 +83,7 @@ def run(size: str, variant: str, ranks: int, args: argparse.Namespace, root: Pat
     if args.device == "cpu":
         overrides.append(f"training.threads={args.threads}")
     recipe = str(REPO / "recipes" / "pre.yaml")
-    cli = [sys.executable, "-m", "launch.cli"]
+    cli = [sys.executable, "-m", "normlab.launch.cli"]
     if ranks == 1:
         cmd = [*cli, "train", recipe, *overrides, "--run-dir", str(run_dir)]
     else:

@@ -66,7 +66,7 @@ def eager_fn(op: Op, w: torch.Tensor, b: torch.Tensor | None) -> Callable:
 
 
 def triton_fn(op: Op, w: torch.Tensor, b: torch.Tensor | None) -> Callable:
-    from model.kernels import functions as fn
+    from normlab.model.kernels import functions as fn
 
     def run(x: torch.Tensor, f: torch.Tensor):
         if op.pattern == "norm":
@@ -256,7 +256,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_all(args: argparse.Namespace) -> list[dict]:
     """Measure every (op, hidden, tokens, impl); rows are printed and appended to --out as made."""
-    from model.kernels import functions
+    from normlab.model.kernels import functions
 
     functions.BWD_PROGRAMS_PER_SM = args.bwd_programs_per_sm
     functions.BWD_STAGES = args.bwd_stages

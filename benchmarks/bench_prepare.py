@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data.corpus import CORPUS_XZ, bundled_corpus_path  # noqa: E402
-from data.prepare import prepare  # noqa: E402
+from normlab.data.corpus import CORPUS_XZ, bundled_corpus_path  # noqa: E402
+from normlab.data.prepare import prepare  # noqa: E402
 
 
 def main() -> None:

@@ -17,9 +17,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-
-from model import ModelConfig, Transformer
-from model.hf import to_hf
+from normlab.model import ModelConfig, Transformer
+from normlab.model.hf import to_hf
 
 SIZES = {
     # name: (model fields, batch, seq_len)

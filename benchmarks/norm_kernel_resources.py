@@ -18,10 +18,9 @@ import tempfile
 
 import torch
 import triton
+from normlab.model.kernels import functions, norm_kernels
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-
-from model.kernels import functions, norm_kernels
 
 FWD = {  # (HAS_F, HAS_Z, STORE_R), as functions.py launches the forward
     "norm": (False, False, False),

@@ -1,4 +1,5 @@
-"""`prepare` subcommand: `normlab prepare [INPUTS...] --out DIR ...` (also `python -m data.cli`)."""
+"""`prepare` subcommand: `normlab prepare [INPUTS...] --out DIR ...`
+(also `python -m normlab.data.cli`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from data.errors import DataError
+from normlab.data.errors import DataError
 
 DEFAULT_ROOT = Path("runs") / "data"
 
@@ -57,7 +58,7 @@ def default_out(args: argparse.Namespace) -> Path:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from data.prepare import prepare
+    from normlab.data.prepare import prepare
 
     try:
         prepare(
@@ -82,7 +83,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.cli")
+    parser = argparse.ArgumentParser(prog="python -m normlab.data.cli")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return int(args.func(args))

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from data.errors import DataError
-from data.tokenizer import load_tokenizer
+from normlab.data.errors import DataError
+from normlab.data.tokenizer import load_tokenizer
 
 SPM_FILE = "tokenizer.model"
 # Text that exercises what the normaliser could get wrong: leading, repeated and trailing spaces,

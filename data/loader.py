@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from data.errors import DataError
-from data.prepare import read_meta
+from normlab.data.errors import DataError
+from normlab.data.prepare import read_meta
 
 SPLITS = ("train", "val")
 

@@ -22,11 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from data.errors import DataError
-from data.sources import describe_sources, load_documents, load_hub_documents
-from data.tokenizer import MODEL_TYPES, SPM_OPTIONS, file_sha256, load_tokenizer, train_tokenizer
-from data.writer import write_splits
+from normlab.data.errors import DataError
+from normlab.data.sources import describe_sources, load_documents, load_hub_documents
+from normlab.data.tokenizer import (
+    MODEL_TYPES,
+    SPM_OPTIONS,
+    file_sha256,
+    load_tokenizer,
+    train_tokenizer,
+)
+from normlab.data.writer import write_splits
 
 FORMAT_VERSION = 1
 CHUNK_LINES = 128  # lines per document for .txt inputs (the split unit)
@@ -216,7 +221,7 @@ def _resolve_sources(
     if dataset_name:
         return [{"dataset": dataset_name, "split": dataset_split}]
     if not inputs:
-        from data.corpus import bundled_corpus_path
+        from normlab.data.corpus import bundled_corpus_path
 
         inputs = [str(bundled_corpus_path())]
     return describe_sources(inputs, skip)

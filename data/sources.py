@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from data.errors import DataError
-from data.tokenizer import file_sha256
+from normlab.data.errors import DataError
+from normlab.data.tokenizer import file_sha256
 
 FORMATS = {
     ".txt": "text",

@@ -13,8 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
-
-from data.errors import DataError
+from normlab.data.errors import DataError
 
 # Trainer options recorded in meta.json and in the prepare fingerprint.
 SPM_OPTIONS: dict[str, object] = {

@@ -12,23 +12,23 @@ import importlib.util
 import os
 import sys
 
-from data.errors import DataError
-from launch.errors import NormlabError
+from normlab.data.errors import DataError
+from normlab.launch.errors import NormlabError
 
 # One module per subcommand; a new command adds its module here.
 COMMANDS = [
-    "launch.commands.train",
-    "launch.commands.validate",
-    "data.cli",
-    "launch.commands.quickstart",
-    "launch.commands.launch",
-    "launch.commands.export",
-    "launch.commands.compare",
-    "launch.commands.study",
-    "launch.commands.submit",
-    "launch.commands.status",
-    "launch.commands.theory",
-    "launch.commands.plan",
+    "normlab.launch.commands.train",
+    "normlab.launch.commands.validate",
+    "normlab.data.cli",
+    "normlab.launch.commands.quickstart",
+    "normlab.launch.commands.launch",
+    "normlab.launch.commands.export",
+    "normlab.launch.commands.compare",
+    "normlab.launch.commands.study",
+    "normlab.launch.commands.submit",
+    "normlab.launch.commands.status",
+    "normlab.launch.commands.theory",
+    "normlab.launch.commands.plan",
 ]
 USER_ERRORS = (NormlabError, DataError)
 

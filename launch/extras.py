@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from launch.errors import NormlabError
+from normlab.launch.errors import NormlabError
 
 # import name -> (what needs it, the extra that installs it)
 EXTRAS = {

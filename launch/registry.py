@@ -11,26 +11,26 @@ from importlib import import_module
 from typing import Any
 
 ENGINES = {
-    "single": "launch.engines.single:SingleEngine",
-    "fsdp": "launch.engines.fsdp:FSDPEngine",
-    "deepspeed": "launch.engines.deepspeed_engine:DeepSpeedEngine",
+    "single": "normlab.launch.engines.single:SingleEngine",
+    "fsdp": "normlab.launch.engines.fsdp:FSDPEngine",
+    "deepspeed": "normlab.launch.engines.deepspeed_engine:DeepSpeedEngine",
 }
 
 # factory(model, OptimSection) -> torch.optim.Optimizer
 OPTIMIZERS = {
-    "adamw": "launch.optim:build_adamw",
-    "muon": "launch.optim:build_muon",
+    "adamw": "normlab.launch.optim:build_adamw",
+    "muon": "normlab.launch.optim:build_muon",
 }
 
 # factory(settings dict) -> Callback; the name is also the key of its state in checkpoints.
 INSTRUMENTS = {
-    "activations": "launch.instruments.activations:ActivationStats",
-    "gradients": "launch.instruments.gradients:GradientStats",
-    "attention_logits": "launch.instruments.attention:AttentionLogits",
-    "qk_gains": "launch.instruments.attention:QKGains",
-    "spike_score": "launch.instruments.spikes:SpikeScore",
-    "spike_policy": "launch.instruments.policy:SpikePolicy",
-    "fp16_clamp": "launch.instruments.fp16:FP16Clamp",
+    "activations": "normlab.launch.instruments.activations:ActivationStats",
+    "gradients": "normlab.launch.instruments.gradients:GradientStats",
+    "attention_logits": "normlab.launch.instruments.attention:AttentionLogits",
+    "qk_gains": "normlab.launch.instruments.attention:QKGains",
+    "spike_score": "normlab.launch.instruments.spikes:SpikeScore",
+    "spike_policy": "normlab.launch.instruments.policy:SpikePolicy",
+    "fp16_clamp": "normlab.launch.instruments.fp16:FP16Clamp",
 }
 
 

@@ -27,8 +27,8 @@ def one_intra_op_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A slice of the bundled corpus prepared once per session at vocab 512."""
-    from data.corpus import bundled_corpus_path
-    from data.prepare import prepare
+    from normlab.data.corpus import bundled_corpus_path
+    from normlab.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("tiny_data")
     mp = pytest.MonkeyPatch()

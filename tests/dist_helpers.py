@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import yaml
-
-from data.corpus import bundled_corpus_path
-from data.prepare import prepare
+from normlab.data.corpus import bundled_corpus_path
+from normlab.data.prepare import prepare
 
 # fp32 losses of 2 ranks x B/2 vs 1 rank x B agree to ~1e-6 (only the reduction order differs)
 LOSS_TOL = 1e-5
@@ -77,7 +76,7 @@ def env() -> dict[str, str]:
 
 def normlab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "launch.cli", *args],
+        [sys.executable, "-m", "normlab.launch.cli", *args],
         env=env(),
         capture_output=True,
         text=True,

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-from launch.config import load_config
-from launch.engines.construct import build_zero3
-from launch.engines.deepspeed_engine import ds_config, skip_shm_comm_build
-from launch.engines.fsdp import FSDPEngine
-from launch.optim import build_optimizer
-from model.presets import count_params
+from normlab.launch.config import load_config
+from normlab.launch.engines.construct import build_zero3
+from normlab.launch.engines.deepspeed_engine import ds_config, skip_shm_comm_build
+from normlab.launch.engines.fsdp import FSDPEngine
+from normlab.launch.optim import build_optimizer
+from normlab.model.presets import count_params
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "presets" / "350m.yaml"
 CPU_FP32 = ["training.device=cpu", "precision.dtype=fp32", "data.dataset=bundled"]

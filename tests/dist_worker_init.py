@@ -12,13 +12,12 @@ import os
 import sys
 from pathlib import Path
 
+import normlab.model.init as model_init
 import torch
 import torch.distributed as dist
-
-import model.init
-from launch.engines.construct import build_on_meta, build_zero3, materialize
-from launch.engines.deepspeed_engine import skip_shm_comm_build
-from model import ModelConfig
+from normlab.launch.engines.construct import build_on_meta, build_zero3, materialize
+from normlab.launch.engines.deepspeed_engine import skip_shm_comm_build
+from normlab.model import ModelConfig
 
 SEED = 1234
 
@@ -64,13 +63,13 @@ def zero3_weights(cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def main() -> None:
-    out, model.init.CHUNK = Path(sys.argv[1]), int(sys.argv[2])
+    out, model_init.CHUNK = Path(sys.argv[1]), int(sys.argv[2])
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     skip_shm_comm_build()
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
-    for scheme in model.init.SCHEMES:
+    for scheme in model_init.SCHEMES:
         cfg = scheme_config(scheme)
         for engine, build in (("fsdp", fsdp_weights), ("zero3", zero3_weights)):
             weights = build(cfg)

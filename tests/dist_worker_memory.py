@@ -18,10 +18,9 @@ from functools import partial
 from pathlib import Path
 
 import torch
-
-from launch.config import load_config
-from launch.optim import build_optimizer
-from launch.registry import ENGINES, resolve
+from normlab.launch.config import load_config
+from normlab.launch.optim import build_optimizer
+from normlab.launch.registry import ENGINES, resolve
 
 
 def status_bytes(key: str) -> int:

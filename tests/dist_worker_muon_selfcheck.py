@@ -23,18 +23,17 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
+import normlab.launch.optim.fragments as fragments
+import normlab.launch.optim.muon as muon
+import normlab.launch.optim.sharded as sharded
 import torch
 import torch.distributed as dist
+from normlab.launch.config import OptimSection, RunConfig
+from normlab.launch.engines.deepspeed_engine import DeepSpeedEngine, ds_config, skip_shm_comm_build
+from normlab.launch.engines.fsdp import FSDPEngine, device_mesh
+from normlab.launch.optim import build_optimizer
+from normlab.launch.optim.selfcheck import SelfCheckError, check_orthogonalised
 from torch.distributed.tensor import DTensor
-
-import launch.optim.fragments as fragments
-import launch.optim.muon as muon
-import launch.optim.sharded as sharded
-from launch.config import OptimSection, RunConfig
-from launch.engines.deepspeed_engine import DeepSpeedEngine, ds_config, skip_shm_comm_build
-from launch.engines.fsdp import FSDPEngine, device_mesh
-from launch.optim import build_optimizer
-from launch.optim.selfcheck import SelfCheckError, check_orthogonalised
 
 
 def shardwise(direction: torch.Tensor, layout: Any, ns: Callable) -> list[torch.Tensor]:

@@ -12,10 +12,9 @@ import sys
 from functools import partial
 
 import torch
-
-from launch.config import load_config
-from launch.optim import build_optimizer
-from launch.registry import ENGINES, resolve
+from normlab.launch.config import load_config
+from normlab.launch.optim import build_optimizer
+from normlab.launch.registry import ENGINES, resolve
 
 GLOBAL_BATCH, VOCAB, SEQ = 4, 512, 32
 

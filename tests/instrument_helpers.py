@@ -6,9 +6,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from normlab.model import ModelConfig, Transformer, lm_loss
 from torch import nn
-
-from model import ModelConfig, Transformer, lm_loss
 
 
 def tiny_model(**kw: Any) -> Transformer:

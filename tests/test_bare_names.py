@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from normlab.launch.cli import main
+from normlab.launch.commands.study import study_configs
+from normlab.launch.config.loader import RECIPES_DIR, find_recipe
+from normlab.launch.errors import ConfigError
 
-from launch.cli import main
-from launch.commands.study import study_configs
-from launch.config.loader import RECIPES_DIR, find_recipe
-from launch.errors import ConfigError
 from tests.conftest import REPO
 
 
@@ -78,7 +78,7 @@ def test_study_takes_bare_names(tmp_path: Path) -> None:
 def test_closed_stdout_is_not_a_traceback() -> None:
     read, write = os.pipe()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "launch.cli", "validate", "pre"]
+    cmd = [sys.executable, "-m", "normlab.launch.cli", "validate", "pre"]
     proc = subprocess.Popen(cmd, stdout=write, stderr=subprocess.PIPE, env=env)
     os.close(write)
     os.close(read)  # no reader left: the first write fails with EPIPE

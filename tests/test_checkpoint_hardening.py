@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from normlab.launch.cli import main
+from normlab.launch.config import load_config
+from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.training.schedule import build_schedule
+from normlab.launch.training.trainer import Trainer
 
-from launch.cli import main
-from launch.config import load_config
-from launch.training.metrics import read_jsonl
-from launch.training.schedule import build_schedule
-from launch.training.trainer import Trainer
 from tests.conftest import REPO, tiny_overrides
 
 PRE = REPO / "recipes" / "pre.yaml"
@@ -139,7 +139,7 @@ def test_run_killed_after_its_final_checkpoint_is_completed_next_time(
 def test_full_disk_mid_save_is_one_line_and_resumes_exactly(
     tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
 ) -> None:
-    import launch.engines.single as single
+    import normlab.launch.engines.single as single
 
     run, straight = tmp_path / "run", tmp_path / "straight"
     over = [*_over(tiny_data, run), "training.steps=12"]

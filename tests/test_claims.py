@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from launch.report.claims import (
+from normlab.launch.report.claims import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
     REPRODUCED,

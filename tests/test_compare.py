@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from normlab.launch.cli import main
+from normlab.launch.commands.compare import compare
+from normlab.launch.config import load_config
+from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.training.trainer import Trainer
 from rich.console import Console
 
-from launch.cli import main
-from launch.commands.compare import compare
-from launch.config import load_config
-from launch.training.metrics import read_jsonl
-from launch.training.trainer import Trainer
 from tests.conftest import REPO, tiny_overrides
 from tests.test_spike_policy import Inject
 
@@ -131,8 +131,8 @@ def test_growth_reads_the_stream_before_a_closing_norm(tmp_path: Path) -> None:
     """Post-norm blocks log their output (~1 by construction) and the sum before the norm; the
     growth column takes the sum there and the output elsewhere (a Mix-LN-like row: block 0 post,
     block 2 pre)."""
-    from launch.report.runs import Run
-    from launch.report.table import summarize
+    from normlab.launch.report.runs import Run
+    from normlab.launch.report.table import summarize
 
     row = {"step": 5, "loss": 4.0, "grad_norm": 1.0, "resid_rms/00": 1.0, "pre_norm_rms/00": 2.5}
     row |= {"resid_rms/01": 1.0, "pre_norm_rms/01": 4.0, "resid_rms/02": 7.5}

@@ -8,10 +8,9 @@ import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-
-from launch.report.plots import _pre_norm_line
-from launch.report.runs import Run
-from launch.report.table import fmt, summarize
+from normlab.launch.report.plots import _pre_norm_line
+from normlab.launch.report.runs import Run
+from normlab.launch.report.table import fmt, summarize
 
 
 def run_of(rows: list[dict], dtype: str = "fp32") -> Run:

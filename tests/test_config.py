@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from normlab.launch.cli import main
+from normlab.launch.config import RunConfig, load_config
+from normlab.launch.errors import ConfigError
+from normlab.model import PRESETS
 
-from launch.cli import main
-from launch.config import RunConfig, load_config
-from launch.errors import ConfigError
-from model import PRESETS
 from tests.conftest import REPO
 
 PRE = REPO / "recipes" / "pre.yaml"

@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 import torch
-
-from data import DataError
-from data.cli import main as cli_main
-from data.corpus import CORPUS_XZ, bundled_corpus_path
-from data.loader import PackedLoader
-from data.prepare import assign_split, eos_after, prepare, token_dtype
+from normlab.data import DataError
+from normlab.data.cli import main as cli_main
+from normlab.data.corpus import CORPUS_XZ, bundled_corpus_path
+from normlab.data.loader import PackedLoader
+from normlab.data.prepare import assign_split, eos_after, prepare, token_dtype
 
 CHUNK = 32
 SLICE_LINES = 3000

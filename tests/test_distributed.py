@@ -30,8 +30,7 @@ from dist_helpers import (
     start_and_kill,
     write_recipe,
 )
-
-from launch.config import load_config
+from normlab.launch.config import load_config
 
 pytestmark = pytest.mark.distributed
 HALF = "data.batch_size=2"  # per rank: 2 ranks x 2 = the single run's batch of 4
@@ -111,7 +110,7 @@ def test_fsdp_checkpoint_of_two_ranks_resumes_on_one(tiny: dict[str, Path], fsdp
 
 def _killed_and_resumed(tiny: dict[str, Path], name: str, *overrides: str) -> None:
     run = tiny["root"] / name
-    cmd = [sys.executable, "-m", "launch.cli", "launch", str(tiny["r16"]), *overrides, HALF]
+    cmd = [sys.executable, "-m", "normlab.launch.cli", "launch", str(tiny["r16"]), *overrides, HALF]
     cmd += ["--nproc-per-node", "2", "--run-dir", str(run)]
     killed_at = start_and_kill([*cmd, "--master-port", str(free_port())], run, at_step=8)
     assert 8 <= killed_at < 16
@@ -211,8 +210,8 @@ def _weights(engine) -> dict[str, torch.Tensor]:
 def _engine(tiny: dict[str, Path], *overrides: str):
     from functools import partial
 
-    from launch.optim import build_optimizer
-    from launch.registry import ENGINES, resolve
+    from normlab.launch.optim import build_optimizer
+    from normlab.launch.registry import ENGINES, resolve
 
     cfg = load_config(tiny["r8"], list(overrides))
     torch.manual_seed(0)
@@ -263,9 +262,8 @@ def test_local_tensors_assemble_the_global_statistics(
     """What instruments see on 2 ranks (shards summed, replicas counted once) equals the sums of
     squares of the single-process weights and gradients of the same global batch."""
     from dist_worker_stats import batch
-
-    from model import Transformer
-    from model.loss import lm_loss
+    from normlab.model import Transformer
+    from normlab.model.loss import lm_loss
 
     out = tiny["root"] / f"stats_{'_'.join(overrides)}.json"
     worker = Path(__file__).with_name("dist_worker_stats.py")

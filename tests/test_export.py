@@ -19,10 +19,9 @@ from dist_helpers import (
     prepare_tiny,
     write_recipe,
 )
+from normlab.launch.commands.export import save_hf
+from normlab.model import ModelConfig, Transformer
 from safetensors.torch import load_file
-
-from launch.commands.export import save_hf
-from model import ModelConfig, Transformer
 
 pytestmark = pytest.mark.distributed
 # weights of 2-rank and 1-rank runs after 8 AdamW steps differ by ~1e-5 (reduction order)

@@ -12,18 +12,18 @@ import os
 import shutil
 from pathlib import Path
 
+import normlab.launch.extras as extras
 import pytest
 import torch
+from normlab.data.tokenizer import load_tokenizer
+from normlab.launch.cli import main
+from normlab.launch.commands import export as export_cmd
+from normlab.launch.config import load_config
+from normlab.launch.config.loader import find_recipe
+from normlab.launch.training.trainer import Trainer
+from normlab.model import ModelConfig, Transformer
 from safetensors.torch import load_file
 
-import launch.extras
-from data.tokenizer import load_tokenizer
-from launch.cli import main
-from launch.commands import export as export_cmd
-from launch.config import load_config
-from launch.config.loader import find_recipe
-from launch.training.trainer import Trainer
-from model import ModelConfig, Transformer
 from tests.conftest import tiny_overrides
 
 transformers = pytest.importorskip("transformers")
@@ -179,7 +179,7 @@ def test_overwrite_never_replaces_what_is_not_an_export(
 def test_missing_transformers_is_one_line_unless_native_only(
     runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
 ) -> None:
-    monkeypatch.setattr(launch.extras, "installed", lambda module: module != "transformers")
+    monkeypatch.setattr(extras, "installed", lambda module: module != "transformers")
     code, _, err = cli(capsys, str(runs["llama"]), "--out", str(tmp_path / "x"))
     assert code == 2 and err.count("\n") == 1
     assert "needs HF transformers" in err and "pip install 'normlab[hf]'" in err

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from launch.cli import main
-from launch.config import load_config
-from launch.config.loader import find_recipe
-from launch.extras import installed
+from normlab.launch.cli import main
+from normlab.launch.config import load_config
+from normlab.launch.config.loader import find_recipe
+from normlab.launch.extras import installed
 
 DS = ["engine.name=deepspeed", "engine.zero_stage=2"]
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from normlab.launch.config import load_config
+from normlab.launch.instruments import ClampHooks, SpikeScore
+from normlab.launch.instruments.common import FP16_CLAMPS, NONFINITE, SCALER_SKIPS
+from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.training.trainer import Trainer
 
-from launch.config import load_config
-from launch.instruments import ClampHooks, SpikeScore
-from launch.instruments.common import FP16_CLAMPS, NONFINITE, SCALER_SKIPS
-from launch.training.metrics import read_jsonl
-from launch.training.trainer import Trainer
 from tests.conftest import REPO, tiny_overrides
 from tests.instrument_helpers import fake_trainer, tiny_model
 

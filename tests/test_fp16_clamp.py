@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from normlab.launch.config import load_config
+from normlab.launch.errors import ConfigError
+from normlab.launch.instruments import ClampHooks, FP16Clamp, clamp_fp16
+from normlab.launch.instruments.common import FP16_CLAMPS, block_key
+from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.training.trainer import Trainer
 
-from launch.config import load_config
-from launch.errors import ConfigError
-from launch.instruments import ClampHooks, FP16Clamp, clamp_fp16
-from launch.instruments.common import FP16_CLAMPS, block_key
-from launch.training.metrics import read_jsonl
-from launch.training.trainer import Trainer
 from tests.conftest import REPO, tiny_overrides
 from tests.instrument_helpers import fake_trainer, tiny_model
 

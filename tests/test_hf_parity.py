@@ -5,8 +5,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from model import ModelConfig, Transformer  # noqa: E402
-from model.hf import from_hf, hf_config, to_hf  # noqa: E402
+from normlab.model import ModelConfig, Transformer  # noqa: E402
+from normlab.model.hf import from_hf, hf_config, to_hf  # noqa: E402
 
 CASES = {  # family -> (placement, qk_norm, HF class)
     "llama": ("pre", "none", "LlamaForCausalLM"),

@@ -10,10 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from data.corpus import bundled_corpus_path
-from data.hf_tokenizer import hf_tokenizer, save_hf_tokenizer
-from data.tokenizer import load_tokenizer, train_tokenizer
+from normlab.data.corpus import bundled_corpus_path
+from normlab.data.hf_tokenizer import hf_tokenizer, save_hf_tokenizer
+from normlab.data.tokenizer import load_tokenizer, train_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -4,9 +4,8 @@ import math
 
 import pytest
 import torch
-
-from model import ModelConfig, Transformer
-from model.placements import deepnorm_constants
+from normlab.model import ModelConfig, Transformer
+from normlab.model.placements import deepnorm_constants
 
 
 def build(**kw) -> Transformer:

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from normlab.launch.config import load_config
+from normlab.launch.errors import ConfigError
+from normlab.launch.instruments import ActivationStats, AttentionLogits, GradientStats, QKGains
+from normlab.launch.instruments.common import block_key, parse_block_key
+from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.training.trainer import Trainer
+from normlab.model.rope import apply_rope
 
-from launch.config import load_config
-from launch.errors import ConfigError
-from launch.instruments import ActivationStats, AttentionLogits, GradientStats, QKGains
-from launch.instruments.common import block_key, parse_block_key
-from launch.training.metrics import read_jsonl
-from launch.training.trainer import Trainer
-from model.rope import apply_rope
 from tests.conftest import REPO, tiny_overrides
 from tests.instrument_helpers import fake_trainer, tiny_model, train_step
 

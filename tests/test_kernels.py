@@ -22,8 +22,8 @@ _prev = os.environ.get("TRITON_INTERPRET")
 if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 triton = pytest.importorskip("triton")
-from model.kernels import functions as fn  # noqa: E402
-from model.kernels import norm_kernels as nk  # noqa: E402
+from normlab.model.kernels import functions as fn  # noqa: E402
+from normlab.model.kernels import norm_kernels as nk  # noqa: E402
 
 if not HAS_CUDA and "Interpreted" not in type(nk.norm_fwd_kernel).__name__:
     importlib.reload(nk)  # decorated earlier without the interpreter: re-decorate under it
@@ -247,8 +247,8 @@ def test_shared_gradients_accumulate_on_leaves(op):
 
 def test_modules_match_torch_norms():
     """Same state-dict keys and eps as model/norms.py, and the same outputs for every method."""
-    from model.kernels.modules import TritonLayerNorm, TritonRMSNorm
-    from model.norms import LayerNorm, RMSNorm
+    from normlab.model.kernels.modules import TritonLayerNorm, TritonRMSNorm
+    from normlab.model.norms import LayerNorm, RMSNorm
 
     for ref_cls, tri_cls in [(LayerNorm, TritonLayerNorm), (RMSNorm, TritonRMSNorm)]:
         ref, tri = ref_cls(64).to(DEVICE), tri_cls(64).to(DEVICE)
@@ -273,7 +273,7 @@ def test_width_limit_is_a_clear_error():
 
 
 def test_resolve_backend(monkeypatch):
-    from model import kernels
+    from normlab.model import kernels
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert kernels.resolve_backend("torch", "cpu") == "torch"
@@ -293,7 +293,7 @@ def test_resolve_backend(monkeypatch):
 @pytest.mark.parametrize("placement", ["pre", "post", "peri", "deepnorm", "olmo2", "mix"])
 def test_model_triton_backend_matches_torch(placement, norm):
     """Whole model: logits and every parameter gradient agree between the two norm backends."""
-    from model import ModelConfig, Transformer
+    from normlab.model import ModelConfig, Transformer
 
     base = dict(n_layers=2, d_model=32, n_heads=2, d_ff=64, vocab_size=64, max_seq_len=16)
     base.update(placement=placement, norm=norm, embed_norm=placement == "peri", bias=True)

@@ -32,7 +32,7 @@ def _err(a, ref):
 @pytest.mark.parametrize("rows,n", [(8195, 2048), (4099, 5120), (16387, 8192)])
 def test_large_norm_no_worse_than_torch(rows, n, rms):
     """bf16 output and gradients: error vs fp64 within 2x PyTorch's own bf16 error (+1 ulp)."""
-    from model.kernels import functions as fn
+    from normlab.model.kernels import functions as fn
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (3 * torch.randn(rows, n, device="cuda", generator=g) + 1).bfloat16().requires_grad_()
@@ -55,7 +55,7 @@ def test_large_norm_no_worse_than_torch(rows, n, rms):
 
 @pytest.mark.parametrize("op", ["add_norm", "add_then_norm", "norm_add"])
 def test_large_fused_match_unfused(op):
-    from model.kernels import functions as fn
+    from normlab.model.kernels import functions as fn
 
     rows, n = 8195, 4096
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -92,7 +92,7 @@ def test_large_fused_match_unfused(op):
 @pytest.mark.parametrize("placement", ["pre", "post", "peri", "deepnorm"])
 def test_model_autocast_and_compile(placement):
     """bf16 autocast and torch.compile: triton and torch backends give the same loss and grads."""
-    from model import ModelConfig, Transformer
+    from normlab.model import ModelConfig, Transformer
 
     cfg = dict(n_layers=2, d_model=256, n_heads=4, d_ff=512, vocab_size=512, max_seq_len=128)
     tokens = torch.randint(0, 512, (4, 128), device="cuda")

@@ -32,7 +32,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def node(recipe: Path, run: Path, rank: int, port: int, nproc: int = 1) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "launch.cli", "launch", str(recipe), "engine.name=fsdp"]
+    cmd = [sys.executable, "-m", "normlab.launch.cli", "launch", str(recipe), "engine.name=fsdp"]
     cmd += ["data.batch_size=2", "--nnodes", "2", "--node-rank", str(rank)]
     cmd += ["--nproc-per-node", str(nproc), "--master-port", str(port), "--run-dir", str(run)]
     cmd += ["--rdzv-timeout", "60"]
@@ -56,7 +56,7 @@ def test_dry_run_prints_the_torchrun_command(tiny: dict[str, Path]) -> None:
     assert pairs["--nnodes"] == "2" and pairs["--nproc-per-node"] == "4"
     assert pairs["--rdzv-backend"] == "c10d" and pairs["--rdzv-endpoint"] == "10.0.0.5:29400"
     assert pairs["--rdzv-conf"] == "is_host=0,join_timeout=600"
-    tail = cmd[cmd.index("launch.cli") + 1 :]
+    tail = cmd[cmd.index("normlab.launch.cli") + 1 :]
     assert tail == ["train", str(tiny["recipe"]), "engine.name=fsdp", "optim.lr=1e-3"] + [
         "--run-dir",
         "runs/x",

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from launch.cli import main
+from normlab.launch.cli import main
 
 ARGS = ["launch", "pre", "--nproc-per-node", "2", "engine.name=fsdp", "--from", "4", "--dry-run"]
 

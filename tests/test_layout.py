@@ -13,7 +13,7 @@ PACKAGES = ("launch", "model", "data")
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
+    parts = ("normlab", *path.relative_to(REPO).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -74,9 +74,26 @@ def test_find_cycle_detects_a_circle() -> None:
 
 def test_config_and_registry_are_leaves() -> None:
     graph = import_graph()
-    leaves = ("launch.config", "launch.config.schema", "launch.config.loader", "launch.registry")
+    config, registry = "normlab.launch.config", "normlab.launch.registry"
+    leaves = (config, f"{config}.schema", f"{config}.loader", registry)
     for leaf in leaves:
-        launch_deps = {m for m in graph[leaf] if m.startswith("launch.")}
-        allowed = {m for m in launch_deps if m.startswith(("launch.config", "launch.errors"))}
-        allowed |= {"launch.registry"} if leaf != "launch.registry" else set()
+        launch_deps = {m for m in graph[leaf] if m.startswith("normlab.launch.")}
+        allowed = {m for m in launch_deps if m.startswith((config, "normlab.launch.errors"))}
+        allowed |= {registry} if leaf != registry else set()
         assert launch_deps <= allowed, f"{leaf} imports components: {launch_deps - allowed}"
+
+
+def test_one_installed_namespace() -> None:
+    """Every package folder is installed as `normlab.<folder>`, and nothing named `model`,
+    `data` or `launch` is importable outside the repository (a user's model.py cannot shadow)."""
+    import subprocess
+    import sys
+    import tomllib
+
+    setup = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {f.parent for pkg in PACKAGES for f in (REPO / pkg).rglob("__init__.py")}
+    assert set(setup["packages"]) == {module_name(f / "__init__.py") for f in folders}
+    assert setup["package-dir"] == {f"normlab.{p}": p for p in PACKAGES}
+    probe = f"import importlib.util as u; print([u.find_spec(n) is None for n in {PACKAGES!r}])"
+    out = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True)
+    assert out.stdout.strip() == "[True, True, True]", out.stderr

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from normlab.launch.config import load_config
+from normlab.launch.engines.single import SingleEngine
+from normlab.launch.instruments import spike_score
+from normlab.launch.optim import build_optimizer
+from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.training.trainer import Trainer
 
-from launch.config import load_config
-from launch.engines.single import SingleEngine
-from launch.instruments import spike_score
-from launch.optim import build_optimizer
-from launch.training.metrics import read_jsonl
-from launch.training.trainer import Trainer
 from tests.conftest import REPO, tiny_overrides
 
 Z = 1e-2

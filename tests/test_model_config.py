@@ -2,9 +2,8 @@
 
 import pytest
 import torch
-
-from model import PRESETS, ModelConfig, Transformer, count_params
-from model.config import FINAL_NORM
+from normlab.model import PRESETS, ModelConfig, Transformer, count_params
+from normlab.model.config import FINAL_NORM
 
 
 @pytest.mark.parametrize(

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from launch.config import OptimSection, RunConfig
-from launch.engines.single import SingleEngine
-from launch.optim import build_optimizer, set_lr
-from launch.optim import muon as muon_mod
-from launch.optim.muon import newton_schulz5
-from launch.optim.selfcheck import SelfCheckError, check_orthogonalised, probe_gradient
-from model import ModelConfig, Transformer
+from normlab.launch.config import OptimSection, RunConfig
+from normlab.launch.engines.single import SingleEngine
+from normlab.launch.optim import build_optimizer, set_lr
+from normlab.launch.optim import muon as muon_mod
+from normlab.launch.optim.muon import newton_schulz5
+from normlab.launch.optim.selfcheck import SelfCheckError, check_orthogonalised, probe_gradient
+from normlab.model import ModelConfig, Transformer
 
 SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=64, max_seq_len=16)
 MUON = OptimSection(name="muon", lr=1e-2, weight_decay=0.1)

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+from normlab.launch.cli import main
+from normlab.launch.config import load_config
+from normlab.launch.errors import ConfigError
 
-from launch.cli import main
-from launch.config import load_config
-from launch.errors import ConfigError
 from tests.conftest import REPO
 
 PRE = REPO / "recipes" / "pre.yaml"

@@ -35,8 +35,7 @@ from dist_helpers import (
     start_and_kill,
     write_recipe,
 )
-
-from launch.cli import main
+from normlab.launch.cli import main
 
 pytestmark = pytest.mark.distributed
 MUONCLIP = (
@@ -90,7 +89,7 @@ def killed_and_resumed(runs: dict, name: str, *overrides: str) -> Path:
     """A 2-rank MuonClip run SIGKILLed past its step-10 checkpoint and resumed to step 20; the
     rows of the killed process are kept in runs[name + '_killed'], the resume's stdout too."""
     run = runs["root"] / name
-    cmd = [sys.executable, "-m", "launch.cli", "launch", str(runs["recipe"]), *MUONCLIP]
+    cmd = [sys.executable, "-m", "normlab.launch.cli", "launch", str(runs["recipe"]), *MUONCLIP]
     cmd += [*overrides, HALF, "--nproc-per-node", "2", "--run-dir", str(run)]
     runs[f"{name}_killed"] = kill_past_checkpoint([*cmd, "--master-port", str(free_port())], run)
     proc = normlab(*cmd[3:], "--master-port", str(free_port()))
@@ -180,7 +179,7 @@ def test_single_sigkill_then_resume_is_bit_identical(runs: dict) -> None:
     buffers = [s for s in state["state"].values() if "momentum_buffer" in s]
     assert len(buffers) == 2 * 7 and all(b["momentum_buffer"].abs().sum() > 0 for b in buffers)
     run = runs["root"] / "killed"
-    cmd = [sys.executable, "-m", "launch.cli", "train", str(runs["recipe"]), *MUONCLIP]
+    cmd = [sys.executable, "-m", "normlab.launch.cli", "train", str(runs["recipe"]), *MUONCLIP]
     cmd += ["--run-dir", str(run)]
     killed_at = start_and_kill(cmd, run, at_step=10)
     assert 10 <= killed_at < 20 and latest_step(run) == killed_at
@@ -190,9 +189,9 @@ def test_single_sigkill_then_resume_is_bit_identical(runs: dict) -> None:
 
 
 def test_compare_shows_clip_events_next_to_max_logit(runs: dict) -> None:
-    from launch.commands.compare import compare
-    from launch.report.plots import max_logit_figure
-    from launch.report.runs import load_run
+    from normlab.launch.commands.compare import compare
+    from normlab.launch.report.plots import max_logit_figure
+    from normlab.launch.report.runs import load_run
 
     table = compare([runs["single"], runs["fsdp"]], None)["rows"]
     for row, run in zip(table, (runs["single"], runs["fsdp"]), strict=True):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-
-from launch.config import OptimSection
-from launch.optim import build_optimizer, param_groups, set_lr
-from model import ModelConfig, Transformer
+from normlab.launch.config import OptimSection
+from normlab.launch.optim import build_optimizer, param_groups, set_lr
+from normlab.model import ModelConfig, Transformer
 
 SMALL = dict(n_layers=2, d_model=32, n_heads=2, d_ff=64, vocab_size=64, max_seq_len=16)
 

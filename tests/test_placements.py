@@ -5,9 +5,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-from model import ModelConfig, Transformer
-from model.placements import deepnorm_constants
+from normlab.model import ModelConfig, Transformer
+from normlab.model.placements import deepnorm_constants
 
 D = 32
 

@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 from dist_helpers import env, free_port, normlab
-
-from launch.engines.memory import GIB, Layout, estimate, saved_per_token
-from model import ModelConfig, Transformer
-from model.loss import lm_loss
-from model.presets import PRESETS, count_params
+from normlab.launch.engines.memory import GIB, Layout, estimate, saved_per_token
+from normlab.model import ModelConfig, Transformer
+from normlab.model.loss import lm_loss
+from normlab.model.presets import PRESETS, count_params
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(n_layers=2, d_model=64, n_heads=4, d_ff=192, vocab_size=512, max_seq_len=64)
@@ -121,7 +120,7 @@ def test_estimate_within_25_percent_of_measured_peak(
 ) -> None:
     overrides = [*SIZES[size], f"engine.name={engine}"]
     measured = measure(memory_recipe, tmp_path / "peak.json", world, *overrides)
-    from launch.config import load_config
+    from normlab.launch.config import load_config
 
     cfg = load_config(memory_recipe, overrides)
     lay = Layout(engine, world=world, batch=8, seq_len=256, cuda=False)  # type: ignore[arg-type]

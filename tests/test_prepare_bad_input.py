@@ -10,8 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
-
-from launch.cli import main
+from normlab.launch.cli import main
 
 
 def _prepare(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -80,7 +79,7 @@ def test_skip_undecodable_long_lines_small_val_and_the_train_command(
 
 
 def test_small_validation_split_warns(capsys: pytest.CaptureFixture[str]) -> None:
-    from data.prepare import _warn_small_val
+    from normlab.data.prepare import _warn_small_val
 
     _warn_small_val({"train": 9990, "val": 10}, 0.005)  # 0.1 % of tokens, 0.5 % asked
     assert "holds 10 tokens (0.10%), less than the 0.50% asked" in capsys.readouterr().err
@@ -93,7 +92,7 @@ def test_unwritable_out_and_full_disk_are_one_line(
 ) -> None:
     import errno
 
-    import data.prepare
+    import normlab.data.prepare as prepare_mod
 
     src = tmp_path / "a.txt"
     rng = random.Random(0)
@@ -106,7 +105,7 @@ def test_unwritable_out_and_full_disk_are_one_line(
     def full(*args: object, **kw: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x" / "train.bin"))
 
-    monkeypatch.setattr(data.prepare, "write_splits", full)
+    monkeypatch.setattr(prepare_mod, "write_splits", full)
     code, _, err = _prepare(capsys, str(src), "--out", str(tmp_path / "out"))
     last = err.strip().splitlines()[-1]
     assert code == 2 and "no space left on device while writing" in last and "Traceback" not in err

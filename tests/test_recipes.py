@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from normlab.launch.commands.validate import count_model
+from normlab.launch.config import load_config
+from normlab.model import Transformer, count_params
 
-from launch.commands.validate import count_model
-from launch.config import load_config
-from model import Transformer, count_params
 from tests.conftest import REPO
 
 # recipes/clusters holds cluster files for `normlab submit`, not recipes

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+from normlab.launch.training.metrics import read_jsonl
 
-from launch.training.metrics import read_jsonl
 from tests.conftest import REPO, tiny_overrides
 
 STEPS, EVERY = 40, 5
@@ -30,7 +30,7 @@ def _cmd(data: Path, run_dir: Path) -> list[str]:
         training__eval_every=10,
         model__dropout=0.1,  # dropout draws from the torch RNG: resume must restore it
     )
-    return [sys.executable, "-m", "launch.cli", "train", "recipes/pre.yaml", *over]
+    return [sys.executable, "-m", "normlab.launch.cli", "train", "recipes/pre.yaml", *over]
 
 
 def _env(tmp: Path) -> dict[str, str]:

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from normlab.launch.cli import main
+from normlab.launch.training import rundir
+from normlab.launch.training.rundir import LOCK, TOKEN_ENV, RunDirBusy, RunDirLock, read_lock
 
-from launch.cli import main
-from launch.training import rundir
-from launch.training.rundir import LOCK, TOKEN_ENV, RunDirBusy, RunDirLock, read_lock
 from tests.conftest import REPO, tiny_overrides
 
 HOLD = (

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import normlab.model.init as model_init
 import pytest
 import torch
 from dist_helpers import (
@@ -30,10 +31,8 @@ from dist_helpers import (
     prepare_tiny,
     write_recipe,
 )
-
-import model.init
-from launch.engines.construct import build_on_meta, materialize
-from model import Transformer
+from normlab.launch.engines.construct import build_on_meta, materialize
+from normlab.model import Transformer
 
 pytestmark = pytest.mark.distributed
 HERE = Path(__file__).resolve().parent
@@ -64,8 +63,8 @@ def test_sharded_init_equals_single_process_init_for_every_scheme(
     from dist_worker_init import SEED, scheme_config
 
     _torchrun("dist_worker_init.py", str(tmp_path), "64")
-    monkeypatch.setattr(model.init, "CHUNK", 64)
-    for scheme in model.init.SCHEMES:
+    monkeypatch.setattr(model_init, "CHUNK", 64)
+    for scheme in model_init.SCHEMES:
         torch.manual_seed(SEED)  # Transformer's own init draws from torch.initial_seed()
         expected = Transformer(scheme_config(scheme)).state_dict()
         for engine in ("fsdp", "zero3"):
@@ -75,7 +74,7 @@ def test_sharded_init_equals_single_process_init_for_every_scheme(
                 assert torch.equal(got[key], value), (engine, scheme, key)
 
 
-@pytest.mark.parametrize("scheme", sorted(model.init.SCHEMES))
+@pytest.mark.parametrize("scheme", sorted(model_init.SCHEMES))
 def test_meta_build_equals_eager_build(scheme: str) -> None:
     from dist_worker_init import scheme_config
 
@@ -93,8 +92,8 @@ def test_meta_build_equals_eager_build(scheme: str) -> None:
 def test_any_part_of_a_parameter_equals_that_part_of_the_whole(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(model.init, "CHUNK", 100)
-    draw, n = model.init.Draw(kind, 0.02), 1037
+    monkeypatch.setattr(model_init, "CHUNK", 100)
+    draw, n = model_init.Draw(kind, 0.02), 1037
     whole = torch.empty(n)
     draw.fill_(whole, 5, "blocks.0.w", n)
     for parts in (2, 3, 7, 16):
@@ -209,7 +208,7 @@ def test_sigkill_during_async_save_keeps_latest_and_resumes_bit_identically(
     cmd = [
         sys.executable,
         "-m",
-        "launch.cli",
+        "normlab.launch.cli",
         "launch",
         str(tiny["r16"]),
         "engine.name=fsdp",

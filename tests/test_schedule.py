@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from launch.config import ScheduleSection
-from launch.training.schedule import build_schedule
+from normlab.launch.config import ScheduleSection
+from normlab.launch.training.schedule import build_schedule
 
 TOTAL = 100
 

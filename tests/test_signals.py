@@ -31,7 +31,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def start(*args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "launch.cli", *args]
+    cmd = [sys.executable, "-m", "normlab.launch.cli", *args]
     return subprocess.Popen(
         cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -135,8 +135,8 @@ def test_two_node_job_completes_and_resumes(tiny: dict[str, Path]) -> None:
     shard = ["engine.name=fsdp", "data.batch_size=2"]
     ref = tiny["root"] / "reference_2ranks"
     reference = subprocess.Popen(
-        [sys.executable, "-m", "launch.cli", "launch", str(recipe), *shard, "--nproc-per-node",
-         "2", "--master-port", str(free_port()), "--run-dir", str(ref)],
+        [sys.executable, "-m", "normlab.launch.cli", "launch", str(recipe), *shard,
+         "--nproc-per-node", "2", "--master-port", str(free_port()), "--run-dir", str(ref)],
         env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     run = tiny["root"] / "two_nodes"

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from normlab.launch.config import load_config
+from normlab.launch.instruments import SpikePolicy
+from normlab.launch.instruments.policy import last_checkpoint_before
+from normlab.launch.training.callbacks import Callback
+from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.training.trainer import Trainer
 from rich.console import Console
 
-from launch.config import load_config
-from launch.instruments import SpikePolicy
-from launch.instruments.policy import last_checkpoint_before
-from launch.training.callbacks import Callback
-from launch.training.metrics import read_jsonl
-from launch.training.trainer import Trainer
 from tests.conftest import REPO, tiny_overrides
 
 PRE = REPO / "recipes" / "pre.yaml"

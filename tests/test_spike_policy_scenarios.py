@@ -14,9 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
-from launch.instruments import SpikePolicy
-from launch.training.callbacks import StopRun
+from normlab.launch.instruments import SpikePolicy
+from normlab.launch.training.callbacks import StopRun
 
 Values = Callable[[int, int], tuple[float, float]]  # (step, applied updates) -> (loss, grad norm)
 
@@ -152,7 +151,7 @@ def test_non_finite_without_checkpoint_stops_as_diverged() -> None:
     ],
 )
 def test_bad_settings_are_config_errors(settings: dict, match: str) -> None:
-    from launch.errors import ConfigError
+    from normlab.launch.errors import ConfigError
 
     with pytest.raises(ConfigError, match=match):
         SpikePolicy(settings)

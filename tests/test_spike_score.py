@@ -10,10 +10,10 @@ import statistics
 import numpy as np
 import pytest
 import torch
+from normlab.launch.instruments import RollingSpikeScore, SpikeScore, spike_score
+from normlab.launch.instruments.common import NONFINITE, SPIKE_GRAD, SPIKE_LOSS, SPIKE_WINDOW
+from normlab.launch.instruments.spikes import run_window, spike_flags, window_stats
 
-from launch.instruments import RollingSpikeScore, SpikeScore, spike_score
-from launch.instruments.common import NONFINITE, SPIKE_GRAD, SPIKE_LOSS, SPIKE_WINDOW
-from launch.instruments.spikes import run_window, spike_flags, window_stats
 from tests.instrument_helpers import fake_trainer, tiny_model
 
 
@@ -101,7 +101,7 @@ def test_callback_logs_scores_and_restores_state() -> None:
 
 
 def test_bad_settings_are_config_errors() -> None:
-    from launch.errors import ConfigError
+    from normlab.launch.errors import ConfigError
 
     with pytest.raises(ConfigError, match="window"):
         SpikeScore({"window": 0})

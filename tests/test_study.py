@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
+from normlab.launch.cli import main
+from normlab.launch.commands.study import DEFAULT_RECIPES, run_study, spike_window, study_configs
+from normlab.launch.training.metrics import read_jsonl
 from rich.console import Console
 
-from launch.cli import main
-from launch.commands.study import DEFAULT_RECIPES, run_study, spike_window, study_configs
-from launch.training.metrics import read_jsonl
 from tests.conftest import tiny_overrides
 
 
@@ -234,7 +234,7 @@ def test_workers_checkpoint_and_exit_when_the_study_is_sigkilled(
     out = tmp_path / "study"
     tiny = [o for o in overrides(tiny_data) if not o.startswith("training.steps=")]  # --steps
     sets = [f"--set={o}" for o in tiny] + ["--set=checkpoint.every=100000"]
-    cmd = [sys.executable, "-m", "launch.cli", "study", "pre_nowarmup", "--lrs", "2e-3"]
+    cmd = [sys.executable, "-m", "normlab.launch.cli", "study", "pre_nowarmup", "--lrs", "2e-3"]
     cmd += ["--seeds", "0,1", "--jobs", "2", "--steps", "100000", "--out", str(out), *sets]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 from dist_helpers import check_ok, env, normlab, prepare_tiny, write_recipe
-
-from launch.cli import main
-from launch.cluster.requeue import decide
-from launch.cluster.spec import time_limit_s
+from normlab.launch.cli import main
+from normlab.launch.cluster.requeue import decide
+from normlab.launch.cluster.spec import time_limit_s
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +47,7 @@ def test_dry_run_prints_the_script_and_writes_nothing(tiny: dict[str, Path]) -> 
     ]:  # fmt: skip
         assert line in script.splitlines(), line
     assert 'launch "$RUN_DIR" --nnodes 4 --nproc-per-node 8' in script
-    assert "scancel --signal=USR1" in script and "launch.cluster.requeue" in script
+    assert "scancel --signal=USR1" in script and "normlab.launch.cluster.requeue" in script
     syntax = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert syntax.returncode == 0, syntax.stderr
     assert not run.exists()
@@ -107,8 +106,8 @@ def test_without_sbatch_nothing_is_submitted(tiny: dict[str, Path], tmp_path: Pa
     run = tmp_path / "run"
     no_slurm = {**env(), "PATH": str(Path(sys.executable).parent)}
     proc = subprocess.run(
-        [sys.executable, "-m", "launch.cli", "submit", str(tiny["recipe"]), "--run-dir", str(run),
-         "--gpus-per-node", "0"],
+        [sys.executable, "-m", "normlab.launch.cli", "submit", str(tiny["recipe"]),
+         "--run-dir", str(run), "--gpus-per-node", "0"],
         env=no_slurm, capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 2 and "sbatch is not installed" in proc.stderr, proc.stderr
@@ -156,7 +155,7 @@ def test_status_of_a_local_run(tiny: dict[str, Path]) -> None:
 
 def test_run_dir_in_use_is_refused(tiny: dict[str, Path], capsys) -> None:
     """A live owner of the run directory (its lock held by this very process) blocks a submit."""
-    from launch.training.rundir import RunDirLock
+    from normlab.launch.training.rundir import RunDirLock
 
     run = tiny["root"] / "busy"
     with RunDirLock(run, "normlab train"):

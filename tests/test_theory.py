@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from launch.cli import main
-from launch.report.theory import (
+from normlab.launch.cli import main
+from normlab.launch.report.theory import (
     TheorySetup,
     checks,
     down_proj_grads,
@@ -24,9 +23,9 @@ from launch.report.theory import (
     measure,
     stream_energy,
 )
-from model import ModelConfig, Transformer
-from model.init import init_weights
-from model.mlp import build_mlp
+from normlab.model import ModelConfig, Transformer
+from normlab.model.init import init_weights
+from normlab.model.mlp import build_mlp
 
 SMALL = TheorySetup(d_model=64, seeds=4, depths=(2, 8), profile_depth=4, lemma_depth=6)
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_helpers import assert_same_curve, check_ok, launch, losses, prepare_tiny, write_recipe
-
-from launch.cli import main
+from normlab.launch.cli import main
 
 pytestmark = pytest.mark.distributed
 TIED = "model.tie_embeddings=true"

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from normlab.launch.cli import main
+from normlab.launch.config import load_config
+from normlab.launch.training.callbacks import Callback
+from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.training.schedule import build_schedule
+from normlab.launch.training.trainer import Trainer
 
-from launch.cli import main
-from launch.config import load_config
-from launch.training.callbacks import Callback
-from launch.training.metrics import read_jsonl
-from launch.training.schedule import build_schedule
-from launch.training.trainer import Trainer
 from tests.conftest import REPO, tiny_overrides
 
 PRE, PERI = REPO / "recipes" / "pre.yaml", REPO / "recipes" / "peri.yaml"

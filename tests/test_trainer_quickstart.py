@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from normlab.launch.cli import main
+from normlab.launch.commands.quickstart import DEFAULT
+from normlab.launch.config import load_config
+from normlab.launch.config.loader import find_recipe
+from normlab.launch.report.unigram import dataset_unigram_loss, unigram_loss
 
-from launch.cli import main
-from launch.commands.quickstart import DEFAULT
-from launch.config import load_config
-from launch.config.loader import find_recipe
-from launch.report.unigram import dataset_unigram_loss, unigram_loss
 from tests.conftest import tiny_overrides
 
 

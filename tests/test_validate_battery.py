@@ -9,12 +9,12 @@ import dataclasses
 import typing
 from pathlib import Path
 
+import normlab.launch.extras as extras
 import pytest
 import yaml
+from normlab.launch.cli import main
+from normlab.launch.config import RunConfig
 
-import launch.extras
-from launch.cli import main
-from launch.config import RunConfig
 from tests.conftest import REPO
 
 
@@ -94,7 +94,7 @@ def test_validate_refuses_what_train_refuses(
 
 
 def test_missing_deepspeed_names_the_extra(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
-    monkeypatch.setattr(launch.extras, "installed", lambda module: module != "deepspeed")
+    monkeypatch.setattr(extras, "installed", lambda module: module != "deepspeed")
     code, _, err = _validate(capsys, "pre", "engine.name=deepspeed", "engine.zero_stage=1")
     assert code == 2 and err.count("\n") == 0
     assert "needs DeepSpeed" in err and "pip install 'normlab[distributed]'" in err
@@ -133,7 +133,7 @@ def test_bare_names_and_unreadable_files(
 
 
 def test_recipes_dir_is_the_repository_one() -> None:
-    from launch.config.loader import RECIPES_DIR
+    from normlab.launch.config.loader import RECIPES_DIR
 
     assert RECIPES_DIR == REPO / "recipes"
 

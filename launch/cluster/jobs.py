@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launch.cluster import slurm
-from launch.cluster.script import SCRIPT_NAME, render_script
-from launch.cluster.spec import ClusterSpec
-from launch.errors import RunDirError
+from normlab.launch.cluster import slurm
+from normlab.launch.cluster.script import SCRIPT_NAME, render_script
+from normlab.launch.cluster.spec import ClusterSpec
+from normlab.launch.errors import RunDirError
 
 if TYPE_CHECKING:
-    from launch.config import RunConfig
+    from normlab.launch.config import RunConfig
 
 RECORD = "slurm.json"
 
@@ -62,8 +62,8 @@ def check_not_owned(run_dir: Path) -> None:
 
 def prepare(cfgs: list[RunConfig], spec: ClusterSpec, force: bool) -> list[Submission]:
     """Render every run's script and check everything that can be checked (writes nothing)."""
-    from launch.commands.launch import check_world
-    from launch.training.rundir import check_run_dir
+    from normlab.launch.commands.launch import check_world
+    from normlab.launch.training.rundir import check_run_dir
 
     workdir = Path.cwd()
     out = []
@@ -78,7 +78,7 @@ def prepare(cfgs: list[RunConfig], spec: ClusterSpec, force: bool) -> list[Submi
 
 def check_not_in_use(run_dir: Path) -> None:
     """A process training in the directory right now (its run-directory lock is live)."""
-    from launch.training.rundir import read_lock, stale_reason
+    from normlab.launch.training.rundir import read_lock, stale_reason
 
     owner = read_lock(run_dir)
     if owner is not None and stale_reason(run_dir, owner) is None:
@@ -103,7 +103,7 @@ def submit(cfg: RunConfig, sub: Submission) -> Submission:
     The job resumes the run from the directory's own config.yaml, so a config given with --force
     replaces it here (the old one is kept as config.previous.yaml, as `normlab train` does). If
     sbatch refuses, every file is put back as it was (a new directory is removed)."""
-    from launch.training.rundir import CONFIG, PREVIOUS_CONFIG, check_run_dir, write_config
+    from normlab.launch.training.rundir import CONFIG, PREVIOUS_CONFIG, check_run_dir, write_config
 
     run_dir = sub.run_dir
     existed = run_dir.exists()

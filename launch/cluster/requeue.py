@@ -1,6 +1,6 @@
 """Last line of every normlab batch script: requeue the job when the run stopped for USR1.
 
-`python -m launch.cluster.requeue RUN_DIR --stopped-by USR1|TERM|none --exit-code N`
+`python -m normlab.launch.cluster.requeue RUN_DIR --stopped-by USR1|TERM|none --exit-code N`
 
 Requeue only when all hold: the batch shell got USR1 (the time limit is near), and the run's
 summary says "preempted" (the ranks wrote their checkpoint and stopped cleanly). A run that
@@ -38,7 +38,7 @@ def decide(run_dir: Path, stopped_by: str) -> tuple[bool, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.cluster.requeue")
+    p = argparse.ArgumentParser(prog="python -m normlab.launch.cluster.requeue")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--stopped-by", default="none", help="USR1, TERM or none")
     p.add_argument("--exit-code", type=int, default=0, help="the job step's exit status")

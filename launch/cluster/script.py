@@ -18,7 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from launch.cluster.spec import ClusterSpec
+from normlab.launch.cluster.spec import ClusterSpec
 
 PORT_BASE, PORT_SPAN = 20000, 20000  # rendezvous port: PORT_BASE + job id % PORT_SPAN
 SCRIPT_NAME = "submit.sbatch"
@@ -73,7 +73,7 @@ def render_script(spec: ClusterSpec, job_name: str, run_dir: Path, workdir: Path
     """The batch script; `run_dir` holds the run's config.yaml, so every (re)start resumes it."""
     python = spec.python or sys.executable
     launch = (
-        f'"$PYTHON" -m launch.cli launch "$RUN_DIR" --nnodes {spec.nodes} '
+        f'"$PYTHON" -m normlab.launch.cli launch "$RUN_DIR" --nnodes {spec.nodes} '
         f'--nproc-per-node {spec.procs_per_node} --master-addr "$head_addr" --master-port "$port"'
     )
     return "\n".join(
@@ -108,8 +108,8 @@ def render_script(spec: ClusterSpec, job_name: str, run_dir: Path, workdir: Path
             'wait "$step"; code=$?',
             'while kill -0 "$step" 2>/dev/null; do wait "$step"; code=$?; done',
             "",
-            '"$PYTHON" -m launch.cluster.requeue "$RUN_DIR" --stopped-by "${stopped_by:-none}" '
-            '--exit-code "$code"',
+            '"$PYTHON" -m normlab.launch.cluster.requeue "$RUN_DIR" '
+            '--stopped-by "${stopped_by:-none}" --exit-code "$code"',
             "",
         ]
     )

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from launch.errors import NormlabError
+from normlab.launch.errors import NormlabError
 
 # states in which a job still owns its run directory (squeue/sacct spellings)
 LIVE_STATES = {

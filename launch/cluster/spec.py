@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from launch.config.loader import build
-from launch.errors import ConfigError
+from normlab.launch.config.loader import build
+from normlab.launch.errors import ConfigError
 
 # SLURM --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
 TIME = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2})$")

@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launch.cluster import jobs
+from normlab.launch.cluster import jobs
 
 if TYPE_CHECKING:
-    from launch.cluster.spec import ClusterSpec
-    from launch.config import RunConfig
+    from normlab.launch.cluster.spec import ClusterSpec
+    from normlab.launch.config import RunConfig
 
 
 def submit_study(cfgs: list[RunConfig], out: Path, spec: ClusterSpec) -> list[dict[str, Any]]:

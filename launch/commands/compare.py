@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from normlab.launch.report.plots import write_plots
+from normlab.launch.report.runs import NotARunError, Run, load_run
+from normlab.launch.report.table import depth_markdown, markdown, print_table, summarize, write_csv
 from rich.console import Console
-
-from launch.report.plots import write_plots
-from launch.report.runs import NotARunError, Run, load_run
-from launch.report.table import depth_markdown, markdown, print_table, summarize, write_csv
 
 DEFAULT_OUT = "compare"
 

@@ -26,14 +26,13 @@ import tempfile
 from pathlib import Path
 
 import yaml
-
-from launch.config import RunConfig, load_config
-from launch.engines.fsdp import read_meta
-from launch.errors import CheckpointError, RunDirError
-from launch.extras import require
-from launch.training.consolidate import find_checkpoint, read_weights
-from launch.training.manifest import find_damage
-from model import Transformer
+from normlab.launch.config import RunConfig, load_config
+from normlab.launch.engines.fsdp import read_meta
+from normlab.launch.errors import CheckpointError, RunDirError
+from normlab.launch.extras import require
+from normlab.launch.training.consolidate import find_checkpoint, read_weights
+from normlab.launch.training.manifest import find_damage
+from normlab.model import Transformer
 
 NATIVE_DIR, WEIGHTS, CONFIG, MODEL_CONFIG = (
     "normlab",
@@ -82,7 +81,7 @@ def save_safetensors(model: Transformer, path: Path) -> None:
 
 def save_hf(model: Transformer, out: Path, token_ids: dict[str, int | None] | None = None) -> str:
     """Write the HF model into `out` when a family matches; return a line saying what happened."""
-    from model.hf import hf_family, to_hf
+    from normlab.model.hf import hf_family, to_hf
 
     try:
         family = hf_family(model.config)
@@ -128,7 +127,9 @@ def run_tokenizer(cfg: RunConfig, given: str | None) -> Path:
     if given:
         path = Path(given).expanduser()
     elif cfg.data.dataset == "bundled":
-        from launch.training.datasets import resolve_dataset  # prepares it if the cache is gone
+        from normlab.launch.training.datasets import (
+            resolve_dataset,  # prepares it if the cache is gone
+        )
 
         path = resolve_dataset(cfg.data, quiet=True) / SPM_FILE
     else:
@@ -138,7 +139,7 @@ def run_tokenizer(cfg: RunConfig, given: str | None) -> Path:
             f"the run's tokenizer {path} is missing (data.dataset {cfg.data.dataset}); "
             "pass --tokenizer FILE (the tokenizer.model it was prepared with)"
         )
-    from data.tokenizer import load_tokenizer
+    from normlab.data.tokenizer import load_tokenizer
 
     size = load_tokenizer(path).vocab_size()
     if size != cfg.data.vocab_size:
@@ -159,7 +160,7 @@ def write_export(model: Transformer, cfg: RunConfig, spm: Path, tmp: Path, hf: b
     if not hf:
         shutil.copyfile(spm, tmp / SPM_FILE)
         return [f"tokenizer {spm.name} (SentencePiece only: --no-hf)"]
-    from data.hf_tokenizer import save_hf_tokenizer
+    from normlab.data.hf_tokenizer import save_hf_tokenizer
 
     token_ids = save_hf_tokenizer(spm, tmp, model.config.max_seq_len)
     return [f"tokenizer {spm} (SentencePiece + HF files)", save_hf(model, tmp, token_ids)]

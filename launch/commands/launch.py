@@ -26,11 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-from launch.commands.train import add_recipe_args, resolve
-from launch.config import RunConfig
-from launch.engines.dist import EXPECTED_WORLD_ENV
-from launch.errors import NormlabError
-from launch.training.signals import set_parent_death_signal, under_slurm
+from normlab.launch.commands.train import add_recipe_args, resolve
+from normlab.launch.config import RunConfig
+from normlab.launch.engines.dist import EXPECTED_WORLD_ENV
+from normlab.launch.errors import NormlabError
+from normlab.launch.training.signals import set_parent_death_signal, under_slurm
 
 
 class LaunchError(NormlabError):
@@ -90,7 +90,7 @@ def check_topology(args: argparse.Namespace, cfg: RunConfig) -> int:
 def check_world(cfg: RunConfig, world: int, local: bool = False) -> None:
     """What every rank would refuse, checked once before any process starts (`normlab submit`
     too, with local=False: the submitting host need not have the job's GPUs)."""
-    from launch.training.preflight import preflight
+    from normlab.launch.training.preflight import preflight
 
     preflight(cfg, world, local=local)
 
@@ -122,7 +122,9 @@ def wait_for_endpoint(host: str, port: int, timeout: float) -> None:
 def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> list[str]:
     # c10d ignores --node-rank (ranks follow the join order); node 0 serves the store
     is_host = int(args.node_rank == 0)
-    train = ["-m", "launch.cli", "train", args.recipe, *args.overrides, "--run-dir", cfg.run_dir]
+    train = [
+        "-m", "normlab.launch.cli", "train", args.recipe, *args.overrides, "--run-dir", cfg.run_dir
+    ]
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(args.nnodes),
@@ -143,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve(args.recipe, overrides)
     world = check_topology(args, cfg)
     if args.from_step:  # a missing checkpoint is one line here, not one per rank
-        from launch.training.checkpoint import CheckpointManager
+        from normlab.launch.training.checkpoint import CheckpointManager
 
         CheckpointManager(Path(cfg.run_dir or "runs/run"), keep_last=1).find(args.from_step)
     port = args.master_port or (free_port() if args.nnodes == 1 else 29500)
@@ -151,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
-    from launch.training.datasets import resolve_dataset  # once per node, before the ranks start
+    from normlab.launch.training.datasets import (
+        resolve_dataset,  # once per node, before the ranks start
+    )
 
     resolve_dataset(cfg.data)
     if args.node_rank > 0:
@@ -160,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     env.setdefault("OMP_NUM_THREADS", "1")
     # seconds torchrun gives signalled ranks to checkpoint before it SIGKILLs them
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
-    from launch.training.rundir import TOKEN_ENV, RunDirLock
+    from normlab.launch.training.rundir import TOKEN_ENV, RunDirLock
 
     # node 0 owns the run directory for the whole job; its rank 0 inherits the lock by token
     owner = RunDirLock(Path(cfg.run_dir or "runs/run"), "normlab launch")

@@ -9,12 +9,12 @@ import argparse
 import re
 from dataclasses import replace
 
-from launch.commands.train import add_recipe_args, resolve
-from launch.config import RunConfig
-from launch.engines.memory import GIB, Estimate, Layout, estimate
-from launch.errors import ConfigError
-from model import ModelConfig
-from model.presets import count_params
+from normlab.launch.commands.train import add_recipe_args, resolve
+from normlab.launch.config import RunConfig
+from normlab.launch.engines.memory import GIB, Estimate, Layout, estimate
+from normlab.launch.errors import ConfigError
+from normlab.model import ModelConfig
+from normlab.model.presets import count_params
 
 HEADROOM = 0.9  # of each GPU for the model: the rest is CUDA context, NCCL buffers, fragmentation
 UNITS = {

@@ -16,15 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from normlab.launch.commands.compare import compare
+from normlab.launch.config import load_config
+from normlab.launch.config.loader import find_recipe
+from normlab.launch.errors import ConfigError
+from normlab.launch.report.unigram import dataset_unigram_loss
+from normlab.launch.training.datasets import resolve_dataset
+from normlab.launch.training.parallel import train_all
 from rich.console import Console
-
-from launch.commands.compare import compare
-from launch.config import load_config
-from launch.config.loader import find_recipe
-from launch.errors import ConfigError
-from launch.report.unigram import dataset_unigram_loss
-from launch.training.datasets import resolve_dataset
-from launch.training.parallel import train_all
 
 DEFAULT = [
     "quickstart/post_nowarmup",

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from launch.errors import RunDirError
+from normlab.launch.errors import RunDirError
 
 TAIL = 5
 
@@ -46,10 +45,10 @@ def _duration(seconds: float) -> str:
 
 def run_status(run_dir: Path) -> dict[str, Any]:
     """Everything `normlab status` prints about one run, as a dict."""
-    from launch.cluster.jobs import last_job_id
-    from launch.cluster.slurm import job_state
-    from launch.training.checkpoint import CheckpointManager
-    from launch.training.rundir import CONFIG, read_summary
+    from normlab.launch.cluster.jobs import last_job_id
+    from normlab.launch.cluster.slurm import job_state
+    from normlab.launch.training.checkpoint import CheckpointManager
+    from normlab.launch.training.rundir import CONFIG, read_summary
 
     if not (run_dir / CONFIG).is_file():
         raise RunDirError(f"{run_dir} is not a run directory (no {CONFIG})")

@@ -17,14 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from normlab.launch.commands.compare import compare
+from normlab.launch.commands.submit import add_submit_options, job_spec
+from normlab.launch.config import RunConfig, load_config
+from normlab.launch.config.loader import find_recipe
+from normlab.launch.errors import ConfigError
+from normlab.launch.training.parallel import train_all
 from rich.console import Console
-
-from launch.commands.compare import compare
-from launch.commands.submit import add_submit_options, job_spec
-from launch.config import RunConfig, load_config
-from launch.config.loader import find_recipe
-from launch.errors import ConfigError
-from launch.training.parallel import train_all
 
 DEFAULT_RECIPES = [
     "post_warmup",
@@ -110,7 +109,7 @@ def run_study(
 
     Returns {'runs', 'total_s', 'stopped', 'rows', 'files', 'verdicts'}; a study stopped by a
     signal returns only the first three (no report over unfinished runs)."""
-    from launch.report.study import write_study_report
+    from normlab.launch.report.study import write_study_report
 
     out = Path(out)
     console = console or Console(width=None if sys.stdout.isatty() else 240)
@@ -224,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     seeds = _ints(args.seeds, "--seeds")
     _refuse_replaced_sets(args.set, lrs is not None, args.steps is not None)
     if args.submit:
-        from launch.cluster.study import submit_study
+        from normlab.launch.cluster.study import submit_study
 
         recipes = args.recipes or DEFAULT_RECIPES
         cfgs = study_configs(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from launch.commands.train import add_recipe_args, resolve
+from normlab.launch.commands.train import add_recipe_args, resolve
 
 SPEC_OPTIONS = (
     "nodes", "gpus_per_node", "partition", "time", "account", "qos", "constraint", "mem",
@@ -39,7 +39,7 @@ def add_submit_options(p: argparse.ArgumentParser) -> None:
 
 
 def job_spec(args: argparse.Namespace):  # noqa: ANN201 (ClusterSpec; imported lazily)
-    from launch.cluster.spec import load_cluster, with_options
+    from normlab.launch.cluster.spec import load_cluster, with_options
 
     return with_options(load_cluster(args.cluster), {k: getattr(args, k) for k in SPEC_OPTIONS})
 
@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.cluster import jobs
+    from normlab.launch.cluster import jobs
 
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
     cfg = resolve(args.recipe, overrides)

@@ -14,10 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+from normlab.launch.errors import ConfigError
 from rich.console import Console
 from rich.table import Table
-
-from launch.errors import ConfigError
 
 
 def _depths(text: str) -> tuple[int, ...]:
@@ -46,8 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launch.report.theory import TheorySetup, checks, measure
-    from launch.report.theory_plots import markdown, write_plots
+    from normlab.launch.report.theory import TheorySetup, checks, measure
+    from normlab.launch.report.theory_plots import markdown, write_plots
 
     try:
         setup = TheorySetup(

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from launch.config import RunConfig, load_config
-from launch.config.loader import find_recipe
-from launch.errors import ConfigError
+from normlab.launch.config import RunConfig, load_config
+from normlab.launch.config.loader import find_recipe
+from normlab.launch.errors import ConfigError
 
 
 def add_recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
     cfg = resolve(args.recipe, overrides)
-    from launch.training.trainer import Trainer  # heavy imports only once the config is valid
+    from normlab.launch.training.trainer import (
+        Trainer,  # heavy imports only once the config is valid
+    )
 
     trainer = Trainer(cfg, force=args.force, from_step=args.from_step)
     status = trainer.run()

@@ -13,10 +13,9 @@ from typing import Any
 
 import torch
 import yaml
-
-from launch.commands.train import add_recipe_args, resolve
-from launch.config import RunConfig
-from model import Transformer, count_params
+from normlab.launch.commands.train import add_recipe_args, resolve
+from normlab.launch.config import RunConfig
+from normlab.model import Transformer, count_params
 
 
 def count_model(cfg: RunConfig) -> tuple[int, int]:
@@ -48,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = resolve(args.recipe, list(args.overrides))
-    from launch.training.preflight import preflight
+    from normlab.launch.training.preflight import preflight
 
     preflight(cfg, local=False)  # GPU recipes validate on a CPU machine (the README's 7b)
     total, non_embed = count_model(cfg)

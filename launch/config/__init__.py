@@ -4,7 +4,7 @@
 recipes with `base:` inheritance and dotted overrides.
 """
 
-from launch.config.schema import (
+from normlab.launch.config.schema import (
     CheckpointSection,
     DataSection,
     EngineSection,

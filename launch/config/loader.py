@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-
-from launch.errors import ConfigError
+from normlab.launch.errors import ConfigError
 
 
 def suggest(key: str, valid: list[str], prefix: str = "") -> str:

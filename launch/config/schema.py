@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-
-from launch.config.loader import (
+from normlab.launch.config.loader import (
     apply_overrides,
     build,
     deep_merge,
@@ -26,10 +25,10 @@ from launch.config.loader import (
     suggest,
     to_plain,
 )
-from launch.errors import ConfigError
-from launch.registry import ENGINES, INSTRUMENTS, OPTIMIZERS
-from model import ModelConfig
-from model.presets import PRESETS
+from normlab.launch.errors import ConfigError
+from normlab.launch.registry import ENGINES, INSTRUMENTS, OPTIMIZERS
+from normlab.model import ModelConfig
+from normlab.model.presets import PRESETS
 
 
 def _model_section() -> type:

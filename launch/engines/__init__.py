@@ -3,6 +3,6 @@
 Engines are looked up by name in launch.registry.ENGINES; DeepSpeed is imported only when used.
 """
 
-from launch.engines.base import Engine
+from normlab.launch.engines.base import Engine
 
 __all__ = ["Engine"]

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from normlab.launch.config import RunConfig
+from normlab.model import ModelConfig
+from normlab.model.loss import lm_loss
 from torch import nn
-
-from launch.config import RunConfig
-from model import ModelConfig
-from model.loss import lm_loss
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 StepVeto = Callable[[torch.Tensor], bool]

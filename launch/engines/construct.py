@@ -13,11 +13,10 @@ import math
 from typing import Any
 
 import torch
+from normlab.model import ModelConfig, Transformer
+from normlab.model.attention import Attention
+from normlab.model.init import Draw, canonical_name, init_plan
 from torch import nn
-
-from model import ModelConfig, Transformer
-from model.attention import Attention
-from model.init import Draw, canonical_name, init_plan
 
 
 def build_on_meta(model_cfg: ModelConfig) -> tuple[Transformer, dict[str, Draw]]:

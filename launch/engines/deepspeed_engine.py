@@ -21,23 +21,26 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch import nn
-
-from launch.config import RunConfig
-from launch.config.loader import deep_merge
-from launch.engines.base import OptimizerFactory, StepVeto
-from launch.engines.construct import build_on_meta, build_zero3, materialize
-from launch.engines.deepspeed_muon import check_muon_config, probe_step, register_flat_layouts
-from launch.engines.dist import DistributedEngine
-from launch.engines.fsdp import (
+from normlab.launch.config import RunConfig
+from normlab.launch.config.loader import deep_merge
+from normlab.launch.engines.base import OptimizerFactory, StepVeto
+from normlab.launch.engines.construct import build_on_meta, build_zero3, materialize
+from normlab.launch.engines.deepspeed_muon import (
+    check_muon_config,
+    probe_step,
+    register_flat_layouts,
+)
+from normlab.launch.engines.dist import DistributedEngine
+from normlab.launch.engines.fsdp import (
     META_FILE,
     apply_activation_checkpointing,
     read_extra,
     read_meta,
     trainer_file,
 )
-from launch.errors import CheckpointError, ConfigError
-from model import ModelConfig, Transformer
+from normlab.launch.errors import CheckpointError, ConfigError
+from normlab.model import ModelConfig, Transformer
+from torch import nn
 
 DS_TAG = "deepspeed"  # the sub-directory DeepSpeed writes inside a step directory
 RECIPE_OWNED = ("optimizer", "scheduler")

@@ -17,11 +17,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from normlab.launch.errors import ConfigError
+from normlab.launch.optim.fragments import FlatLayout, Fragment
+from normlab.launch.optim.muon import shape_of
 from torch import nn
-
-from launch.errors import ConfigError
-from launch.optim.fragments import FlatLayout, Fragment
-from launch.optim.muon import shape_of
 
 OFFLOADS = ("offload_optimizer", "offload_param")
 FP32_NAMES = ("fp32", "float32", "float", "torch.float32")  # DeepSpeed's DtypeEnum.fp32 spellings

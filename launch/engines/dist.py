@@ -18,10 +18,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-
-from launch.engines.base import Engine, ReduceOp
-from launch.engines.single import resolve_device
-from launch.errors import ConfigError
+from normlab.launch.engines.base import Engine, ReduceOp
+from normlab.launch.engines.single import resolve_device
+from normlab.launch.errors import ConfigError
 
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 EXPECTED_WORLD_ENV = "NORMLAB_EXPECTED_WORLD_SIZE"  # set by `normlab launch` on every node

@@ -22,18 +22,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from normlab.launch.engines.base import OptimizerFactory, StepVeto
+from normlab.launch.engines.construct import build_on_meta, materialize
+from normlab.launch.engines.dist import DistributedEngine
+from normlab.launch.engines.single import read_file
+from normlab.launch.errors import CheckpointError, ConfigError
+from normlab.model import ModelConfig, Transformer
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DeviceMesh, DTensor, init_device_mesh
-
-from launch.engines.base import OptimizerFactory, StepVeto
-from launch.engines.construct import build_on_meta, materialize
-from launch.engines.dist import DistributedEngine
-from launch.engines.single import read_file
-from launch.errors import CheckpointError, ConfigError
-from model import ModelConfig, Transformer
 
 DCP_DIR, META_FILE = "dcp", "engine.json"
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the compute dtype of a shard

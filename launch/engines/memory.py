@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from model.config import ModelConfig
-from model.presets import count_params
+from normlab.model.config import ModelConfig
+from normlab.model.presets import count_params
 
 EngineName = Literal["single", "fsdp", "deepspeed"]
 WIDTH = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes of a parameter copy / activation element

@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from normlab.launch.engines.base import Engine, OptimizerFactory, StepVeto
+from normlab.launch.engines.construct import build_on_meta, materialize
+from normlab.launch.errors import CheckpointError
+from normlab.model import ModelConfig
 from torch import nn
-
-from launch.engines.base import Engine, OptimizerFactory, StepVeto
-from launch.engines.construct import build_on_meta, materialize
-from launch.errors import CheckpointError
-from model import ModelConfig
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 MODEL_FILE, OPTIM_FILE, ENGINE_FILE, TRAINER_FILE = (
@@ -29,7 +28,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        from launch.errors import ConfigError
+        from normlab.launch.errors import ConfigError
 
         raise ConfigError("training.device is 'cuda' but no CUDA device is available")
     return torch.device(name)

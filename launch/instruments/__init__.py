@@ -5,12 +5,12 @@ A recipe switches them on in its `instruments:` section, e.g.
 `launch.instruments.common`.
 """
 
-from launch.instruments.activations import ActivationStats
-from launch.instruments.attention import AttentionLogits, QKGains
-from launch.instruments.fp16 import ClampHooks, FP16Clamp, clamp_fp16
-from launch.instruments.gradients import GradientStats
-from launch.instruments.policy import SpikePolicy
-from launch.instruments.spikes import RollingSpikeScore, SpikeScore, spike_score
+from normlab.launch.instruments.activations import ActivationStats
+from normlab.launch.instruments.attention import AttentionLogits, QKGains
+from normlab.launch.instruments.fp16 import ClampHooks, FP16Clamp, clamp_fp16
+from normlab.launch.instruments.gradients import GradientStats
+from normlab.launch.instruments.policy import SpikePolicy
+from normlab.launch.instruments.spikes import RollingSpikeScore, SpikeScore, spike_score
 
 OBSERVERS = ["activations", "gradients", "attention_logits", "qk_gains", "spike_score"]
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.hooks import RemovableHandle
-
-from launch.instruments.common import (
+from normlab.launch.instruments.common import (
     ATTN_OUT,
     MLP_OUT,
     PRE_NORM,
@@ -28,10 +26,11 @@ from launch.instruments.common import (
     is_log_step,
     settings_of,
 )
-from launch.training.callbacks import Callback
+from normlab.launch.training.callbacks import Callback
+from torch.utils.hooks import RemovableHandle
 
 if TYPE_CHECKING:
-    from launch.training.trainer import Trainer
+    from normlab.launch.training.trainer import Trainer
 
 KINDS = (RESID, ATTN_OUT, MLP_OUT, PRE_NORM)
 

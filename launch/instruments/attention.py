@@ -14,11 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
-from torch.utils.hooks import RemovableHandle
-
-from launch.errors import ConfigError
-from launch.instruments.common import (
+from normlab.launch.errors import ConfigError
+from normlab.launch.instruments.common import (
     MAX_LOGIT,
     MAX_LOGIT_LOWER,
     MAX_LOGIT_UPPER,
@@ -29,11 +26,13 @@ from launch.instruments.common import (
     is_log_step,
     settings_of,
 )
-from launch.instruments.gradients import local_parts, sum_squares
-from launch.training.callbacks import Callback
+from normlab.launch.instruments.gradients import local_parts, sum_squares
+from normlab.launch.training.callbacks import Callback
+from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 if TYPE_CHECKING:
-    from launch.training.trainer import Trainer
+    from normlab.launch.training.trainer import Trainer
 
 # mode -> the metric kinds it logs, in the order the attention module reports them
 MODES = {"exact": (MAX_LOGIT,), "lse_bound": (MAX_LOGIT_LOWER, MAX_LOGIT_UPPER)}

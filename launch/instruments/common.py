@@ -12,14 +12,13 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import torch
+from normlab.launch.config.loader import suggest
+from normlab.launch.errors import ConfigError
+from normlab.model.attention import Attention
 from torch import nn
 
-from launch.config.loader import suggest
-from launch.errors import ConfigError
-from model.attention import Attention
-
 if TYPE_CHECKING:
-    from launch.training.trainer import Trainer
+    from normlab.launch.training.trainer import Trainer
 
 RESID, ATTN_OUT, MLP_OUT = "resid_rms", "attn_out_rms", "mlp_out_rms"
 PRE_NORM = "pre_norm_rms"  # post-norm blocks: the residual sum before the closing norm

@@ -29,15 +29,20 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from normlab.launch.errors import ConfigError
+from normlab.launch.instruments.common import (
+    FP16_CLAMPS,
+    block_key,
+    is_log_step,
+    settings_of,
+    unwrap,
+)
+from normlab.launch.training.callbacks import Callback
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from launch.errors import ConfigError
-from launch.instruments.common import FP16_CLAMPS, block_key, is_log_step, settings_of, unwrap
-from launch.training.callbacks import Callback
-
 if TYPE_CHECKING:
-    from launch.training.trainer import Trainer
+    from normlab.launch.training.trainer import Trainer
 
 FP16_MAX = torch.finfo(torch.float16).max
 

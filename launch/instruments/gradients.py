@@ -12,9 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from torch import nn
-
-from launch.instruments.common import (
+from normlab.launch.instruments.common import (
     GRAD,
     UPDATE,
     block_key,
@@ -25,10 +23,11 @@ from launch.instruments.common import (
     settings_of,
     unwrap,
 )
-from launch.training.callbacks import Callback
+from normlab.launch.training.callbacks import Callback
+from torch import nn
 
 if TYPE_CHECKING:
-    from launch.training.trainer import Trainer
+    from normlab.launch.training.trainer import Trainer
 
 Parts = list[tuple[torch.Tensor | None, bool]]
 

@@ -31,14 +31,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-
-from launch.errors import ConfigError
-from launch.instruments.common import ROLLBACKS, SKIPPED, settings_of
-from launch.training.callbacks import Callback, StopRun
-from launch.training.checkpoint import STEP_DIR
+from normlab.launch.errors import ConfigError
+from normlab.launch.instruments.common import ROLLBACKS, SKIPPED, settings_of
+from normlab.launch.training.callbacks import Callback, StopRun
+from normlab.launch.training.checkpoint import STEP_DIR
 
 if TYPE_CHECKING:
-    from launch.training.trainer import Trainer
+    from normlab.launch.training.trainer import Trainer
 
 DEFAULTS = {"window": 1000, "k": 7.0, "max_bad_steps": 5, "rollback": True, "max_rollbacks": 10}
 KEYS = ("loss", "grad_norm")

@@ -28,10 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
-
-from launch.errors import ConfigError
-from launch.instruments.common import (
+from normlab.launch.errors import ConfigError
+from normlab.launch.instruments.common import (
     NONFINITE,
     SCALER_SKIPS,
     SPIKE_GRAD,
@@ -40,10 +38,11 @@ from launch.instruments.common import (
     is_log_step,
     settings_of,
 )
-from launch.training.callbacks import Callback
+from normlab.launch.training.callbacks import Callback
+from numpy.lib.stride_tricks import sliding_window_view
 
 if TYPE_CHECKING:
-    from launch.training.trainer import Trainer
+    from normlab.launch.training.trainer import Trainer
 
 CHUNK_ELEMENTS = 1 << 20  # window rows per numpy pass: bounded memory for any series length
 

@@ -11,14 +11,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+from normlab.launch.config import OptimSection
+from normlab.launch.registry import OPTIMIZERS, resolve
 from torch import nn
 
-from launch.config import OptimSection
-from launch.registry import OPTIMIZERS, resolve
-
 if TYPE_CHECKING:
-    from launch.engines.base import Engine
-    from launch.training.callbacks import Callback
+    from normlab.launch.engines.base import Engine
+    from normlab.launch.training.callbacks import Callback
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -52,7 +51,7 @@ def build_adamw(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
 
 def build_muon(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
     """Muon on every 2-D hidden matrix, AdamW on embeddings, head, gains and biases."""
-    from launch.optim.muon import MuonAdamW, split_for_muon
+    from normlab.launch.optim.muon import MuonAdamW, split_for_muon
 
     return MuonAdamW(
         split_for_muon(model, cfg.weight_decay),
@@ -69,7 +68,7 @@ def optim_callbacks(cfg: OptimSection) -> list[Callback]:
     """Per-step work of the optimizer section beyond the step itself: QK-Clip when configured."""
     if cfg.qk_clip is None:
         return []
-    from launch.optim.qk_clip import QKClip
+    from normlab.launch.optim.qk_clip import QKClip
 
     return [QKClip(cfg.qk_clip.tau, cfg.qk_clip.alpha)]
 
@@ -79,7 +78,7 @@ def check_optimizer(
 ) -> None:
     """Start-up self-check (before step 1): Muon must really orthogonalise on this engine."""
     if cfg.name == "muon":
-        from launch.optim.selfcheck import check_orthogonalised
+        from normlab.launch.optim.selfcheck import check_orthogonalised
 
         check_orthogonalised(engine, factory, cfg.muon_scale)
 

@@ -43,7 +43,7 @@ NSDtype = Literal["bf16", "fp32"]
 NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 if TYPE_CHECKING:
-    from launch.optim.fragments import FlatLayout
+    from normlab.launch.optim.fragments import FlatLayout
 
 
 def shape_of(p: torch.Tensor) -> tuple[int, ...]:
@@ -164,7 +164,7 @@ class MuonAdamW(torch.optim.Optimizer):
     ) -> None:
         """A ZeRO partition: each matrix's range gets its share of the whole-matrix update, with
         the same elementwise operations (and roundings) as the unpartitioned step."""
-        from launch.optim.fragments import orthogonalise_flat
+        from normlab.launch.optim.fragments import orthogonalise_flat
 
         outs = orthogonalise_flat(direction, layout, partial(newton_schulz5, dtype=dtype))
         lr = group["lr"]
@@ -180,7 +180,7 @@ def orthogonalise_all(
 ) -> list[torch.Tensor]:
     """Newton-Schulz of each matrix: plain tensors here, DTensor shards through their owners."""
     if directions and hasattr(directions[0], "device_mesh"):
-        from launch.optim.sharded import orthogonalise_sharded
+        from normlab.launch.optim.sharded import orthogonalise_sharded
 
         return orthogonalise_sharded(directions, partial(newton_schulz5, dtype=dtype))
     return [newton_schulz5(d, dtype) for d in directions]

@@ -19,15 +19,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from normlab.launch.engines.base import RowScaler, scale_rows_
+from normlab.launch.instruments.common import attention_of, block_key, unwrap
+from normlab.launch.training.callbacks import Callback
+from normlab.model.attention import Attention, FlatQKNorm, HeadQKNorm
 from torch import nn
 
-from launch.engines.base import RowScaler, scale_rows_
-from launch.instruments.common import attention_of, block_key, unwrap
-from launch.training.callbacks import Callback
-from model.attention import Attention, FlatQKNorm, HeadQKNorm
-
 if TYPE_CHECKING:
-    from launch.training.trainer import Trainer
+    from normlab.launch.training.trainer import Trainer
 
 S_MAX, CLIPS, CLIP_EVENTS = "s_max", "qk_clips", "qk_clip_events"
 

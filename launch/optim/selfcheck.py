@@ -17,13 +17,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+from normlab.launch.errors import NormlabError
+from normlab.launch.optim.muon import update_scale
 from torch import nn
 
-from launch.errors import NormlabError
-from launch.optim.muon import update_scale
-
 if TYPE_CHECKING:
-    from launch.engines.base import Engine
+    from normlab.launch.engines.base import Engine
 
 SV_BAND = (0.55, 1.45)  # singular values of an orthogonalised update (scale divided out)
 SV_RATIO = 2.2  # largest / smallest

@@ -15,16 +15,15 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter  # noqa: E402
-
-from launch.instruments.common import (  # noqa: E402
+from normlab.launch.instruments.common import (  # noqa: E402
     MAX_LOGIT,
     PRE_NORM,
     RESID,
     parse_block_key,
 )
-from launch.optim.qk_clip import S_MAX  # noqa: E402
-from launch.report.runs import Run  # noqa: E402
-from launch.report.table import dataset_label  # noqa: E402
+from normlab.launch.optim.qk_clip import S_MAX  # noqa: E402
+from normlab.launch.report.runs import Run  # noqa: E402
+from normlab.launch.report.table import dataset_label  # noqa: E402
 
 DEPTH_PANELS = 4
 LINESTYLES = ["-", "--", "-.", ":"]

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from launch.errors import NormlabError
-from launch.instruments.common import PRE_NORM, RESID, parse_block_key
-from launch.training.metrics import JSONL, read_jsonl
-from launch.training.rundir import CONFIG, SUMMARY
+from normlab.launch.errors import NormlabError
+from normlab.launch.instruments.common import PRE_NORM, RESID, parse_block_key
+from normlab.launch.training.metrics import JSONL, read_jsonl
+from normlab.launch.training.rundir import CONFIG, SUMMARY
 
 
 class NotARunError(NormlabError):

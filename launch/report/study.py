@@ -7,13 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from normlab.launch.report.claims import (
+    LOSS_MARGIN,
+    Verdict,
+    group_rows,
+    growth_of,
+    loss_of,
+    verdicts,
+)
+from normlab.launch.report.runs import Run, load_run
+from normlab.launch.report.study_plots import write_study_plots
+from normlab.launch.report.table import summarize
 from rich.console import Console
 from rich.table import Table
-
-from launch.report.claims import LOSS_MARGIN, Verdict, group_rows, growth_of, loss_of, verdicts
-from launch.report.runs import Run, load_run
-from launch.report.study_plots import write_study_plots
-from launch.report.table import summarize
 
 # key, header, how one value is read from a row
 STATS = [

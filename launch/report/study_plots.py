@@ -16,11 +16,10 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from launch.instruments.common import RESID  # noqa: E402
-from launch.report.plots import curve_style, readable_log, save  # noqa: E402
-from launch.report.runs import Run  # noqa: E402
-from launch.report.table import dataset_label  # noqa: E402
+from normlab.launch.instruments.common import RESID  # noqa: E402
+from normlab.launch.report.plots import curve_style, readable_log, save  # noqa: E402
+from normlab.launch.report.runs import Run  # noqa: E402
+from normlab.launch.report.table import dataset_label  # noqa: E402
 
 
 def _key(run: Run) -> tuple[str, float]:

@@ -8,10 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
-
-from launch.instruments.common import (
+from normlab.launch.instruments.common import (
     FP16_CLAMPS,
     MAX_LOGIT,
     NONFINITE,
@@ -22,8 +19,10 @@ from launch.instruments.common import (
     SPIKE_LOSS,
     SPIKE_WINDOW,
 )
-from launch.optim.qk_clip import CLIP_EVENTS, S_MAX
-from launch.report.runs import Run, finite
+from normlab.launch.optim.qk_clip import CLIP_EVENTS, S_MAX
+from normlab.launch.report.runs import Run, finite
+from rich.console import Console
+from rich.table import Table
 
 # key, header, format ('' = text); the order of the table
 COLUMNS: list[tuple[str, str, str]] = [

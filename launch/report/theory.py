@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from model import ModelConfig, Transformer
+from normlab.model import ModelConfig, Transformer
 
 PLACEMENTS = ("post", "pre")
 

@@ -10,8 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-
-from launch.report.theory import (  # noqa: E402
+from normlab.launch.report.theory import (  # noqa: E402
     Check,
     TheoryResult,
     ffn_gain,

@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
-from data.prepare import read_meta
+from normlab.data.prepare import read_meta
 
 
 def unigram_loss(train: np.ndarray, val: np.ndarray, vocab_size: int) -> float:

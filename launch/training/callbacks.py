@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-
-from launch.config.loader import suggest
-from launch.errors import ConfigError
-from launch.registry import INSTRUMENTS, resolve
+from normlab.launch.config.loader import suggest
+from normlab.launch.errors import ConfigError
+from normlab.launch.registry import INSTRUMENTS, resolve
 
 if TYPE_CHECKING:
-    from launch.training.trainer import Trainer
+    from normlab.launch.training.trainer import Trainer
 
 
 class Callback:

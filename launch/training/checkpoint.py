@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from launch.engines.base import Engine
-from launch.errors import CheckpointError
-from launch.training.manifest import find_damage, write_manifest
-from launch.training.resume import reapply, recipe_hyperparams
+from normlab.launch.engines.base import Engine
+from normlab.launch.errors import CheckpointError
+from normlab.launch.training.manifest import find_damage, write_manifest
+from normlab.launch.training.resume import reapply, recipe_hyperparams
 
 LATEST = "latest"
 STEP_DIR = re.compile(r"^step_(\d{8})$")

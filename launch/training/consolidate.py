@@ -9,13 +9,12 @@ import os
 from pathlib import Path
 
 import torch
-
-from launch.engines.fsdp import DCP_DIR, read_meta
-from launch.engines.single import MODEL_FILE, check_compatible, read_file
-from launch.errors import CheckpointError
-from launch.extras import require
-from launch.training.checkpoint import CheckpointManager, step_dir_name
-from model import Transformer
+from normlab.launch.engines.fsdp import DCP_DIR, read_meta
+from normlab.launch.engines.single import MODEL_FILE, check_compatible, read_file
+from normlab.launch.errors import CheckpointError
+from normlab.launch.extras import require
+from normlab.launch.training.checkpoint import CheckpointManager, step_dir_name
+from normlab.model import Transformer
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 

@@ -7,10 +7,10 @@ import contextlib
 import io
 from pathlib import Path
 
-from data.corpus import cache_dir
-from data.errors import DataError
-from data.prepare import prepare
-from launch.config import DataSection
+from normlab.data.corpus import cache_dir
+from normlab.data.errors import DataError
+from normlab.data.prepare import prepare
+from normlab.launch.config import DataSection
 
 
 def bundled_dir(cfg: DataSection) -> Path:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from launch.errors import CheckpointError
+from normlab.launch.errors import CheckpointError
 
 MANIFEST = "manifest.json"
 ALGORITHM = "sha256"

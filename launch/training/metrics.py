@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from launch.config import LoggingSection
+from normlab.launch.config import LoggingSection
 
 JSONL = "metrics.jsonl"
 

@@ -15,14 +15,15 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from normlab.launch.config import RunConfig, from_dict
 from rich.console import Console
-
-from launch.config import RunConfig, from_dict
 
 
 def _train_one(cfg: RunConfig, console: Console, force: bool = False) -> dict[str, Any]:
     """Train (or resume, or reuse) one run; its timing row."""
-    from launch.training.trainer import Trainer  # heavy imports after the arguments are checked
+    from normlab.launch.training.trainer import (
+        Trainer,  # heavy imports after the arguments are checked
+    )
 
     t0 = time.perf_counter()
     trainer = Trainer(cfg, force=force, console=console)
@@ -104,7 +105,7 @@ def _train_in_workers(
 ) -> list[dict[str, Any]]:
     """train_all's parallel path. A signal to the study (SIGTERM to its process, or to the group
     when the workers get it too) starts no further run; the timing rows stop there."""
-    from launch.training.datasets import resolve_dataset
+    from normlab.launch.training.datasets import resolve_dataset
 
     for data in {json.dumps(c.to_dict()["data"], sort_keys=True): c.data for c in cfgs}.values():
         resolve_dataset(data)  # prepared once here, not by two workers at the same time

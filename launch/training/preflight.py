@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.config import RunConfig
-from launch.errors import ConfigError
-from launch.extras import require
-from launch.training.callbacks import build_callbacks
+from normlab.launch.config import RunConfig
+from normlab.launch.errors import ConfigError
+from normlab.launch.extras import require
+from normlab.launch.training.callbacks import build_callbacks
 
 
 def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:
@@ -25,7 +25,7 @@ def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:
 
 
 def _check_engine(cfg: RunConfig, world_size: int, local: bool) -> None:
-    from launch.engines.single import resolve_device
+    from normlab.launch.engines.single import resolve_device
 
     # 'cuda' without a GPU is an error here, not on a login node submitting to GPU nodes
     device = resolve_device(cfg.training.device if local else "cpu")
@@ -42,7 +42,7 @@ def _check_engine(cfg: RunConfig, world_size: int, local: bool) -> None:
     if cfg.engine.name != "deepspeed":
         return
     require("deepspeed", "engine.name=deepspeed")
-    from launch.engines.deepspeed_engine import ds_config
+    from normlab.launch.engines.deepspeed_engine import ds_config
 
     ds_config(cfg, world_size)  # the generated config and engine.deepspeed_config
     on_cpu = device.type == "cpu" if local else cfg.training.device == "cpu"
@@ -57,7 +57,7 @@ def check_dataset(cfg: RunConfig) -> None:
     """A prepared data.dataset must be complete and its tokenizer must fit model.vocab_size."""
     if cfg.data.dataset == "bundled":
         return  # prepared into the cache on first use
-    from data.prepare import read_meta
+    from normlab.data.prepare import read_meta
 
     path = Path(cfg.data.dataset).expanduser()
     meta = read_meta(path)  # DataError: missing, not prepared, or sizes disagree

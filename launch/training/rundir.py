@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from launch.config import RunConfig
-from launch.errors import RunDirError
+from normlab.launch.config import RunConfig
+from normlab.launch.errors import RunDirError
 
 CONFIG, PREVIOUS_CONFIG, SUMMARY = "config.yaml", "config.previous.yaml", "summary.json"
 IGNORED = {"run_dir", "logging"}  # settings that may change between invocations of one run

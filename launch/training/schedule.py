@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from launch.config import ScheduleSection
+from normlab.launch.config import ScheduleSection
 
 Multiplier = Callable[[int], float]
 

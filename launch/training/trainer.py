@@ -16,30 +16,29 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-
-from data.loader import PackedLoader
-from launch.config import RunConfig
-from launch.engines.base import Engine
-from launch.errors import ConfigError, NormlabError
-from launch.optim import build_optimizer, check_optimizer, optim_callbacks, set_lr
-from launch.registry import ENGINES, resolve
-from launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
-from launch.training.checkpoint import CheckpointManager
-from launch.training.datasets import resolve_dataset
-from launch.training.metrics import MetricsWriter
-from launch.training.preflight import preflight
-from launch.training.progress import ProgressDisplay
-from launch.training.rng import rng_state, seed_everything, set_rng_state
-from launch.training.rundir import (
+from normlab.data.loader import PackedLoader
+from normlab.launch.config import RunConfig
+from normlab.launch.engines.base import Engine
+from normlab.launch.errors import ConfigError, NormlabError
+from normlab.launch.optim import build_optimizer, check_optimizer, optim_callbacks, set_lr
+from normlab.launch.registry import ENGINES, resolve
+from normlab.launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
+from normlab.launch.training.checkpoint import CheckpointManager
+from normlab.launch.training.datasets import resolve_dataset
+from normlab.launch.training.metrics import MetricsWriter
+from normlab.launch.training.preflight import preflight
+from normlab.launch.training.progress import ProgressDisplay
+from normlab.launch.training.rng import rng_state, seed_everything, set_rng_state
+from normlab.launch.training.rundir import (
     RunDirLock,
     check_run_dir,
     read_summary,
     write_config,
     write_summary,
 )
-from launch.training.schedule import build_schedule
-from launch.training.signals import GracefulStop, stop_message, stop_status
+from normlab.launch.training.schedule import build_schedule
+from normlab.launch.training.signals import GracefulStop, stop_message, stop_status
+from rich.console import Console
 
 
 class Trainer:

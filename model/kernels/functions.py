@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
-
-from model.kernels import norm_kernels as nk
+from normlab.model.kernels import norm_kernels as nk
 
 _sm_count: dict[int, int] = {}
 # Overrides of the backward launch (None: the defaults below); benchmarks sweep them.

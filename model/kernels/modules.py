@@ -7,9 +7,8 @@ norm_add x + N(f) (peri output norm).
 """
 
 import torch
+from normlab.model.kernels import functions as fn
 from torch import nn
-
-from model.kernels import functions as fn
 
 
 class _TritonNorm(nn.Module):
