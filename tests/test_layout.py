@@ -75,7 +75,7 @@ def test_find_cycle_detects_a_circle() -> None:
 def test_config_and_registry_are_leaves() -> None:
     graph = import_graph()
     config, registry = "normlab.launch.config", "normlab.launch.registry"
-    leaves = (config, f"{config}.schema", f"{config}.loader", registry)
+    leaves = (config, *(f"{config}.{m}" for m in ("schema", "loader", "build", "checks")), registry)
     for leaf in leaves:
         launch_deps = {m for m in graph[leaf] if m.startswith("normlab.launch.")}
         allowed = {m for m in launch_deps if m.startswith((config, "normlab.launch.errors"))}

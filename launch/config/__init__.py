@@ -1,9 +1,12 @@
 """Typed run configuration (a leaf: imports no component).
 
-`schema` holds one dataclass per recipe section and the cross-field checks; `loader` reads YAML
+`schema` holds one dataclass per recipe section, `checks` the cross-field checks, `build`
+the recipe-to-config path; `loader` reads YAML
 recipes with `base:` inheritance and dotted overrides.
 """
 
+from normlab.launch.config.build import from_dict, load_config
+from normlab.launch.config.checks import validate
 from normlab.launch.config.schema import (
     CheckpointSection,
     DataSection,
@@ -16,9 +19,6 @@ from normlab.launch.config.schema import (
     RunConfig,
     ScheduleSection,
     TrainingSection,
-    from_dict,
-    load_config,
-    validate,
 )
 
 __all__ = [
