@@ -17,9 +17,16 @@ from normlab.launch.commands.train import add_recipe_args, resolve
 from normlab.launch.config import RunConfig
 from normlab.model import Transformer, count_params
 
+META_BUILD_LAYERS = 1024  # deeper models are counted analytically (building is per layer)
+
 
 def count_model(cfg: RunConfig) -> tuple[int, int]:
-    """(total, embedding-excluded) parameters of the built model, on the meta device."""
+    """(total, embedding-excluded) parameters of the built model, on the meta device (for a
+    model deeper than META_BUILD_LAYERS, from the analytic count, so validate stays instant)."""
+    mc = cfg.model_config()
+    if mc.n_layers > META_BUILD_LAYERS:
+        total = count_params(mc)
+        return total, total - mc.vocab_size * mc.d_model
     with torch.device("meta"):
         model = Transformer(cfg.model_config())
     total = sum(p.numel() for p in model.parameters())

@@ -18,7 +18,8 @@ from normlab.model.presets import PRESETS
 def load_config(recipe: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Recipe file + dotted overrides -> a validated RunConfig."""
     data = apply_overrides(load_yaml(recipe), overrides or [])
-    data.setdefault("name", Path(recipe).stem)
+    if data.get("name") is None:  # absent or null: the recipe file's stem
+        data["name"] = Path(recipe).stem
     return from_dict(data)
 
 
@@ -45,7 +46,7 @@ def expand_preset(model: Any) -> Any:
     preset = model.get("preset")
     if preset is None:
         return model
-    if preset not in PRESETS:
+    if not isinstance(preset, str) or preset not in PRESETS:
         raise ConfigError(f"unknown model.preset {preset!r}{suggest(str(preset), list(PRESETS))}")
     # a preset's vocabulary is only an example: the model follows the data's tokenizer
     sizes = {k: v for k, v in PRESETS[preset].items() if k != "vocab_size"}

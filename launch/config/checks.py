@@ -13,11 +13,13 @@ from normlab.launch.registry import ENGINES, INSTRUMENTS, OPTIMIZERS
 
 def validate(cfg: RunConfig) -> None:
     """Cross-field checks; each names the keys involved and what is allowed."""
+    _names(cfg)
+    # data first: model.vocab_size defaults to data.vocab_size, so a bad one is named here
+    _positive(cfg, ["data.vocab_size", "data.seq_len", "data.batch_size", "data.num_proc"])
     try:
         mc = cfg.model_config()
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    _positive(cfg, ["data.vocab_size", "data.seq_len", "data.batch_size", "data.num_proc"])
     _positive(cfg, ["training.steps", "training.grad_accum", "training.log_every"])
     _positive(cfg, ["training.eval_batches", "checkpoint.keep_last"])
     _non_negative(cfg, ["training.eval_every", "checkpoint.every", "schedule.warmup_steps"])
@@ -25,6 +27,10 @@ def validate(cfg: RunConfig) -> None:
     _positive(cfg, ["precision.loss_scale_init", "precision.loss_scale_growth_interval"])
     if cfg.training.threads is not None:
         _positive(cfg, ["training.threads"])
+    if not 0 <= cfg.training.seed <= SEED_MAX:  # numpy's and Python's seeders take 32 bits
+        raise ConfigError(
+            f"training.seed must lie in [0, {SEED_MAX}] (2**32 - 1), got {cfg.training.seed}"
+        )
     if not 0.0 < cfg.data.val_fraction < 1.0:  # every run evaluates, at least at the end
         raise ConfigError(f"data.val_fraction must lie in (0, 1), got {cfg.data.val_fraction}")
     if cfg.data.seq_len > mc.max_seq_len:
@@ -45,6 +51,28 @@ def validate(cfg: RunConfig) -> None:
     _validate_schedule(cfg)
     _validate_engine(cfg)
     _validate_instruments(cfg)
+
+
+SEED_MAX = 2**32 - 1
+
+
+def _names(cfg: RunConfig) -> None:
+    """Names and paths are never blank: an empty run_dir (or name, which makes runs/<name>)
+    would put the run into the working directory or into runs/ itself."""
+    values = {
+        "name": cfg.name,
+        "run_dir": cfg.run_dir,
+        "data.dataset": cfg.data.dataset,
+        "engine.deepspeed_config": cfg.engine.deepspeed_config,
+    }
+    for key, value in values.items():
+        if value is not None and not value.strip():
+            raise ConfigError(f"{key} must not be empty, got {value!r}")
+    if cfg.name in (".", "..") or "/" in (cfg.name or "") or "\\" in (cfg.name or ""):
+        raise ConfigError(
+            f"name must be a plain name (no '/', not '.' or '..'; run_dir sets the location), "
+            f"got {cfg.name!r}"
+        )
 
 
 def _lookup(data: Any, dotted: str) -> Any:
