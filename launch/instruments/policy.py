@@ -28,16 +28,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from normlab.launch.errors import ConfigError
 from normlab.launch.instruments.common import ROLLBACKS, SKIPPED, settings_of
-from normlab.launch.training.callbacks import Callback, StopRun
+from normlab.launch.training.callbacks import Callback, StopRun, TrainerView
 from normlab.launch.training.checkpoint import STEP_DIR
-
-if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
 
 DEFAULTS = {"window": 1000, "k": 7.0, "max_bad_steps": 5, "rollback": True, "max_rollbacks": 10}
 KEYS = ("loss", "grad_norm")
@@ -83,7 +80,7 @@ class SpikePolicy(Callback):
         return None
 
     def should_skip_step(
-        self, trainer: Trainer, step: int, loss: torch.Tensor, grad_norm: torch.Tensor
+        self, trainer: TrainerView, step: int, loss: torch.Tensor, grad_norm: torch.Tensor
     ) -> bool:
         pair = torch.stack([loss.detach().float().reshape(()), grad_norm.detach().float()])
         loss_v, grad_v = trainer.engine.all_reduce(pair, "mean").tolist()  # one sync per step
@@ -107,7 +104,7 @@ class SpikePolicy(Callback):
                     self.windows[key].append(v)
 
     # --- acting on a run of bad steps -----------------------------------------------------------
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if self._act_due:
             self._act_due = False
             target = None
@@ -123,7 +120,7 @@ class SpikePolicy(Callback):
     def _bad_span(self, step: int) -> str:
         return f"{len(self.bad_values)} bad steps in a row (steps {self.bad_since}..{step})"
 
-    def _rebaseline(self, trainer: Trainer, step: int) -> None:
+    def _rebaseline(self, trainer: TrainerView, step: int) -> None:
         why = f"no checkpoint before step {self.bad_since}" if self.rollback else "rollback is off"
         fp16 = trainer.cfg.precision.dtype == "fp16"
         if any(self.judge_nonfinite(v, fp16) for v in self.bad_values):
@@ -148,7 +145,7 @@ class SpikePolicy(Callback):
             not math.isfinite(v) and not (key == "grad_norm" and fp16) for key, v in values.items()
         )
 
-    def _roll_back(self, trainer: Trainer, step: int, target: Path) -> None:
+    def _roll_back(self, trainer: TrainerView, step: int, target: Path) -> None:
         if target.name == self.last_target and not self.good_since_rollback:
             raise StopRun(
                 f"spike policy: {self._bad_span(step)} again right after rolling back to "
@@ -177,7 +174,7 @@ class SpikePolicy(Callback):
         self.bad_values, self.bad_since = [], None
 
     @staticmethod
-    def _say(trainer: Trainer, text: str) -> None:
+    def _say(trainer: TrainerView, text: str) -> None:
         if trainer.engine.is_main:
             trainer.console.print(f"[yellow]{text}[/yellow]", highlight=False)
 
