@@ -252,10 +252,10 @@ class Trainer:
         self.stats["eval_loss"] = value
         if self.metrics is not None:
             self.metrics.log(step, {"eval_loss": value}, prefix="eval")
-        self.display.message(
-            f"{self.cfg.name} step {step}/{self.cfg.training.steps}: "
-            f"loss {self.stats['loss']:.4f}, eval loss {value:.4f}"
-        )
+        loss = self.stats["loss"]  # of the last log step: none yet when eval comes first
+        shown = f"loss {loss:.4f}, " if loss is not None else ""
+        where = f"{self.cfg.name} step {step}/{self.cfg.training.steps}"
+        self.display.message(f"{where}: {shown}eval loss {value:.4f}")
 
     def _diverged(self, row: dict[str, float]) -> str:
         self.ckpt.wait(self.engine)  # a save in flight is of a good step: let it land
