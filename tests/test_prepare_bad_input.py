@@ -92,7 +92,7 @@ def test_unwritable_out_and_full_disk_are_one_line(
 ) -> None:
     import errno
 
-    import normlab.data.prepare as prepare_mod
+    import normlab.data.prepare_build as prepare_build
 
     src = tmp_path / "a.txt"
     rng = random.Random(0)
@@ -105,7 +105,7 @@ def test_unwritable_out_and_full_disk_are_one_line(
     def full(*args: object, **kw: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x" / "train.bin"))
 
-    monkeypatch.setattr(prepare_mod, "write_splits", full)
+    monkeypatch.setattr(prepare_build, "write_splits", full)
     code, _, err = _prepare(capsys, str(src), "--out", str(tmp_path / "out"))
     last = err.strip().splitlines()[-1]
     assert code == 2 and "no space left on device while writing" in last and "Traceback" not in err
