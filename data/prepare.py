@@ -20,19 +20,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from normlab.data.errors import DataError
 from normlab.data.prepare_build import build
+from normlab.data.prepare_inputs import FORMATS, describe, expand_inputs, scan_source
 from normlab.data.prepare_meta import (
     META,
     check_existing,
+    check_out,
     data_fingerprint,
     read_meta,
     token_dtype,
     tokenizer_spec,
 )
 from normlab.data.prepare_split import assign_split, eos_after
-from normlab.data.sources import describe_sources
-from normlab.data.tokenizer import MODEL_TYPES, file_sha256, load_tokenizer
+from normlab.data.tokenizer import MODEL_TYPES, resolve_tokenizer
 
 CHUNK_LINES = 128  # lines per document for .txt inputs (the split unit)
 # re-exported: the loader, preflight and reports read prepared directories through this module
@@ -52,33 +54,74 @@ def _finalize(tmp: Path, out: Path) -> None:
 
 
 def _validate(
-    inputs: list[str] | None, dataset_name: str | None, tokenizer: str | None, vocab_size: int,
-    model_type: str, val_fraction: float, chunk_lines: int,
+    inputs: list[str] | None, dataset_name: str | None, vocab_size: int, model_type: str,
+    val_fraction: float, chunk_lines: int, num_proc: int, batch_mb: float,
 ) -> None:  # fmt: skip
     if inputs and dataset_name:
         raise DataError("give either input files or --dataset, not both")
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if tokenizer is None and model_type not in MODEL_TYPES:
+    if model_type not in MODEL_TYPES:
         raise DataError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
-    if tokenizer is None and vocab_size < 300:
+    if vocab_size < 300:  # checked given a tokenizer too: the defaults pass, a typo is caught
         raise DataError(f"vocab_size must be >= 300 (256 byte pieces + specials), got {vocab_size}")
     if chunk_lines < 1:
         raise DataError(f"chunk_lines must be >= 1, got {chunk_lines}")
-    if tokenizer:
-        load_tokenizer(tokenizer)  # fail early on a missing or invalid file
+    if num_proc < 1:
+        raise DataError(f"num_proc must be >= 1, got {num_proc}")
+    if not 0 < batch_mb <= 1024:
+        raise DataError(f"batch_mb must be in (0, 1024], got {batch_mb}")
 
 
-def _resolve_sources(
-    inputs: list[str] | None, dataset_name: str | None, dataset_split: str, skip: bool = False
-) -> list[dict[str, Any]]:
+def scan_inputs(
+    inputs: list[str] | None, dataset_name: str | None, dataset_split: str,
+    settings: dict[str, Any], skip_undecodable: bool,
+) -> tuple[list[dict[str, Any]], np.ndarray]:  # fmt: skip
+    """Every source described and scanned once (prepare_inputs), with the UTF-8 bytes of each
+    document; says on stderr what it leaves out (files, undecodable lines, rows)."""
     if dataset_name:
-        return [{"dataset": dataset_name, "split": dataset_split}]
-    if not inputs:
-        from normlab.data.corpus import bundled_corpus_path
+        plan = [{"dataset": dataset_name, "split": dataset_split}]
+    else:
+        if not inputs:
+            from normlab.data.corpus import bundled_corpus_path
 
-        inputs = [str(bundled_corpus_path())]
-    return describe_sources(inputs, skip)
+            inputs = [str(bundled_corpus_path())]
+        files, skipped = expand_inputs(inputs)
+        if skipped:
+            names = ", ".join(str(f) for f in skipped[:10]) + (" ..." * (len(skipped) > 10))
+            print(
+                f"skipping {len(skipped)} file(s) of types prepare does not read "
+                f"(it reads {', '.join(FORMATS)}): {names}",
+                file=sys.stderr,
+            )
+        plan = [describe(f) for f in files]
+    scanned = [scan_source(src, settings, skip_undecodable) for src in plan]
+    srcs = [desc for desc, _ in scanned]
+    for src in srcs:
+        if src.get("skipped_lines"):
+            print(f"skipping {src['skipped_lines']:,} undecodable (not UTF-8) lines of "
+                  f"{src['name']}", file=sys.stderr)  # fmt: skip
+        if src.get("dropped_rows"):
+            print(
+                f"dropping {src['dropped_rows']:,} of {src['dropped_rows'] + src['documents']:,} "
+                f"rows of {src['name']}: no string under --text-field "
+                f"{settings['text_field']!r}",
+                file=sys.stderr,
+            )
+    return srcs, np.concatenate([sizes for _, sizes in scanned])
+
+
+def _check_val_split(srcs: list[dict[str, Any]], settings: dict[str, Any]) -> None:
+    """A split by document needs two documents: refuse an input that gives one."""
+    n_docs = sum(s["documents"] for s in srcs)
+    if n_docs == 0:
+        raise DataError("the inputs contain no documents")
+    if settings["val_fraction"] > 0 and n_docs < 2:
+        raise DataError(
+            f"the inputs give {n_docs} document (a .txt document is a chunk of --chunk-lines "
+            f"{settings['chunk_lines']} lines), so no validation split can be held out; "
+            "give more documents or lines, lower --chunk-lines, or pass --val-fraction 0"
+        )
 
 
 def prepare(
@@ -88,9 +131,11 @@ def prepare(
     vocab_size: int = 4096,
     model_type: str = "bpe",
     tokenizer: str | None = None,
+    token_names: dict[str, str] | None = None,
     val_fraction: float = 0.005,
     text_field: str = "text",
     num_proc: int = 2,
+    batch_mb: float = 4.0,
     seed: int = 0,
     dataset_name: str | None = None,
     dataset_split: str = "train",
@@ -98,25 +143,27 @@ def prepare(
     overwrite: bool = False,
     skip_undecodable: bool = False,
 ) -> dict[str, Any]:
-    """Tokenise `inputs` (local .txt/.jsonl/.json/.parquet; None: the bundled corpus) or the Hub
-    dataset `dataset_name` into `out_dir`; returns meta.json's content. Idempotent: a directory
-    already prepared from the same inputs, split settings and tokenizer is reused untouched."""
-    _validate(inputs, dataset_name, tokenizer, vocab_size, model_type, val_fraction, chunk_lines)
-    srcs = _resolve_sources(inputs, dataset_name, dataset_split, skip_undecodable)
-    skipped = sum(s.get("skipped_lines", 0) for s in srcs)
-    if skipped:
-        print(f"skipping {skipped:,} undecodable (not UTF-8) lines", file=sys.stderr)
-    tok_sha = file_sha256(tokenizer) if tokenizer else None
-    spec = None if tok_sha else tokenizer_spec(vocab_size, model_type)
+    """Tokenise `inputs` (local .txt/.md/.jsonl/.json/.parquet; None: the bundled corpus) or the
+    Hub dataset `dataset_name` into `out_dir`; returns meta.json's content. `tokenizer`: a
+    SentencePiece model, a tokenizer.json or a transformers tokenizer folder (token_names:
+    bos/eos/pad token strings for it); None trains a SentencePiece model. Idempotent: a
+    directory already prepared from the same inputs, split settings and tokenizer is reused."""
+    _validate(inputs, dataset_name, vocab_size, model_type, val_fraction, chunk_lines, num_proc,
+              batch_mb)  # fmt: skip
+    out = Path(out_dir).expanduser().resolve()
+    check_out(out)  # before reading any input: a directory that is not ours is refused at once
+    given = resolve_tokenizer(tokenizer, token_names) if tokenizer else None
     settings = {
         "val_fraction": val_fraction,
         "seed": seed,
         "text_field": text_field,
         "chunk_lines": chunk_lines,
     }
+    srcs, sizes = scan_inputs(inputs, dataset_name, dataset_split, settings, skip_undecodable)
+    _check_val_split(srcs, settings)
+    spec = None if given else tokenizer_spec(vocab_size, model_type)
     fingerprint = data_fingerprint(srcs, settings)
-    out = Path(out_dir).expanduser().resolve()
-    existing = check_existing(out, fingerprint, tok_sha, spec, overwrite)
+    existing = check_existing(out, fingerprint, given, spec, overwrite)
     if existing is not None:
         print(f"reusing {out}: already prepared with the same inputs and tokenizer")
         return existing
@@ -126,7 +173,12 @@ def prepare(
     except OSError as exc:
         raise DataError(f"cannot create --out {out}: {exc.strerror or exc}") from None
     try:
-        meta = build(srcs, tmp, tokenizer, spec, settings, num_proc)
+        meta = build(srcs, sizes, tmp, given, spec, settings, num_proc, batch_mb)
+        if val_fraction > 0 and meta["tokens"]["val"] == 0:
+            raise DataError(
+                f"the {meta['documents']['val']} validation documents hold no tokens; give "
+                "more text or a larger --val-fraction"
+            )
         meta["fingerprint"] = fingerprint
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
         _finalize(tmp, out)

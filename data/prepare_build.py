@@ -1,9 +1,11 @@
-"""The build pipeline of `prepare` inside its temporary directory: load documents, assign the split,
-train (or copy) the tokenizer, tokenise in parallel with HF `datasets`, write the token arrays."""
+"""The build pipeline of `prepare` inside its temporary directory, streaming: the inputs were
+scanned once (prepare_inputs.scan_source: document count and sizes); the split is assigned from
+the count, a SentencePiece tokenizer is trained on a bounded sample of train documents (or the
+given tokenizer is stored), and the documents are read again, tokenised in parallel and appended
+to train.bin/val.bin (prepare_encode)."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,6 +13,8 @@ from typing import Any
 
 import numpy as np
 from normlab.data.errors import DataError
+from normlab.data.prepare_encode import batches, encode_all
+from normlab.data.prepare_inputs import iter_documents
 from normlab.data.prepare_meta import (
     FORMAT_VERSION,
     SPLIT_RULE,
@@ -18,116 +22,97 @@ from normlab.data.prepare_meta import (
     token_dtype,
 )
 from normlab.data.prepare_split import assign_split, eos_after
-from normlab.data.sources import load_documents, load_hub_documents
-from normlab.data.tokenizer import file_sha256, load_tokenizer, train_tokenizer
-from normlab.data.writer import write_splits
+from normlab.data.tokenizer import TokenizerInfo, spm_info, train_tokenizer
+from normlab.data.writer import SplitWriter
 
 SAMPLE_LINE_CHARS = 4000  # <= 16384 bytes (SPM_OPTIONS max_sentence_length) in any UTF-8
 
 
-_PROCESSORS: dict[str, Any] = {}
-
-
-def _encode_batch(batch: dict[str, list], model_path: str) -> dict[str, list]:
-    sp = _PROCESSORS.get(model_path)
-    if sp is None:  # one load per worker process
-        sp = _PROCESSORS[model_path] = load_tokenizer(model_path)
-    ids = sp.encode([t or "" for t in batch["text"]])
-    return {"ids": ids, "n": [len(x) for x in ids]}
-
-
-def sample_sentences(docs: Any, is_val: np.ndarray, seed: int) -> list[str]:
-    """Lines of train documents in a seeded order, up to TOKENIZER_SAMPLE_CHARS characters."""
-    order = np.random.default_rng(seed).permutation(np.flatnonzero(~is_val))
-    out, total = [], 0
-    for start in range(0, len(order), 1024):
-        for text in docs.select(order[start : start + 1024])["text"]:
-            for line in (text or "").splitlines():
-                # SentencePiece drops sentences over max_sentence_length bytes: cut long lines
-                for start in range(0, len(line), SAMPLE_LINE_CHARS):
-                    piece = line[start : start + SAMPLE_LINE_CHARS]
-                    if piece.strip():
-                        out.append(piece)
-                        total += len(piece)
-            if total >= TOKENIZER_SAMPLE_CHARS:
-                return out
+def sample_sentences(
+    srcs: list[dict[str, Any]], settings: dict[str, Any], is_val: np.ndarray, sizes: np.ndarray
+) -> list[str]:
+    """Lines of the train documents that come first in `default_rng(seed).permutation`, up to
+    TOKENIZER_SAMPLE_CHARS bytes, in that order (one streaming pass collects them)."""
+    order = np.random.default_rng(settings["seed"]).permutation(np.flatnonzero(~is_val))
+    take = order[: int(np.searchsorted(np.cumsum(sizes[order]), TOKENIZER_SAMPLE_CHARS)) + 1]
+    rank = {int(d): r for r, d in enumerate(take)}
+    picked: list[tuple[int, str]] = []
+    for i, (text, _) in enumerate(iter_documents(srcs, settings)):
+        if i in rank:
+            picked.append((rank[i], text))
+    out = []
+    for _, text in sorted(picked):
+        for line in text.splitlines():
+            # SentencePiece drops sentences over max_sentence_length bytes: cut long lines
+            for start in range(0, len(line), SAMPLE_LINE_CHARS):
+                piece = line[start : start + SAMPLE_LINE_CHARS]
+                if piece.strip():
+                    out.append(piece)
     return out
 
 
-def _load(srcs: list[dict[str, Any]], cache: Path, settings: dict[str, Any]) -> Any:
-    if "dataset" in srcs[0]:
-        src = srcs[0]
-        docs = load_hub_documents(src["dataset"], src["split"], cache, settings["text_field"])
-    else:
-        docs = load_documents(srcs, cache, settings["text_field"], settings["chunk_lines"])
-    if len(docs) == 0:
-        raise DataError("the inputs contain no documents")
-    return docs
-
-
-def _tokenize(docs: Any, model_path: Path, cache: Path, num_proc: int) -> Any:
-    """Parallel `Dataset.map` (datasets draws the progress bar); ids stored as int32."""
-    from datasets import Features, List, Value
-
-    return docs.map(
-        _encode_batch,
-        batched=True,
-        batch_size=64,
-        num_proc=num_proc if num_proc > 1 else None,
-        fn_kwargs={"model_path": str(model_path)},
-        remove_columns=docs.column_names,
-        cache_file_name=str(cache / "tokenized.arrow"),
-        features=Features({"ids": List(Value("int32")), "n": Value("int64")}),
-        desc="tokenizing",
-    )
+def split_documents(
+    srcs: list[dict[str, Any]], settings: dict[str, Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(is_val, eos) per document; a text file's chunks continue into each other."""
+    contig = []
+    for src in srcs:
+        n = src["documents"]
+        part = np.full(n, src.get("format") == "text", dtype=bool)
+        part[-1:] = False
+        contig.append(part)
+    is_val = assign_split(sum(len(c) for c in contig), settings["val_fraction"], settings["seed"])
+    return is_val, eos_after(np.concatenate(contig), is_val)
 
 
 def build(
     srcs: list[dict[str, Any]],
+    sizes: np.ndarray,
     tmp: Path,
-    tokenizer: str | None,
+    given: TokenizerInfo | None,
     spec: dict[str, Any] | None,
     settings: dict[str, Any],
     num_proc: int,
+    batch_mb: float,
 ) -> dict[str, Any]:
     t = [time.perf_counter()]
-    cache = tmp / ".cache"
-    docs = _load(srcs, cache, settings)
-    is_val = assign_split(len(docs), settings["val_fraction"], settings["seed"])
-    eos = eos_after(np.asarray(docs.with_format("numpy")["contig"], dtype=bool), is_val)
+    is_val, eos = split_documents(srcs, settings)
     t.append(time.perf_counter())
-    model_path = tmp / "tokenizer.model"
-    if tokenizer:
-        shutil.copyfile(tokenizer, model_path)
+    if given is not None:
+        tok = given
+        given.write(tmp)
     else:
         assert spec is not None
-        sample = sample_sentences(docs, is_val, settings["seed"])
+        sample = sample_sentences(srcs, settings, is_val, sizes)
         if not sample:
             raise DataError("the training split contains no text to train a tokenizer on")
-        train_tokenizer(sample, model_path, spec["vocab_size"], spec["model_type"], num_proc)
-    sp = load_tokenizer(model_path)
+        path = tmp / "tokenizer.model"
+        train_tokenizer(sample, path, spec["vocab_size"], spec["model_type"], num_proc)
+        tok = spm_info(path)
     t.append(time.perf_counter())
-    tok = _tokenize(docs, model_path, cache, num_proc)
+    dtype = token_dtype(tok.vocab_size)
+    writer = SplitWriter(tmp, dtype)
+    try:
+        work = batches(iter_documents(srcs, settings), is_val, eos, sizes, int(batch_mb * 2**20))
+        init = (tok.kind, str(tmp / tok.file_name), int(tok.special["eos"]), dtype.name)
+        encode_all(work, writer, init, num_proc, int(sizes.sum()))
+    finally:
+        counts = writer.close()
     t.append(time.perf_counter())
-    dtype = token_dtype(sp.vocab_size())
-    counts = write_splits(tok, is_val, eos, tmp, dtype, sp.eos_id())
-    t.append(time.perf_counter())
-    stages = ("load", "tokenizer", "tokenize", "write")
+    stages = ("split", "tokenizer", "tokenize")
     timings = {k: round(b - a, 2) for k, a, b in zip(stages, t[:-1], t[1:], strict=True)}
     return {
         "format_version": FORMAT_VERSION,
-        "vocab_size": sp.vocab_size(),
+        "vocab_size": tok.vocab_size,
         "dtype": dtype.name,
         "tokens": counts,
         "documents": {"train": int((~is_val).sum()), "val": int(is_val.sum())},
-        "bos_id": sp.bos_id(),
-        "eos_id": sp.eos_id(),
-        "unk_id": sp.unk_id(),
-        "pad_id": sp.pad_id(),
+        **{f"{k}_id": i for k, i in tok.special.items()},
         "tokenizer": {
-            "file": "tokenizer.model",
-            "sha256": file_sha256(model_path),
-            "source": str(Path(tokenizer).resolve()) if tokenizer else "trained",
+            "file": tok.file_name,
+            "kind": tok.kind,
+            "sha256": tok.sha256,
+            "source": str(Path(given.path).resolve()) if given else "trained",
             "spec": spec,
         },
         "split_rule": SPLIT_RULE,
