@@ -81,10 +81,11 @@ def key_map(cfg: ModelConfig, family: str) -> dict[str, str]:
 
 
 def hf_config(cfg: ModelConfig, token_ids: dict[str, int | None] | None = None) -> Any:
-    """The HF config of `cfg`. token_ids: the tokenizer's bos/eos ids (None: no such token);
+    """The HF config of `cfg`. token_ids: the tokenizer's bos/eos/pad ids (None: no such token);
     never the family's defaults, which belong to another tokenizer (OLMo 2: eos 50279). The
-    pad id stays None: HF makes it the embedding's padding_idx, whose row would get no
-    gradient when fine-tuning (the tokenizer and generation config pad with EOS instead)."""
+    pad id is the tokenizer's own pad token only, never EOS: HF makes it the embedding's
+    padding_idx, whose row gets no gradient when fine-tuning (a tokenizer without a pad token
+    pads with EOS in the tokenizer and generation config instead)."""
     import transformers
 
     family = hf_family(cfg)
@@ -106,20 +107,22 @@ def hf_config(cfg: ModelConfig, token_ids: dict[str, int | None] | None = None) 
         attention_dropout=0.0,
         bos_token_id=(token_ids or {}).get("bos"),
         eos_token_id=(token_ids or {}).get("eos"),
-        pad_token_id=None,
+        pad_token_id=(token_ids or {}).get("pad"),
     )
 
 
 def to_hf(model: Transformer, token_ids: dict[str, int | None] | None = None) -> Any:
     """A HF *ForCausalLM holding a copy of `model`'s weights (fp32 logits agree to ~1e-5).
-    token_ids: bos/eos of the tokenizer (see hf_config); generation pads with EOS."""
+    token_ids: bos/eos/pad of the tokenizer (see hf_config); generation pads with its pad
+    token, else EOS."""
     import transformers
 
     cfg = model.config
     family = hf_family(cfg)
     model_cls = getattr(transformers, HF_CLASSES[family][1])
     hf = model_cls(hf_config(cfg, token_ids)).to(model.embed.weight.dtype)
-    hf.generation_config.pad_token_id = hf.config.eos_token_id
+    pad = hf.config.pad_token_id
+    hf.generation_config.pad_token_id = hf.config.eos_token_id if pad is None else pad
     ours = model.state_dict()
     theirs = {hf_key: ours[key] for key, hf_key in key_map(cfg, family).items()}
     missing, unexpected = hf.load_state_dict(theirs, strict=False)
