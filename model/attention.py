@@ -6,11 +6,12 @@ The exact and the lse-bounded max-logit kernels QK-Clip reads live in attention_
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .attention_cores import build_core
 from .attention_lse import attention_with_lse_bounds, causal_max_logits
 from .config import ModelConfig
+from .gating import build_gate
 from .norms import RMSNorm
 from .rope import apply_rope, rope_tables
 
@@ -56,6 +57,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.q_norm = build_qk_norm(cfg, cfg.n_heads)
         self.k_norm = build_qk_norm(cfg, cfg.n_kv_heads)
+        self.core = build_core(cfg.n_heads, cfg.attn_sinks, cfg.attn_softcap)  # softmax(S+M) V
+        self.gate = build_gate(cfg.attn_gate, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.bias)
         self.dropout_p = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.record_max_logits = False
@@ -87,12 +90,10 @@ class Attention(nn.Module):
         if self.record_max_logits:
             self.max_logits = causal_max_logits(q, k)
         dropout_p = self.dropout_p if self.training else 0.0
+        y, bounds = self.core(q, k, v, dropout_p, self.record_lse_bound)  # (B, H, T, D)
         if self.record_lse_bound:
-            y, self.lse_bounds = attention_with_lse_bounds(q, k, v, dropout_p)
-        else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=dropout_p, enable_gqa=k.shape[1] != q.shape[1]
-            )
+            self.lse_bounds = bounds
+        y = self.gate(x, y)  # O ⊙ σ(X W_g), or O
         return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(B, T, -1)))
 
 
