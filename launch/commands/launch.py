@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from normlab.launch.commands.train import add_recipe_args, resolve
+from normlab.launch.commands.train import add_recipe_args, add_unverified_arg, resolve
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.dist import EXPECTED_WORLD_ENV
 from normlab.launch.errors import NormlabError
@@ -68,6 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seconds the rendezvous waits for every node to join (default 600)",
     )  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="print the torchrun command only")
+    add_unverified_arg(p)
     p.set_defaults(func=run)
 
 
@@ -137,6 +138,7 @@ def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> lis
         "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",  # passed on to the ranks
         *train, *(["--force"] if args.force else []),
         *(["--from", str(args.from_step)] if args.from_step else []),
+        *(["--allow-unverified"] if args.allow_unverified else []),
     ]  # fmt: skip
 
 

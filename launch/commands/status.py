@@ -9,28 +9,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-import yaml
 from normlab.launch.errors import RunDirError
 
 TAIL = 5
 
 
 def _last_rows(path: Path, n: int) -> list[dict[str, Any]]:
-    rows: deque[dict[str, Any]] = deque(maxlen=n)
-    if path.is_file():
-        with path.open() as fh:
-            for line in fh:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict) and "loss" in row:
-                    rows.append(row)
-    return list(rows)
+    """The last n train rows (with a loss) of metrics.jsonl, every row checked for damage."""
+    from normlab.launch.report.runfiles import read_metrics
+
+    return [row for row in read_metrics(path) if "loss" in row][-n:]
+
+
+def _number(value: Any) -> float | None:
+    """A logged value as a float ('nan' strings included), None where absent."""
+    return None if value is None else float(value)
 
 
 def _tail(path: Path, n: int) -> list[str]:
@@ -47,26 +45,28 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     """Everything `normlab status` prints about one run, as a dict."""
     from normlab.launch.cluster.jobs import last_job_id
     from normlab.launch.cluster.slurm import job_state
+    from normlab.launch.report.runfiles import read_config, read_summary
     from normlab.launch.training.checkpoint import CheckpointManager
-    from normlab.launch.training.rundir import CONFIG, read_summary
+    from normlab.launch.training.rundir import CONFIG, SUMMARY
 
     if not (run_dir / CONFIG).is_file():
         raise RunDirError(f"{run_dir} is not a run directory (no {CONFIG})")
-    cfg = yaml.safe_load((run_dir / CONFIG).read_text()) or {}
-    total = int(cfg.get("training", {}).get("steps", 0))
+    cfg = read_config(run_dir / CONFIG)
+    total = int((cfg.get("training") or {}).get("steps", 0))
     info: dict[str, Any] = {"run_dir": str(run_dir), "name": cfg.get("name"), "total": total}
     info["job_id"] = last_job_id(run_dir)
     info["job_state"] = job_state(info["job_id"]) if info["job_id"] else None
-    summary = read_summary(run_dir) or {}
+    summary = read_summary(run_dir / SUMMARY)
     info["status"] = summary.get("status", "not started")
     rows = _last_rows(run_dir / "metrics.jsonl", TAIL)
     last = rows[-1] if rows else {}
     info["step"] = int(last.get("step", summary.get("steps", 0)))
-    info["loss"] = last.get("loss")
-    info["tokens_per_s"] = last.get("tokens_per_s")
-    step_time = last.get("step_time")
+    info["loss"] = _number(last.get("loss"))
+    info["tokens_per_s"] = _number(last.get("tokens_per_s"))
+    step_time = _number(last.get("step_time"))
     remaining = max(0, total - info["step"])
-    info["eta_s"] = remaining * step_time if step_time and info["status"] != "completed" else None
+    timed = step_time is not None and math.isfinite(step_time) and step_time > 0
+    info["eta_s"] = remaining * step_time if timed and info["status"] != "completed" else None
     try:
         latest = CheckpointManager(run_dir, 1).latest()
     except Exception:  # noqa: BLE001 (a broken pointer is reported, not raised)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from normlab.launch.errors import ConfigError
+from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
 from rich.console import Console
 from rich.table import Table
 
@@ -60,16 +61,18 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} exists and is not a directory")
+    check_out_dir(out)  # before the measurement, not after it
     start = time.perf_counter()
     res = measure(setup)
     found = checks(res)
     seconds = time.perf_counter() - start
-    out.mkdir(parents=True, exist_ok=True)
-    pngs = write_plots(res, out)
-    (out / "theory.md").write_text(markdown(res, found, pngs, seconds))
-    (out / "theory.json").write_text(json.dumps(_as_json(res, found, seconds), indent=2))
+    make_out_dir(out)
+    try:
+        pngs = write_plots(res, out)
+    except OSError as exc:
+        raise OutDirError(f"cannot write the figures into {out}: {exc.strerror or exc}") from None
+    write_text(out / "theory.md", markdown(res, found, pngs, seconds))
+    write_text(out / "theory.json", json.dumps(_as_json(res, found, seconds), indent=2))
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(_table(found, seconds))
     console.print(f"wrote {out / 'theory.md'}, theory.json, {', '.join(p.name for p in pngs)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 from pathlib import Path
 from typing import Any
@@ -221,10 +222,12 @@ def depth_markdown(runs: list[Run]) -> str:
     )
 
 
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+def csv_text(rows: list[dict[str, Any]]) -> str:
     """Raw values (full precision; empty where not measured)."""
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow([key for key, _, _ in COLUMNS])
-        for r in rows:
-            writer.writerow(["" if r[key] is None else r[key] for key, _, _ in COLUMNS])
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf)
+    writer.writerow([key for key, _, _ in COLUMNS])
+    for r in rows:
+        writer.writerow(["" if r[key] is None else r[key] for key, _, _ in COLUMNS])
+    return buf.getvalue()
+

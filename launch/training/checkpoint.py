@@ -65,6 +65,7 @@ class CheckpointManager:
         self.asynchronous = asynchronous
         self._pending: tuple[Future[Any], Path, Path] | None = None
         self.recipe_changes: list[str] = []  # set by load()
+        self.allow_unverified = False  # load a checkpoint without manifest.json (--allow-...)
 
     def step_dirs(self) -> list[Path]:
         """Complete checkpoint directories, oldest first."""
@@ -185,7 +186,7 @@ class CheckpointManager:
         """Load `ckpt` into `engine` (resume, or a spike-policy rollback mid-run): the manifest is
         checked first and the recipe's optimizer hyperparameters survive the load. Returns the
         trainer state saved with it."""
-        damage = find_damage(ckpt)
+        damage = find_damage(ckpt, self.allow_unverified)
         if damage is not None:
             raise CheckpointError(f"checkpoint {ckpt.name} is damaged: {damage}{self._offer(ckpt)}")
         recipe = recipe_hyperparams(engine.optimizer)

@@ -14,10 +14,12 @@ JSONL = "metrics.jsonl"
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop lines logged after `last_step` (a killed run logs past its last checkpoint)."""
+    """Drop lines logged after `last_step` (a killed run logs past its last checkpoint), and any
+    line a crash or a full disk left unreadable (bytes that are not UTF-8 text included)."""
     if not path.is_file():
         return
-    keep = [ln for ln in path.read_text().splitlines() if _step_of(ln) <= last_step]
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    keep = [ln for ln in text.splitlines() if "\ufffd" not in ln and _step_of(ln) <= last_step]
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(ln + "\n" for ln in keep))
     os.replace(tmp, path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import socket
@@ -113,8 +114,32 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 
 LOCK = ".lock"
 LOCK_FILES = {LOCK, LOCK + ".break"}
-HEARTBEAT_S = float(os.environ.get("NORMLAB_LOCK_HEARTBEAT_S", "30"))
-STALE_S = float(os.environ.get("NORMLAB_LOCK_STALE_S", "300"))  # 10 missed heartbeats
+HEARTBEAT_S: float | None = None  # None: $NORMLAB_LOCK_HEARTBEAT_S, else 30
+STALE_S: float | None = None  # None: $NORMLAB_LOCK_STALE_S, else 300 (10 missed heartbeats)
+
+
+def _seconds(value: float | None, env: str, default: float) -> float:
+    """A lock timing: the module's setting, else $env (checked: a number of seconds > 0)."""
+    if value is not None:
+        return value
+    raw = os.environ.get(env, "").strip()
+    if not raw:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise RunDirError(f"{env} must be a number of seconds > 0, got {raw!r}")
+    return seconds
+
+
+def heartbeat_s() -> float:
+    return _seconds(HEARTBEAT_S, "NORMLAB_LOCK_HEARTBEAT_S", 30.0)
+
+
+def stale_s() -> float:
+    return _seconds(STALE_S, "NORMLAB_LOCK_STALE_S", 300.0)
 TOKEN_ENV = "NORMLAB_RUN_LOCK"  # a launcher's lock token, inherited by the ranks it starts
 
 
@@ -149,9 +174,15 @@ def read_lock(run_dir: Path) -> LockOwner | None:
     """The current owner of `run_dir` (live or stale), None when there is no readable lock."""
     try:
         data = json.loads((Path(run_dir) / LOCK).read_text())
-        return LockOwner(**data)
+        owner = LockOwner(**data)
     except (OSError, ValueError, TypeError):
         return None
+    texts = (owner.host, owner.started, owner.token, owner.command)
+    if not all(isinstance(v, str) for v in texts) or not isinstance(owner.proc_start, str | None):
+        return None  # damaged: treated like an unreadable lock
+    if isinstance(owner.pid, bool) or not isinstance(owner.pid, int) or owner.pid <= 0:
+        return None
+    return owner
 
 
 def stale_reason(run_dir: Path, owner: LockOwner) -> str | None:
@@ -170,8 +201,8 @@ def stale_reason(run_dir: Path, owner: LockOwner) -> str | None:
         age = time.time() - (Path(run_dir) / LOCK).stat().st_mtime
     except FileNotFoundError:
         return "released"
-    if age > STALE_S:
-        return f"no heartbeat for {age:.0f} s (limit {STALE_S:g} s, NORMLAB_LOCK_STALE_S)"
+    if age > stale_s():
+        return f"no heartbeat for {age:.0f} s (limit {stale_s():g} s, NORMLAB_LOCK_STALE_S)"
     return None
 
 
@@ -188,6 +219,7 @@ class RunDirLock:
         self._beat: threading.Thread | None = None
 
     def acquire(self) -> LockOwner:
+        heartbeat_s(), stale_s()  # a bad setting is one line before anything is created
         inherited = read_lock(self.run_dir)
         if inherited is not None and inherited.token == os.environ.get(TOKEN_ENV):
             return inherited  # held by our launcher: nothing to do, nothing to release
@@ -257,7 +289,7 @@ class RunDirLock:
 
     def _start_heartbeat(self) -> None:
         def beat() -> None:
-            while not self._stop.wait(HEARTBEAT_S):
+            while not self._stop.wait(heartbeat_s()):
                 with contextlib.suppress(OSError):
                     os.utime(self.path)
 

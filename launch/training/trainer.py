@@ -47,12 +47,14 @@ class Trainer:
         *,
         force: bool = False,
         from_step: str | None = None,
+        allow_unverified: bool = False,
         callbacks: list[Callback] | None = None,
         console: Console | None = None,
     ) -> None:
         self.cfg = cfg
         self.force = force
         self.from_step = from_step  # resume from this checkpoint instead of `latest`
+        self.allow_unverified = allow_unverified  # a checkpoint without manifest.json loads
         self.run_dir = Path(cfg.run_dir or "runs/run")
         self.console = console or Console(soft_wrap=True)  # a log line stays one line (grep)
         self.callbacks = (
@@ -68,6 +70,7 @@ class Trainer:
     def _build(self) -> None:
         parts = build_parts(self.cfg, self.run_dir)
         self.parts = parts
+        parts.ckpt.allow_unverified = self.allow_unverified
         self.engine, self.ckpt, self.lr_at = parts.engine, parts.ckpt, parts.lr_at
         self.loader, self.val_loader = parts.loader, parts.val_loader
         self.tokens_per_step = parts.tokens_per_step
