@@ -14,6 +14,7 @@ from typing import Any
 
 from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
 from normlab.launch.report.plots import write_plots
+from normlab.launch.report.provenance import mixed_warnings
 from normlab.launch.report.runs import NotARunError, Run, load_run
 from normlab.launch.report.table import csv_text, depth_markdown, markdown, print_table, summarize
 from rich.console import Console
@@ -35,6 +36,9 @@ def compare(
     rows = [summarize(run) for run in runs]
     console = console or Console(width=None if sys.stdout.isatty() else 240)
     print_table(rows, console)
+    warnings = mixed_warnings([r.label for r in runs], [r.config for r in runs])
+    for line in warnings:
+        console.print(line, style="yellow", highlight=False)
     files: list[Path] = []
     if out is not None:
         out_dir = make_out_dir(Path(out))
@@ -44,12 +48,13 @@ def compare(
         except OSError as exc:
             raise OutDirError(f"cannot write the figures into {out_dir}: {exc.strerror}") from None
         figures = "".join(f"\n![{p.stem}]({p.name})\n" for p in pngs)
-        text = markdown(rows) + ("\n" + depth if depth else "") + figures
+        notes = "".join(f"\n**{line}**\n" for line in warnings)
+        text = markdown(rows) + notes + ("\n" + depth if depth else "") + figures
         write_text(out_dir / "compare.md", text)
         write_text(out_dir / "compare.csv", csv_text(rows))
         files = [out_dir / "compare.md", out_dir / "compare.csv", *pngs]
         console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
-    return {"rows": rows, "files": files}
+    return {"rows": rows, "files": files, "warnings": warnings}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -28,6 +28,7 @@ SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
     "eval_loss": (int, float, type(None)),
     "tokens_per_s": (int, float, type(None)),
     "train_s": (int, float),
+    "tokens_per_step": (int, type(None)),
 }
 NON_FINITE = {"nan", "inf", "-inf"}
 SECTIONS = [

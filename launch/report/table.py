@@ -21,6 +21,7 @@ from normlab.launch.instruments.common import (
     SPIKE_WINDOW,
 )
 from normlab.launch.optim.qk_clip import CLIP_EVENTS, S_MAX
+from normlab.launch.report.provenance import tokenizer_id
 from normlab.launch.report.runs import Run, finite
 from normlab.launch.report.stabilizer_columns import (
     STABILIZER_COLUMNS,
@@ -36,6 +37,10 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("recipe", "recipe", ""),
     ("placement", "placement", ""),
     ("dataset", "dataset", ""),
+    ("tokenizer", "tokenizer", ""),
+    ("optimizer", "optimizer", ""),
+    ("engine", "engine", ""),
+    ("global_batch", "global batch", "d"),
     ("lr", "lr", "g"),
     ("seed", "seed", "d"),
     ("warmup", "warm-up", "d"),
@@ -92,6 +97,29 @@ def dataset_label(config: dict[str, Any]) -> str:
     return name if name == "bundled" else Path(name).name or name
 
 
+def optimizer_label(config: dict[str, Any]) -> str:
+    o = config.get("optim") or {}
+    return str(o.get("name", "adamw")) + ("+qk_clip" if o.get("qk_clip") else "")
+
+
+def engine_label(config: dict[str, Any]) -> str:
+    e = config.get("engine") or {}
+    name = str(e.get("name", "single"))
+    if name == "deepspeed":
+        return f"deepspeed zero-{e.get('zero_stage')}"
+    return name + (f" x{e['replicate']} replicas" if (e.get("replicate") or 1) > 1 else "")
+
+
+def global_batch(config: dict[str, Any], summary: dict[str, Any]) -> int | None:
+    """Sequences per optimizer step over every process (micro-batch x accumulation x world), from
+    the tokens per step the run recorded; None for a run that recorded none (older runs)."""
+    seq_len = (config.get("data") or {}).get("seq_len")
+    tokens = summary.get("tokens_per_step")
+    if not isinstance(tokens, int) or not isinstance(seq_len, int) or seq_len <= 0:
+        return None
+    return tokens // seq_len
+
+
 def _last(run: Run, key: str) -> float | None:
     for row in reversed(run.train):
         if key in row:
@@ -125,6 +153,10 @@ def summarize(run: Run) -> dict[str, Any]:
         "recipe": cfg.get("name") or run.label,
         "placement": placement_label(cfg),
         "dataset": dataset_label(cfg),
+        "tokenizer": tokenizer_id(cfg),
+        "optimizer": optimizer_label(cfg),
+        "engine": engine_label(cfg),
+        "global_batch": global_batch(cfg, s),
         "lr": (cfg.get("optim") or {}).get("lr"),
         "seed": (cfg.get("training") or {}).get("seed"),
         "warmup": (cfg.get("schedule") or {}).get("warmup_steps"),
@@ -230,4 +262,3 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         writer.writerow(["" if r[key] is None else r[key] for key, _, _ in COLUMNS])
     return buf.getvalue()
-

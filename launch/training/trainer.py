@@ -295,6 +295,7 @@ class Trainer:
             self._write_summary(stop_status(self.stop.received), message=msg)
 
     def _write_summary(self, status: str, **extra: Any) -> None:
+        extra.setdefault("tokens_per_step", getattr(self, "tokens_per_step", None))  # compare
         self.summary = summary_of(self.cfg.name, status, self.step, self.stats, **extra)
         if self.engine.is_main:
             write_summary(self.run_dir, self.summary)
