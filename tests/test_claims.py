@@ -168,7 +168,8 @@ def test_verdicts_follow_the_rules() -> None:
     ]
     found = by_name(data)
     warm = found["Warm-up matters for Post-LN"]
-    assert warm.word == REPRODUCED and warm.why == "post_nowarmup higher than post_warmup at lr 0.003"
+    assert warm.word == REPRODUCED
+    assert warm.why == "post_nowarmup higher than post_warmup at lr 0.003"
     assert "lr 0.003: post_nowarmup 6.25, 6.26 vs post_warmup 5.6, 5.7 -> higher" in warm.numbers
     assert "unigram plateau 6.250 - 0.2" in warm.rule and "margin 0.1 nats" in warm.rule
     assert found["Pre-LN trains without warm-up"].word == REPRODUCED
