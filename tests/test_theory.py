@@ -16,13 +16,13 @@ import torch
 from normlab.launch.cli import main
 from normlab.launch.report.theory import (
     TheorySetup,
-    checks,
     down_proj_grads,
     ffn_gain,
     lemma2_prediction,
     measure,
     stream_energy,
 )
+from normlab.launch.report.theory_checks import checks
 from normlab.model import ModelConfig, Transformer
 from normlab.model.init import init_weights
 from normlab.model.mlp import build_mlp

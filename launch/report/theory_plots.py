@@ -11,11 +11,11 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from normlab.launch.report.theory import (  # noqa: E402
-    Check,
     TheoryResult,
     ffn_gain,
     lemma2_prediction,
 )
+from normlab.launch.report.theory_checks import BOOT_REPS, Check, check_table  # noqa: E402
 
 STYLE = {
     "post": dict(color="tab:red", marker="o", linestyle="-", label="Post-LN"),
@@ -122,9 +122,12 @@ def markdown(res: TheoryResult, found: list[Check], pngs: list[Path], seconds: f
         "",
         f"Setting: {caption(res)}. Took {seconds:.1f} s.",
         "",
-        "| prediction | rule | measured | held |",
-        "|---|---|---|---|",
-        *(f"| {c.claim} | {c.rule} | {c.measured} | {'yes' if c.held else 'NO'} |" for c in found),
+        *check_table(found),
+        "",
+        f"Each verdict over the {s.seeds} seeds: the statistic of the mean over seeds and its 95 % "
+        f"bootstrap interval ({BOOT_REPS} resamples of the seeds); 'held' when the interval "
+        "clears the rule's boundary, 'NO' when it lies wholly on the wrong side, 'undecided' "
+        "when it straddles it (more seeds decide it).",
         "",
         f"Lemma 2, E||x_l||^2 / d by block (L = {s.lemma_depth}):",
         "",
