@@ -115,12 +115,20 @@ def _ms(values: np.ndarray) -> list[str]:
     return [f"{m:.3g} +- {sd:.2g}" for m, sd in zip(values.mean(0), values.std(0), strict=True)]
 
 
-def markdown(res: TheoryResult, found: list[Check], pngs: list[Path], seconds: float) -> str:
+def markdown(
+    res: TheoryResult,
+    found: list[Check],
+    pngs: list[Path],
+    seconds: float,
+    cpu: float | None = None,
+    command: str = "normlab theory",
+) -> str:
     s = res.setup
+    took = f"{seconds:.1f} s wall" + (f", {cpu:.1f} s CPU" if cpu is not None else "")
     lines = [
         "# Xiong et al. (2020) at initialisation, measured",
         "",
-        f"Setting: {caption(res)}. Took {seconds:.1f} s.",
+        f"Setting: {caption(res)}. Command: `{command}` ({took}).",
         "",
         *check_table(found),
         "",
