@@ -119,3 +119,19 @@ def test_card_of_a_real_run(spiky: Path, tmp_path: Path) -> None:
     assert [part.split(" (")[0] for part in card["update_spikes_by_block"].split(", ")] == blocks
     assert all(last[f"update_norm/{i:02d}"] > 0 for i in range(2))  # step 12 was applied
     assert "## Spike report card" in (tmp_path / "report" / "compare.md").read_text()
+
+
+def test_rolled_back_steps_of_a_real_rollback(tiny_data: Path, tmp_path: Path) -> None:
+    """Steps 1-4 applied, checkpoint at 3, NaN at 5-8 (skipped; the 4th rolls back to step 3,
+    discarding step 4), a 1e6x spike at 9 (skipped), step 10 applied: 5 skipped + 1 rolled
+    back = 6 of 10 steps lost."""
+    from tests.test_spike_policy import _trainer
+
+    inject = Inject(nan_steps={5, 6, 7, 8}, big_steps={9})
+    trainer, _ = _trainer(tiny_data, tmp_path / "run", inject, checkpoint__every=3)
+    assert trainer.run() == 0
+    rows = {r["step"]: r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r}
+    assert [rows[s]["rolled_back_steps"] for s in range(1, 11)] == [0] * 7 + [1, 1, 1]
+    card = compare([tmp_path / "run"], None, quiet())["cards"][0]
+    assert (card["skipped"], card["rollbacks"], card["rolled_back"]) == (5, 1, 1)
+    assert card["lost_pct"] == pytest.approx(60.0)

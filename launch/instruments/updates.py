@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,10 +43,7 @@ from normlab.launch.instruments.common import (
 )
 from normlab.launch.instruments.gradients import Parts, local_parts, sum_squares
 from normlab.launch.instruments.spikes import run_window
-from normlab.launch.training.callbacks import Callback
-
-if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
+from normlab.launch.training.callbacks import Callback, TrainerView
 
 DEFAULTS = {"window": 100, "threshold": 4.0}
 
@@ -108,7 +105,7 @@ class UpdateSpikes(Callback):
         self._last: list[float] = []
         self._rollbacks = 0.0
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         self._params = [list(b.parameters()) for b in blocks(trainer)]
         window = run_window(self.window, trainer.cfg.training.steps)
         if self.restored is not None:  # a resumed run keeps the window it started with
@@ -119,10 +116,10 @@ class UpdateSpikes(Callback):
                 block.load_state_dict(state)
             self.spike_steps = int(self.restored["spike_steps"])
 
-    def on_after_backward(self, trainer: Trainer, step: int) -> None:
+    def on_after_backward(self, trainer: TrainerView, step: int) -> None:
         self._before = [_copy(local_parts(trainer, ps, "param")) for ps in self._params]
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if self._before is None:
             return
         diffs = []
