@@ -289,3 +289,11 @@ def test_claim_kinds_share_one_verdict_rule(
 def test_the_plateau_must_be_a_number() -> None:
     with pytest.raises(ValueError, match="unigram plateau must be a finite loss"):
         decide(CLAIMS[0], {}, math.nan)
+
+
+def test_rows_without_a_grid_axis_form_one_point() -> None:
+    data = [{**r, "lr": None} for r in rows("post_nowarmup", 1e-3, [6.25, 6.26])]
+    data += [{**r, "lr": None} for r in rows("post_warmup", 1e-3, [5.1, 5.2])]
+    warm = by_name(data)["Warm-up matters for Post-LN"]
+    assert warm.word == REPRODUCED and warm.why.endswith("at run")
+    assert warm.numbers.startswith("run: post_nowarmup 6.25, 6.26 vs post_warmup 5.1, 5.2")

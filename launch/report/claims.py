@@ -143,7 +143,9 @@ def group_rows(rows: list[dict[str, Any]]) -> Groups:
 
 
 def point_label(point: Point) -> str:
-    return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in point)
+    """'size 12, lr 0.001'; 'run' for rows that carry no grid axis."""
+    text = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in point)
+    return text or "run"
 
 
 def comparison_rule(metric: str, plateau: float) -> str:
@@ -188,7 +190,7 @@ def _pair_verdict(claim: Claim, found: dict[Point, Comparison]) -> tuple[str, st
     where = {k: [point_label(p) for p, o in tested.items() if o == k] for k in kinds}
 
     def at(kind: str) -> str:
-        return f"{claim.a} {kind} than {claim.b} at {'; '.join(where[kind]) or 'every point'}"
+        return f"{claim.a} {kind} than {claim.b} at {'; '.join(where[kind])}"
 
     if not tested:
         return INCONCLUSIVE, "no grid point where the groups trained"
@@ -226,7 +228,7 @@ def _decide_pair(claim: Claim, groups: Groups, plateau: float) -> Verdict:
         p: _compare(claim, groups[(claim.a, p)], groups[(claim.b, p)], plateau) for p in common
     }
     numbers = "; ".join(
-        f"{point_label(p) or 'run'}: {claim.a} {_seeds(c.a)} vs {claim.b} {_seeds(c.b)} -> "
+        f"{point_label(p)}: {claim.a} {_seeds(c.a)} vs {claim.b} {_seeds(c.b)} -> "
         f"{c.outcome} ({c.why})"
         for p, c in found.items()
     )
@@ -248,7 +250,7 @@ def _decide_grows(claim: Claim, groups: Groups, plateau: float) -> Verdict:
         growth = [growth_of(r) for r in rows]
         ok = all(trained(loss_of(r), plateau) for r in rows)
         parts.append(
-            f"{point_label(p) or 'run'}: {claim.a} growth {_seeds(tuple(growth))}"
+            f"{point_label(p)}: {claim.a} growth {_seeds(tuple(growth))}"
             + ("" if ok else " (a seed did not train: left out)")
         )
         if ok:
