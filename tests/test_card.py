@@ -58,6 +58,7 @@ def test_card_of_hand_written_metrics(tmp_path: Path) -> None:
     run = load_run(write_run(tmp_path / "a", [first, last], 40))
     card = report_card(run, 40)
     assert card["update_spikes_by_block"] == "b0 1 (x4.5), b1 2 (x7.25)"
+    assert card["update_threshold"] == "x4"  # the instrument's default: the config names none
     assert card["lost_pct"] == pytest.approx(100 * (4 + 2) / 40)  # 15 %
     assert (card["spike_loss"], card["spike_grad"], card["spike_window"]) == (2.5, 5.0, 20)
     assert (card["fp16_clamps"], card["scaler_skips"], card["nonfinite"]) == (7, 3, 1)
@@ -79,7 +80,7 @@ def test_unmeasured_is_a_dash_not_zero(tmp_path: Path) -> None:
     md = (out / "compare.md").read_text()
     assert "## Spike report card" in md
     line = next(x for x in md.splitlines() if x.startswith("| bare | 5 |"))
-    assert line.count("| - ") == 12
+    assert line.count("| - ") == 13
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +116,7 @@ def test_card_of_a_real_run(spiky: Path, tmp_path: Path) -> None:
     assert card["lost_pct"] == pytest.approx(100 / 12)
     assert card["nonfinite"] == last["nonfinite_steps"] == 1  # the NaN step, counted apart
     assert card["update_spike_steps"] == last["update_spike_steps"]
+    assert card["update_threshold"] == "x1.5"
     blocks = [f"b{i} {int(last[f'update_spikes/{i:02d}'])}" for i in range(2)]
     assert [part.split(" (")[0] for part in card["update_spikes_by_block"].split(", ")] == blocks
     assert all(last[f"update_norm/{i:02d}"] > 0 for i in range(2))  # step 12 was applied

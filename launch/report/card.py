@@ -32,6 +32,7 @@ from normlab.launch.instruments.common import (
     UPDATE_SPIKES,
     parse_block_key,
 )
+from normlab.launch.instruments.updates import DEFAULTS
 from normlab.launch.report.runs import Run
 from rich.console import Console
 from rich.table import Table
@@ -43,6 +44,7 @@ CARD: list[tuple[str, str, str]] = [
     ("spike_loss", "loss spike %", ".3f"),
     ("spike_grad", "grad spike %", ".3f"),
     ("spike_window", "window", "d"),
+    ("update_threshold", "update spike at", ""),
     ("update_spike_steps", "update-spike steps", "d"),
     ("update_spikes_by_block", "update spikes by block (max ratio)", ""),
     ("skipped", "skipped", "d"),
@@ -56,7 +58,7 @@ CARD: list[tuple[str, str, str]] = [
 CARD_NOTES = (
     "Spike report card. Loss/grad spike %: OLMo 2 spike score over every step so far (window in "
     "'window'). Update spikes: steps whose update norm ||W_after - W_before|| of a block is at "
-    "least the instruments.update_spikes threshold (default 4) x the median of that block's "
+    "least 'update spike at' (instruments.update_spikes.threshold) x the median of that block's "
     "previous window of updates; per block 'b<i> count (largest ratio)'. Steps lost: (skipped + "
     "rolled back) / steps. '-': not measured (the instrument was off)."
 )
@@ -103,6 +105,7 @@ def report_card(run: Run, steps: int) -> dict[str, Any]:
         "spike_loss": _scored(_last(run, SPIKE_LOSS)),
         "spike_grad": _scored(_last(run, SPIKE_GRAD)),
         "spike_window": _last(run, SPIKE_WINDOW),
+        "update_threshold": _threshold(run) if _last(run, UPDATE_SPIKE_STEPS) is not None else None,
         "update_spike_steps": _last(run, UPDATE_SPIKE_STEPS),
         "update_spikes_by_block": _per_block(run),
         "skipped": skipped,
@@ -113,6 +116,13 @@ def report_card(run: Run, steps: int) -> dict[str, Any]:
         "scaler_skips": _last(run, SCALER_SKIPS),
         "nonfinite": _last(run, NONFINITE),
     }
+
+
+def _threshold(run: Run) -> str:
+    """'x4' from the run's instruments.update_spikes settings (or the default)."""
+    settings = (run.config.get("instruments") or {}).get("update_spikes")
+    value = settings.get("threshold") if isinstance(settings, dict) else None
+    return f"x{value if value is not None else DEFAULTS['threshold']:g}"
 
 
 def _scored(score: float | None) -> float | None:
