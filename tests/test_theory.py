@@ -98,6 +98,14 @@ def test_bootstrap_interval_of_a_mean_matches_the_normal_formula() -> None:
     assert verdict == HELD  # the whole interval is above 0.9
 
 
+def test_too_few_seeds_decide_nothing() -> None:
+    for n in (1, 2):
+        values = np.stack([np.ones(n), np.full(n, 2.0)], axis=1)  # ratio 2, far above 1.2
+        assert bootstrap(values, lambda g: float(g[-1] / g[0]), lambda v: v - 1.2)[3] == UNDECIDED
+    three = np.stack([np.ones(3), np.full(3, 2.0)], axis=1)
+    assert bootstrap(three, lambda g: float(g[-1] / g[0]), lambda v: v - 1.2)[3] == HELD
+
+
 @pytest.mark.parametrize(
     "center, spread, expected",
     [

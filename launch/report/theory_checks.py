@@ -22,6 +22,7 @@ from normlab.launch.report.theory import (
 
 BOOT_REPS = 2000  # bootstrap resamples of the seeds
 BOOT_LEVEL = 0.95  # two-sided interval
+MIN_SEEDS = 3  # fewer seeds carry no usable spread: every verdict is undecided
 HELD, FAILED, UNDECIDED = "held", "failed", "undecided"
 
 
@@ -39,7 +40,8 @@ def bootstrap(
     from the rule's boundary (> 0: the rule holds). The verdict is 'held' when the lower
     (1 - BOOT_LEVEL) / 2 quantile of the resampled margins is above 0, 'failed' when the upper
     one is below 0, and 'undecided' when the interval straddles the boundary (more seeds decide
-    it). (low, high) is the same percentile interval of the statistic itself."""
+    it); always 'undecided' with fewer than MIN_SEEDS seeds. (low, high) is the same percentile
+    interval of the statistic itself."""
     n = values.shape[0]
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, n, size=(reps, n))
@@ -49,6 +51,8 @@ def bootstrap(
     lo, hi = np.quantile(stats, [q, 1 - q])
     m_lo, m_hi = np.quantile(margins, [q, 1 - q])
     verdict = HELD if m_lo > 0 else FAILED if m_hi < 0 else UNDECIDED
+    if n < MIN_SEEDS:
+        verdict = UNDECIDED
     return stat(values.mean(0)), float(lo), float(hi), verdict
 
 

@@ -15,7 +15,12 @@ from normlab.launch.report.theory import (  # noqa: E402
     ffn_gain,
     lemma2_prediction,
 )
-from normlab.launch.report.theory_checks import BOOT_REPS, Check, check_table  # noqa: E402
+from normlab.launch.report.theory_checks import (  # noqa: E402
+    BOOT_REPS,
+    MIN_SEEDS,
+    Check,
+    check_table,
+)
 
 STYLE = {
     "post": dict(color="tab:red", marker="o", linestyle="-", label="Post-LN"),
@@ -135,7 +140,7 @@ def markdown(
         f"Each verdict over the {s.seeds} seeds: the statistic of the mean over seeds and its 95 % "
         f"bootstrap interval ({BOOT_REPS} resamples of the seeds); 'held' when the interval "
         "clears the rule's boundary, 'NO' when it lies wholly on the wrong side, 'undecided' "
-        "when it straddles it (more seeds decide it).",
+        f"when it straddles it (more seeds decide it) or with fewer than {MIN_SEEDS} seeds.",
         "",
         f"Lemma 2, E||x_l||^2 / d by block (L = {s.lemma_depth}):",
         "",
