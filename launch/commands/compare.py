@@ -13,11 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-<<<<<<< HEAD
-from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
-=======
 from normlab.launch.report.card import card_markdown, print_card, report_card
->>>>>>> main
+from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
 from normlab.launch.report.plots import write_plots
 from normlab.launch.report.provenance import mixed_warnings
 from normlab.launch.report.runs import NotARunError, Run, load_run
@@ -32,7 +29,8 @@ def compare(
 ) -> dict[str, Any]:
     """Read every run (all are checked before anything is written), then report.
 
-    Returns {'rows': table rows, 'cards': spike report cards, 'files': paths written}."""
+    Returns {'rows': table rows, 'cards': spike report cards, 'files': paths written,
+    'warnings': lines on runs that are not comparable}."""
     if not run_dirs:
         raise NotARunError("give at least one run directory")
     if out is not None:
@@ -41,14 +39,11 @@ def compare(
     rows = [summarize(run) for run in runs]
     console = console or Console(width=None if sys.stdout.isatty() else 240)
     print_table(rows, console)
-<<<<<<< HEAD
     warnings = mixed_warnings([r.label for r in runs], [r.config for r in runs])
     for line in warnings:
         console.print(line, style="yellow", highlight=False)
-=======
     cards = [report_card(run, row["steps"]) for run, row in zip(runs, rows, strict=True)]
     print_card(cards, console)
->>>>>>> main
     files: list[Path] = []
     if out is not None:
         out_dir = make_out_dir(Path(out))
@@ -58,23 +53,14 @@ def compare(
         except OSError as exc:
             raise OutDirError(f"cannot write the figures into {out_dir}: {exc.strerror}") from None
         figures = "".join(f"\n![{p.stem}]({p.name})\n" for p in pngs)
-<<<<<<< HEAD
         notes = "".join(f"\n**{line}**\n" for line in warnings)
-        text = markdown(rows) + notes + ("\n" + depth if depth else "") + figures
+        text = markdown(rows) + notes + "\n" + card_markdown(cards)
+        text += ("\n" + depth if depth else "") + figures
         write_text(out_dir / "compare.md", text)
         write_text(out_dir / "compare.csv", csv_text(rows))
         files = [out_dir / "compare.md", out_dir / "compare.csv", *pngs]
         console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
-    return {"rows": rows, "files": files, "warnings": warnings}
-=======
-        text = markdown(rows) + "\n" + card_markdown(cards) + ("\n" + depth if depth else "")
-        text += figures
-        (out_dir / "compare.md").write_text(text)
-        write_csv(rows, out_dir / "compare.csv")
-        files = [out_dir / "compare.md", out_dir / "compare.csv", *pngs]
-        console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
-    return {"rows": rows, "cards": cards, "files": files}
->>>>>>> main
+    return {"rows": rows, "cards": cards, "files": files, "warnings": warnings}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
