@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
+from normlab.launch.config.loader import coerce, key_of
 from normlab.launch.config.schema import RunConfig
-from normlab.launch.errors import NormlabError
+from normlab.launch.errors import ConfigError, NormlabError
 
 FIX = "fix or move it"
 # summary.json field -> the types it may hold (None: not measured yet)
@@ -70,6 +72,7 @@ def read_config(path: Path) -> dict[str, Any]:
             raise DamagedFile(
                 f"{path}: section '{key}' holds {_kind(data[key])}, not a mapping; {FIX}"
             )
+    _check_types(path, data)
     steps = (data.get("training") or {}).get("steps", 0)
     if not _is_int(steps) or steps < 0:
         raise DamagedFile(f"{path}: training.steps is {steps!r}, not a step count; {FIX}")
@@ -77,6 +80,24 @@ def read_config(path: Path) -> dict[str, Any]:
         if not isinstance(data.get(key), str | None):
             raise DamagedFile(f"{path}: '{key}' is {data[key]!r}, not a string; {FIX}")
     return data
+
+
+def _check_types(path: Path, data: dict[str, Any]) -> None:
+    """Every value of a known key has its schema type (keys an older or newer normlab wrote, and
+    this one does not know, are left alone: reports read runs of any version)."""
+    hints = typing.get_type_hints(RunConfig)
+    for f in dataclasses.fields(RunConfig):
+        section, hint = data.get(f.name), hints[f.name]
+        if section is None or not dataclasses.is_dataclass(hint):
+            continue
+        inner = typing.get_type_hints(hint)
+        keys = {key_of(g): g.name for g in dataclasses.fields(hint)}
+        for key, value in section.items():
+            if key in keys:
+                try:
+                    coerce(value, inner[keys[key]], f"{f.name}.{key}")
+                except ConfigError as exc:
+                    raise DamagedFile(f"{path}: {exc}; {FIX}") from None
 
 
 def read_summary(path: Path) -> dict[str, Any]:
