@@ -311,3 +311,21 @@ def test_a_read_only_run_directory_is_one_line(run: Path, tiny_data: Path) -> No
         assert done.stderr.count("\n") == 1, done.stderr
         assert f"{root / 'run' / LOCK}: Permission denied" in done.stderr
         assert {p: p.stat().st_mtime_ns for p in (root / "run").rglob("*")} == before
+
+
+def test_a_full_disk_while_writing_the_summary_keeps_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "summary.json").write_text('{"status": "running"}\n')
+    real = Path.write_text
+
+    def half(self: Path, text: str, *args: object, **kwargs: object) -> int:
+        real(self, text[:5])  # part of the file reached the disk
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", half)
+    with pytest.raises(OSError, match="No space left"):
+        rundir.write_summary(tmp_path, {"status": "completed"})
+    monkeypatch.undo()
+    assert (tmp_path / "summary.json").read_text() == '{"status": "running"}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]

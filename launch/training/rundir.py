@@ -86,15 +86,23 @@ def write_config(run_dir: Path, cfg: RunConfig, replaced: bool) -> None:
     path = run_dir / CONFIG
     if replaced and path.is_file():
         shutil.copyfile(path, run_dir / PREVIOUS_CONFIG)
-    tmp = run_dir / f".{CONFIG}.tmp"
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    os.replace(tmp, path)
+    _write_whole(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    tmp = run_dir / f".{SUMMARY}.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, run_dir / SUMMARY)
+    _write_whole(run_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """`path` holds all of `text` or keeps what it held: a temporary sibling renamed over it; a
+    failed write (a full disk) removes the temporary file and raises."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
