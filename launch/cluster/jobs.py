@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from normlab.launch.cluster import slurm
 from normlab.launch.cluster.script import SCRIPT_NAME, render_script
-from normlab.launch.cluster.spec import ClusterSpec
+from normlab.launch.cluster.spec import ClusterSpec, resource_warning
 from normlab.launch.errors import RunDirError
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def read_record(run_dir: Path) -> dict[str, Any]:
 
 
 def last_job_id(run_dir: Path) -> str | None:
-    jobs = read_record(run_dir)["jobs"]
+    jobs = [j for j in read_record(run_dir)["jobs"] if isinstance(j, dict) and j.get("job_id")]
     return str(jobs[-1]["job_id"]) if jobs else None
 
 
@@ -66,6 +67,9 @@ def prepare(cfgs: list[RunConfig], spec: ClusterSpec, force: bool) -> list[Submi
     from normlab.launch.training.rundir import check_run_dir
 
     workdir = Path.cwd()
+    warning = resource_warning(spec)
+    if warning:
+        print(f"normlab: {warning}", file=sys.stderr)
     out = []
     for cfg in cfgs:
         check_world(cfg, spec.procs_per_node * spec.nodes)

@@ -126,6 +126,25 @@ def validate(spec: ClusterSpec) -> None:
         raise ConfigError("cluster.container.image must not be empty")
 
 
+def resource_warning(spec: ClusterSpec) -> str | None:
+    """A GPU job that leaves its CPUs or memory to the site's defaults (often one core and a
+    few GB per task, shared by torchrun and every rank), or None."""
+    if not spec.gpus_per_node:
+        return None
+    missing = [
+        f"{key} (--{key.replace('_', '-')})"
+        for key in ("cpus_per_task", "mem")
+        if getattr(spec, key) is None
+    ]
+    if not missing:
+        return None
+    return (
+        f"warning: a GPU job without {' or '.join(missing)} gets the site's defaults (often "
+        f"one core, and memory per core), shared by torchrun and its {spec.procs_per_node} "
+        "ranks; set them in the cluster file or on the command line (mem 0: a node's memory)"
+    )
+
+
 def _word(key: str, value: str | None) -> None:
     if value is not None and not WORD.match(value):
         raise ConfigError(

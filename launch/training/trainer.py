@@ -19,7 +19,7 @@ import torch
 from normlab.data.loader import PackedLoader
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
-from normlab.launch.errors import ConfigError, NormlabError
+from normlab.launch.errors import ConfigError
 from normlab.launch.optim import build_optimizer, check_optimizer, optim_callbacks, set_lr
 from normlab.launch.registry import ENGINES, resolve
 from normlab.launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
@@ -146,7 +146,7 @@ class Trainer:
         preflight(self.cfg, self._rank_world()[1])  # what would fail later, before anything
         owner = self._rank_world()[0] == 0
         lock = RunDirLock(self.run_dir, "normlab train") if owner else contextlib.nullcontext()
-        with lock, GracefulStop(self._force_exit) as self.stop:  # USR1/TERM/INT: checkpoint, stop
+        with lock, GracefulStop() as self.stop:  # USR1/TERM/INT: checkpoint, stop
             status = self._run()
         if hasattr(self, "engine"):
             self.engine.shutdown()  # barrier + destroy; an exception skips it (no barrier hang)
@@ -181,8 +181,8 @@ class Trainer:
             cb.on_train_start(self)
         try:
             status = self._loop()
-        except NormlabError as exc:  # a full disk, say: the summary says so, not "running"
-            self._write_summary("failed", message=str(exc))
+        except BaseException as exc:  # a full disk, a lost peer: the summary never stays "running"
+            self._write_summary("failed", message=str(exc) or type(exc).__name__)
             raise
         finally:
             self.display.close()
@@ -380,12 +380,6 @@ class Trainer:
             self.display.close()
             print(f"normlab: {msg}", file=sys.stderr, flush=True)
         return stop_status(signum)
-
-    def _force_exit(self, signum: int) -> None:
-        """A second signal: no checkpoint; the summary still must not say "running"."""
-        if hasattr(self, "ckpt"):
-            msg = stop_message(signum, self.step, self.cfg.training.steps, None, self.run_dir)
-            self._write_summary(stop_status(self.stop.received), message=msg)
 
     def _write_summary(self, status: str, **extra: Any) -> None:
         s = self.stats
