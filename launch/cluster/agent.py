@@ -9,8 +9,8 @@ how it ends:
   checkpoint line. Here it is status 128 + signal, silently.
 * a failed rank: torchrun raises `ChildFailedError`, a traceback plus a failure table. Here it is
   the first failed rank's status (128 + signal for a killed one); the rank printed its own error.
-  A rank that refused with status 2 has left its message for the launcher, so torchrun's
-  "failed (exitcode: 2)" log line, and its lines about stopping the other ranks, are dropped.
+  A rank that refused has left its message for the launcher, so torchrun's log lines about that
+  failure (and about stopping the other ranks) are dropped.
 
 `-P` keeps the working directory off sys.path, so a user's `torch/` or `normlab/` cannot shadow.
 """
@@ -18,26 +18,24 @@ how it ends:
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 
-from normlab.launch.training.launched import USER_ERROR_STATUS
+from normlab.launch.training.launched import ERRORS_ENV, first_report
 
 
 class _DropUserErrorFailures(logging.Filter):
-    """Drop torchrun's `failed (exitcode: 2) ...` records, and its `Sending process ... closing
-    signal` records that follow (the other ranks being stopped): the launcher prints the refusal."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.refused = False
+    """Once a rank has left its refusal for the launcher (in $NORMLAB_LAUNCH_ERRORS), drop
+    torchrun's lines about it: `Sending process ... closing signal` (the other ranks being
+    stopped, logged first) and `failed (exitcode: 2) ...`. The launcher prints the refusal."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.msg if isinstance(record.msg, str) else ""
-        args = record.args if isinstance(record.args, tuple) else ()
-        if msg.startswith("failed (exitcode") and args and args[0] == USER_ERROR_STATUS:
-            self.refused = True
-            return False
-        return not (self.refused and msg.startswith("Sending process"))
+        if not msg.startswith(("failed (exitcode", "Sending process")):
+            return True
+        folder = os.environ.get(ERRORS_ENV)
+        return not (folder and first_report(Path(folder)) is not None)
 
 
 def status_of(exitcode: int) -> int:

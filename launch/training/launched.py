@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 
 ERRORS_ENV = "NORMLAB_LAUNCH_ERRORS"
-USER_ERROR_STATUS = 2  # the CLI's exit status for a refusal (a NormlabError)
 
 
 def is_rank_zero() -> bool:
