@@ -115,6 +115,18 @@ def test_a_changed_config_is_refused_before_torchrun(tiny: dict[str, Path], caps
     ]
 
 
+def test_a_broken_latest_pointer_is_refused_before_torchrun(tiny: dict[str, Path], capsys) -> None:
+    run = tiny["root"] / "pointer"
+    write_config(run, load_config(tiny["recipe"], ["engine.name=fsdp", f"run_dir={run}"]), False)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest").write_text("step_00000009\n")
+    argv = ["launch", str(tiny["recipe"]), "engine.name=fsdp", "--nproc-per-node", "2"]
+    assert main([*argv, "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "names 'step_00000009', which is not a checkpoint directory" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.slow
 def test_a_refusal_inside_the_ranks_is_printed_once(tiny: dict[str, Path]) -> None:
     """A damaged checkpoint is found only when the ranks load it: one line, exit 2, neither

@@ -67,9 +67,6 @@ def prepare(cfgs: list[RunConfig], spec: ClusterSpec, force: bool) -> list[Submi
     from normlab.launch.training.rundir import check_run_dir
 
     workdir = Path.cwd()
-    warning = resource_warning(spec)
-    if warning:
-        print(f"normlab: {warning}", file=sys.stderr)
     out = []
     for cfg in cfgs:
         check_world(cfg, spec.procs_per_node * spec.nodes)
@@ -77,6 +74,9 @@ def prepare(cfgs: list[RunConfig], spec: ClusterSpec, force: bool) -> list[Submi
         check_run_dir(run_dir, cfg, force)
         script = render_script(spec, f"normlab-{cfg.name or 'run'}", run_dir, workdir)
         out.append(Submission(run_dir, script, None))
+    warning = resource_warning(spec)  # once everything that refuses has passed
+    if warning:
+        print(f"normlab: {warning}", file=sys.stderr)
     return out
 
 

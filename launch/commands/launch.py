@@ -156,16 +156,20 @@ def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> lis
 
 def check_run(args: argparse.Namespace, cfg: RunConfig) -> None:
     """What every rank would refuse about the run directory, once, before torchrun: another
-    config without --force, a --from that names no checkpoint, a live SLURM job owning it."""
+    config without --force, a live SLURM job owning it, a --from that names no checkpoint, a
+    `latest` pointer naming none. (A checkpoint's bytes are verified by the ranks as they load
+    it: hashing them here too would read every checkpoint twice.)"""
+    from normlab.launch.training.checkpoint import CheckpointManager
     from normlab.launch.training.rundir import check_owner_job, check_run_dir
 
     run_dir = Path(cfg.run_dir or "runs/run")
     check_run_dir(run_dir, cfg, args.force)  # read-only
     check_owner_job(run_dir)
+    manager = CheckpointManager(run_dir, keep_last=1)
     if args.from_step:
-        from normlab.launch.training.checkpoint import CheckpointManager
-
-        CheckpointManager(run_dir, keep_last=1).find(args.from_step)
+        manager.find(args.from_step)
+    else:
+        manager.latest()  # a `latest` that names no checkpoint directory raises
 
 
 def run(args: argparse.Namespace) -> int:
