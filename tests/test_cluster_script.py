@@ -25,9 +25,10 @@ from pathlib import Path
 import pytest
 from dist_helpers import env, losses, prepare_tiny, write_recipe
 from normlab.launch.cli import main
+from normlab.launch.cluster.jobs import check_owner_job
 from normlab.launch.cluster.script import PORT_BASE, PORT_SPAN
 from normlab.launch.config import load_config
-from normlab.launch.training.rundir import RunDirLock, check_owner_job, write_config
+from normlab.launch.training.rundir import RunDirLock, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 NORMLAB = Path(sys.executable).parent / "normlab"

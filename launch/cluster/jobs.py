@@ -61,6 +61,14 @@ def check_not_owned(run_dir: Path) -> None:
         )
 
 
+def check_owner_job(run_dir: Path) -> None:
+    """`train`/`launch`: refuse a run directory whose last submitted job is still pending or
+    running, unless this process is that job. Without SLURM's tools there is nothing to ask."""
+    job = last_job_id(Path(run_dir))
+    if job is not None and os.environ.get("SLURM_JOB_ID") != job:
+        check_not_owned(Path(run_dir))
+
+
 def prepare(cfgs: list[RunConfig], spec: ClusterSpec, force: bool) -> list[Submission]:
     """Render every run's script and check everything that can be checked (writes nothing)."""
     from normlab.launch.commands.launch import check_world

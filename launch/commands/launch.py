@@ -8,36 +8,36 @@ config, and (on nodes other than 0) that node 0's rendezvous endpoint is reachab
 size every node expects travels in NORMLAB_EXPECTED_WORLD_SIZE; ranks refuse to train in a world
 of another size (nodes started with different --nnodes or --nproc-per-node).
 
-The launcher supervises torchrun (see `supervise`): SIGTERM, SIGINT, SIGUSR1 or SIGHUP sent to it
-reach every rank once (the ranks checkpoint and stop), and torchrun, then its ranks, get SIGTERM
-from the kernel when their parent dies, so killing the launcher leaves nothing training.
+Refusals come before torchrun wherever they can (the run directory's config, its owner, the
+checkpoint `--from` or `latest` names); one only the ranks can find (a damaged checkpoint, a
+world of another size) is left by every rank in $NORMLAB_LAUNCH_ERRORS and printed once here
+(once per node), exit 2, without torchrun's traceback (launch.cluster.agent).
+
+The launcher supervises torchrun (launch.cluster.supervise): the first SIGTERM, SIGINT, SIGUSR1
+or SIGHUP sent to it reaches every rank (the ranks checkpoint once and stop), torchrun, then its
+ranks, get SIGTERM from the kernel when their parent dies, so killing the launcher leaves nothing
+training, and the ranks of a killed torchrun are waited for while they checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import shlex
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from normlab.launch.cluster.supervise import SHUTDOWN_TIMEOUT_S, supervise
 from normlab.launch.commands.train import add_recipe_args, resolve
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.dist import EXPECTED_WORLD_ENV
 from normlab.launch.errors import NormlabError
 from normlab.launch.training.launched import ERRORS_ENV, first_report
-from normlab.launch.training.signals import (
-    set_child_subreaper,
-    set_parent_death_signal,
-    under_slurm,
-)
 
 
 class LaunchError(NormlabError):
@@ -159,8 +159,9 @@ def check_run(args: argparse.Namespace, cfg: RunConfig) -> None:
     config without --force, a live SLURM job owning it, a --from that names no checkpoint, a
     `latest` pointer naming none. (A checkpoint's bytes are verified by the ranks as they load
     it: hashing them here too would read every checkpoint twice.)"""
+    from normlab.launch.cluster.jobs import check_owner_job
     from normlab.launch.training.checkpoint import CheckpointManager
-    from normlab.launch.training.rundir import check_owner_job, check_run_dir
+    from normlab.launch.training.rundir import check_run_dir
 
     run_dir = Path(cfg.run_dir or "runs/run")
     check_run_dir(run_dir, cfg, args.force)  # read-only
@@ -225,77 +226,3 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return code
-
-
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
-SHUTDOWN_TIMEOUT_S = 600
-
-
-def supervise(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
-    """Run torchrun and stay responsible for it; return (its exit status, signal received or 0).
-
-    Outside SLURM torchrun gets its own session, so a terminal's Ctrl-C reaches only this process,
-    which passes the first signal on: torchrun hands it to every rank, whose handlers checkpoint;
-    repeats are not passed on (the ranks are already stopping, and a second signal would make
-    torchrun give up waiting for them). Under SLURM slurmstepd already signals every process of
-    the step, so nothing is passed on. Either way the kernel sends torchrun SIGTERM if this
-    process dies, even by SIGKILL (PR_SET_PDEATHSIG), and torchrun stops its ranks the same way;
-    the ranks arm the same death signal against torchrun. If torchrun dies first, its ranks are
-    re-parented to this process (a child subreaper), which waits until they have checkpointed.
-    """
-    parent, forward = os.getpid(), not under_slurm()
-
-    def child_setup() -> None:  # runs between fork and exec
-        set_parent_death_signal(signal.SIGTERM)
-        if os.getppid() != parent:  # the launcher died before the death signal was armed
-            os._exit(1)
-
-    set_child_subreaper()
-    proc = subprocess.Popen(cmd, env=env, start_new_session=forward, preexec_fn=child_setup)
-    received = 0
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal received
-        if received:
-            return
-        received = signum
-        if forward and proc.poll() is None:
-            proc.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
-    try:
-        code = proc.wait()
-        wait_for_orphans(SHUTDOWN_TIMEOUT_S)  # ranks left behind by a killed torchrun
-        return code, received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def wait_for_orphans(timeout: float) -> None:
-    """Reap the children this process inherited (as subreaper) until none is left; after
-    `timeout` seconds the rest get SIGKILL, as torchrun's own shutdown timeout would do."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return  # no children left
-        if pid:
-            continue
-        if time.monotonic() > deadline:
-            for child in _children():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child, signal.SIGKILL)
-            deadline = math.inf
-        time.sleep(0.1)
-
-
-def _children() -> list[int]:
-    """PIDs whose parent is this process (Linux /proc)."""
-    me, found = os.getpid(), []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == me:
-                found.append(int(stat.parent.name))
-    return found

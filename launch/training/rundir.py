@@ -1,6 +1,6 @@
 """Run-directory rules: resume a run with the same config, refuse a different one without --force,
 never touch a directory that is not a normlab run, and one owner at a time: a live local process
-(RunDirLock) or a SLURM job that is pending or running for it (check_owner_job)."""
+(RunDirLock) or a SLURM job that is pending or running for it (cluster.jobs.check_owner_job)."""
 
 from __future__ import annotations
 
@@ -176,17 +176,6 @@ def stale_reason(run_dir: Path, owner: LockOwner) -> str | None:
     return None
 
 
-def check_owner_job(run_dir: Path) -> None:
-    """Refuse a run directory whose last submitted SLURM job (slurm.json) is still pending or
-    running, unless this process is that job. Without SLURM's tools there is nothing to ask."""
-    from normlab.launch.cluster import jobs
-
-    job = jobs.last_job_id(Path(run_dir))
-    if job is None or os.environ.get("SLURM_JOB_ID") == job:
-        return
-    jobs.check_not_owned(Path(run_dir))
-
-
 class RunDirLock:
     """`with RunDirLock(run_dir, "normlab train"):` owns run_dir for the block, or raises RunDirBusy
     naming the live owner. A stale lock is taken over (and said so on stderr). A lock whose token
@@ -203,6 +192,8 @@ class RunDirLock:
         inherited = read_lock(self.run_dir)
         if inherited is not None and inherited.token == os.environ.get(TOKEN_ENV):
             return inherited  # held by our launcher: nothing to do, nothing to release
+        from normlab.launch.cluster.jobs import check_owner_job
+
         check_owner_job(self.run_dir)  # a pending job would train here too once it starts
         if not self.run_dir.exists():
             self.run_dir.mkdir(parents=True)
