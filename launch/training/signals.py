@@ -90,8 +90,11 @@ class GracefulStop:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        # after a stop the process is on its way out (checkpoint written): a late repeat must
+        # not kill it now (SIGUSR1's default) or raise KeyboardInterrupt, so it stays absorbed
+        absorb = signal.SIG_IGN if self.received else None
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, absorb or handler)  # type: ignore[arg-type]
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
