@@ -25,6 +25,7 @@ import torch.distributed.checkpoint as dcp
 from normlab.launch.engines.base import OptimizerFactory, StepVeto
 from normlab.launch.engines.construct import build_on_meta, materialize
 from normlab.launch.engines.dist import DistributedEngine
+from normlab.launch.engines.recompute import apply_activation_checkpointing
 from normlab.launch.engines.single import read_file
 from normlab.launch.errors import CheckpointError, ConfigError
 from normlab.model import ModelConfig, Transformer
@@ -57,14 +58,6 @@ def read_extra(ckpt_dir: Path, rank: int) -> dict[str, Any]:
     """This rank's trainer state; a rank the saving run did not have takes rank 0's."""
     path = ckpt_dir / trainer_file(rank)
     return read_file(path if path.is_file() else ckpt_dir / trainer_file(0), weights_only=False)
-
-
-def apply_activation_checkpointing(model: Transformer) -> None:
-    """Recompute each block in backward (torch.utils.checkpoint, non-reentrant)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-    for i, block in enumerate(model.blocks):
-        model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=True)
 
 
 def device_mesh(device_type: str, world: int, replicate: int) -> DeviceMesh:

@@ -16,7 +16,9 @@ A hook on a tensor that is not fp16 returns at once (a dtype test, not a data-de
 on finite fp16 values the clamp is the identity, so a run that never overflows is bit-identical
 with and without the hooks. `counts[i]` adds one for each hooked tensor of block i that held an
 inf, in training passes only (`counts[-1]`: embedding norm, final norm and head), as a device
-tensor. Clamping removes inf from an add; it cannot repair a NaN already made (inf - inf).
+tensor, once per forward: the recomputation of a checkpointed block
+(engine.activation_checkpointing) is not counted again. Clamping removes inf from an add; it
+cannot repair a NaN already made (inf - inf).
 
 This is not the loss scaler's job: the scaler guards the backward pass (an inf or NaN gradient
 skips that whole update and halves the scale); a clamp acts in the forward pass and the update
@@ -29,6 +31,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from normlab.launch.engines.recompute import recomputing
 from normlab.launch.errors import ConfigError
 from normlab.launch.instruments.common import (
     FP16_CLAMPS,
@@ -96,7 +99,9 @@ class ClampHooks:
         if not torch.is_tensor(x) or x.dtype != torch.float16:
             return None  # a dtype test, not a data-dependent branch
         clamped, fired = clamp_fp16(x)
-        if module.training:  # evaluation passes are clamped too, but not counted
+        # evaluation passes are clamped too, but not counted; nor is the recomputation of a
+        # checkpointed block inside the backward (its forward already counted these tensors)
+        if module.training and not recomputing():
             self.counts[slot] += fired
         return clamped
 
