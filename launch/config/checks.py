@@ -85,11 +85,6 @@ def _validate_qk_clip(cfg: RunConfig) -> None:
         raise ConfigError(f"optim.qk_clip.tau must be a finite number > 0, got {q.tau}")
     if not 0.0 <= q.alpha <= 1.0:
         raise ConfigError(f"optim.qk_clip.alpha must lie in [0, 1], got {q.alpha}")
-    if cfg.engine.compile:
-        raise ConfigError(
-            "optim.qk_clip needs each attention's per-head max logit, which a compiled block "
-            "does not hand back: set engine.compile: false"
-        )
 
 
 def _validate_schedule(cfg: RunConfig) -> None:

@@ -119,6 +119,13 @@ class EngineSection:
     zero_stage: Literal[0, 1, 2, 3] = 0
     activation_checkpointing: bool = False
     compile: bool = False
+    # torch.compile backend: inductor (the speed-up), aot_eager or eager (debugging: dynamo
+    # and autograd tracing without code generation)
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    # fsdp with grad_accum > 1: reduce-scatter gradients after every micro-batch ("micro_batch":
+    # torchtitan's default, each rank keeps only its gradient shard) or once per step ("step":
+    # one reduce-scatter, but every rank holds the whole unsharded fp32 gradient meanwhile)
+    grad_sync: Literal["micro_batch", "step"] = "micro_batch"
     deepspeed_config: str | None = None
     replicate: int = 1  # fsdp: HSDP, shard within world/replicate ranks, replicate across groups
 

@@ -147,7 +147,7 @@ class DeepSpeedEngine(DistributedEngine):
             apply_activation_checkpointing(module)
         if self.cfg.engine.compile:
             for block in module.blocks:
-                block.compile()
+                block.compile(backend=self.cfg.engine.compile_backend)
         self._module = module
         self._optimizer = build_optimizer(module)
         self._gate_optimizer(self._optimizer)

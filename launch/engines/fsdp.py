@@ -84,7 +84,7 @@ class FSDPEngine(DistributedEngine):
             apply_activation_checkpointing(module)
         if self.cfg.engine.compile:
             for block in module.blocks:
-                block.compile()
+                block.compile(backend=self.cfg.engine.compile_backend)
         self._shard(module)
         materialize(module, plan, self.cfg.training.seed, self._device)
         # asynchronous saves talk over their own CPU group (a collective call on every rank)
