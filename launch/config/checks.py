@@ -124,6 +124,11 @@ def _validate_engine(cfg: RunConfig) -> None:
             f"engine.replicate must be >= 1 and above 1 only with engine.name: fsdp (HSDP), got "
             f"{e.replicate} with engine {e.name!r}"
         )
+    if e.grad_sync != "micro_batch" and e.name != "fsdp":
+        raise ConfigError(
+            f"engine.grad_sync {e.grad_sync!r} is an engine fsdp setting (engine {e.name!r}); "
+            "allowed: micro_batch with any engine, step with engine.name: fsdp"
+        )
     if cfg.checkpoint.async_ and e.name != "fsdp":
         raise ConfigError(
             f"checkpoint.async needs engine.name: fsdp (torch.distributed.checkpoint's async_save);"

@@ -125,8 +125,10 @@ class FSDPEngine(DistributedEngine):
         accum = self.cfg.training.grad_accum
         self._micro += 1
         assert isinstance(self._module, FSDPModule)
-        # reduce-scatter the gradients once, after the last micro-batch
-        self._module.set_requires_gradient_sync(self._micro >= accum)
+        # engine.grad_sync: reduce-scatter after every micro-batch (each rank keeps only its fp32
+        # gradient shard) or once, after the last (the whole unsharded gradient meanwhile)
+        every = self.cfg.engine.grad_sync == "micro_batch"
+        self._module.set_requires_gradient_sync(every or self._micro >= accum)
         loss = self._loss(inputs, targets)
         self._scaler.scale(loss / accum).backward()
         return self.all_reduce(loss.detach(), "mean")  # the global-batch loss, as one process
