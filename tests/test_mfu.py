@@ -57,6 +57,8 @@ SMALL = [
     dict(mlp="relu", placement="post"),
     dict(placement="mix", qk_norm="flat", bias=True),
     dict(placement="peri", embed_norm=True, qk_norm="head", n_kv_heads=1),
+    dict(attn_gate="headwise", attn_sinks=True),
+    dict(attn_gate="elementwise", attn_softcap=50.0, n_kv_heads=2),
 ]
 
 
@@ -113,3 +115,43 @@ def test_cpu_reports_mfu_only_against_a_given_peak() -> None:
     assert row["tokens_per_s_per_gpu"] == 1000.0
     assert row["tflops_per_gpu"] == pytest.approx(1000.0 * flops_per_token(cfg, 256) / 1e12)
     assert row["mfu"] == pytest.approx(row["tflops_per_gpu"] / 0.5)
+
+
+def test_trainer_logs_mfu_against_the_given_peak(tiny_data, tmp_path, capsys) -> None:
+    """Every log row carries tokens/s per GPU, TFLOP/s per GPU and MFU against
+    logging.peak_tflops, consistent with flops_per_token; summary.json, `status` and `compare`
+    report it; without a peak on the CPU there is no MFU anywhere."""
+    import json
+
+    from normlab.launch.cli import main
+    from normlab.launch.commands.compare import compare
+    from normlab.launch.config import load_config
+    from normlab.launch.training.metrics import read_jsonl
+    from normlab.launch.training.trainer import Trainer
+
+    from tests.conftest import REPO, tiny_overrides
+
+    runs = {}
+    for name, peak in (("given", ["logging.peak_tflops=0.002"]), ("none", [])):
+        run = tmp_path / name
+        cfg = load_config(REPO / "recipes" / "pre.yaml", [*tiny_overrides(tiny_data, run), *peak])
+        assert Trainer(cfg).run() == 0
+        runs[name] = run
+    fpt = flops_per_token(cfg.model_config(), cfg.data.seq_len)
+    rows = [r for r in read_jsonl(runs["given"] / "metrics.jsonl") if "loss" in r]
+    for r in rows:
+        assert r["tflops_per_gpu"] == pytest.approx(r["tokens_per_s"] * fpt / 1e12)
+        assert r["mfu"] == pytest.approx(r["tflops_per_gpu"] / 0.002)
+    summary = json.loads((runs["given"] / "summary.json").read_text())
+    assert summary["flops_per_token"] == fpt and summary["peak_tflops"] == 0.002
+    assert summary["mfu"] == pytest.approx(summary["tokens_per_s"] * fpt / 1e12 / 0.002)
+    bare = json.loads((runs["none"] / "summary.json").read_text())
+    assert bare["mfu"] is None and bare["peak_tflops"] is None
+    assert all("mfu" not in r for r in read_jsonl(runs["none"] / "metrics.jsonl"))
+    capsys.readouterr()
+    assert main(["status", str(runs["given"]), str(runs["none"])]) == 0
+    out = capsys.readouterr().out
+    assert f"MFU {100 * rows[-1]['mfu']:.1f}%" in out and "MFU -" in out
+    table = {r["run"]: r for r in compare([runs["given"], runs["none"]], None)["rows"]}
+    assert table["given"]["mfu"] == pytest.approx(100 * summary["mfu"])
+    assert table["none"]["mfu"] is None

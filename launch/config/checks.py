@@ -25,6 +25,8 @@ def validate(cfg: RunConfig) -> None:
     _positive(cfg, ["precision.loss_scale_init", "precision.loss_scale_growth_interval"])
     if cfg.training.threads is not None:
         _positive(cfg, ["training.threads"])
+    if cfg.logging.peak_tflops is not None:
+        _positive(cfg, ["logging.peak_tflops"])
     if not 0.0 < cfg.data.val_fraction < 1.0:  # every run evaluates, at least at the end
         raise ConfigError(f"data.val_fraction must lie in (0, 1), got {cfg.data.val_fraction}")
     if cfg.data.seq_len > mc.max_seq_len:

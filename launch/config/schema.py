@@ -103,6 +103,9 @@ class LoggingSection:
     tensorboard: bool = True
     jsonl: bool = True
     progress: bool = True  # live display; off automatically when stdout is not a terminal
+    # dense peak TFLOP/s of one device for MFU (launch/training/mfu.py); None: looked up for
+    # A100/H100/H200, and no MFU on a CPU or an unknown GPU
+    peak_tflops: float | None = None
 
 
 @dataclass

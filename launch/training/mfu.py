@@ -3,9 +3,11 @@ peak of the device, and the per-log-step throughput row.
 
 FLOPs per token = 6 N_mm + 12 L H d_h T (PaLM Appendix B; torchtitan, OLMo-core):
 - N_mm: the matmul weights, i.e. every block's q, k, v, o projections (GQA: k and v are
-  d x H_kv d_h) and MLP matrices (SwiGLU three d x d_ff, GELU/ReLU two), plus the head (V x d).
+  d x H_kv d_h), the attention gate's w_g (d x H headwise, d x d elementwise) and MLP matrices
+  (SwiGLU three d x d_ff, GELU/ReLU two), plus the head (V x d).
   The input embedding is a lookup and is not counted; tied to the head, it is counted once, as
-  the head's matmul. 1-D parameters (norm gains, biases) are not counted.
+  the head's matmul. 1-D parameters (norm gains, biases, sink logits) are not counted, nor are
+  the gate's sigmoid and soft-capping's tanh.
 - 6 = 2 FLOPs per multiply-add x (1 forward + 2 backward matmuls).
 - 12 L H d_h T: per layer, QK^T and PV for each query head (H, not H_kv) against T keys, x 3 for
   the backward; no halving for the causal mask (the convention of all three codebases).
@@ -40,7 +42,8 @@ def matmul_params(cfg: ModelConfig) -> int:
     """N_mm: the weights that enter a matmul once per token (see the module docstring)."""
     d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
     mlp = (3 if cfg.mlp == "swiglu" else 2) * d * cfg.d_ff
-    block = 2 * d * d + 2 * d * kv + mlp  # q, o: d x d; k, v: d x kv
+    gate = {"none": 0, "headwise": d * cfg.n_heads, "elementwise": d * d}[cfg.attn_gate]
+    block = 2 * d * d + 2 * d * kv + gate + mlp  # q, o: d x d; k, v: d x kv; w_g
     return cfg.n_layers * block + cfg.vocab_size * d  # + the head
 
 

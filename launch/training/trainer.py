@@ -22,6 +22,7 @@ from normlab.launch.errors import NormlabError
 from normlab.launch.optim import optim_callbacks, set_lr
 from normlab.launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
 from normlab.launch.training.metrics import MetricsWriter
+from normlab.launch.training.mfu import run_throughput
 from normlab.launch.training.outcome import divergence_message, fresh_stats, summary_of
 from normlab.launch.training.preflight import preflight
 from normlab.launch.training.progress import ProgressDisplay
@@ -71,6 +72,13 @@ class Trainer:
         self.engine, self.ckpt, self.lr_at = parts.engine, parts.ckpt, parts.lr_at
         self.loader, self.val_loader = parts.loader, parts.val_loader
         self.tokens_per_step = parts.tokens_per_step
+        cfg = self.cfg
+        self.throughput, peak_note = run_throughput(
+            cfg.model_config(), cfg.data.seq_len, self.engine.world_size, self.engine.device,
+            cfg.precision.dtype, cfg.logging.peak_tflops,
+        )  # fmt: skip
+        if self.engine.is_main:
+            self.console.print(peak_note, highlight=False)
 
     def _restore(self) -> Path | None:
         restored = restore(self.cfg, self.parts, self.callbacks, self.from_step)
@@ -235,6 +243,7 @@ class Trainer:
     def _log(self, window: list[dict[str, float]]) -> None:
         step = int(window[-1]["step"])
         row = log_row(window, self.tokens_per_step)
+        row.update(self.throughput.row(row["tokens_per_s"]))  # per GPU, TFLOP/s, MFU
         if math.isfinite(row["loss"]):
             self.stats["min_loss"] = min(self.stats["min_loss"], min(r["loss"] for r in window))
         self.stats["loss"] = row["loss"]
@@ -293,5 +302,7 @@ class Trainer:
 
     def _write_summary(self, status: str, **extra: Any) -> None:
         self.summary = summary_of(self.cfg.name, status, self.step, self.stats, **extra)
+        if hasattr(self, "throughput"):
+            self.summary.update(self.throughput.summary(self.summary["tokens_per_s"]))
         if self.engine.is_main:
             write_summary(self.run_dir, self.summary)
