@@ -150,6 +150,8 @@ def test_accumulation_estimate_within_25_percent_of_measured_peak(
         engine, world=world, batch=2, seq_len=256, cuda=False, grad_accum=2, grad_sync=grad_sync
     )  # type: ignore[arg-type]
     est = estimate(cfg.model_config(), lay).total
+    print(f"{engine} x{world} {grad_sync}: estimate {est / 2**20:.0f} MiB, measured "
+          f"{measured / 2**20:.0f} MiB ({est / measured - 1:+.1%})")  # fmt: skip
     assert abs(est - measured) <= 0.25 * measured, f"estimate {est:.3g} vs measured {measured:.3g}"
 
 

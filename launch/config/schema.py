@@ -99,6 +99,17 @@ class PrecisionSection:
 
 
 @dataclass
+class WandbSection:
+    """Weights & Biases beside TensorBoard (training/wandb_logger.py; extra normlab[wandb])."""
+
+    project: str = "normlab"
+    entity: str | None = None  # W&B team or user; None: the logged-in default
+    # offline: write <run>/wandb/ only, upload later with `wandb sync`; disabled: no W&B at all
+    mode: Literal["online", "offline", "disabled"] = "online"
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
 class LoggingSection:
     tensorboard: bool = True
     jsonl: bool = True
@@ -106,6 +117,7 @@ class LoggingSection:
     # dense peak TFLOP/s of one device for MFU (launch/training/mfu.py); None: looked up for
     # A100/H100/H200, and no MFU on a CPU or an unknown GPU
     peak_tflops: float | None = None
+    wandb: WandbSection | None = None  # a mapping turns W&B on ({} takes every default)
 
 
 @dataclass

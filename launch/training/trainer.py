@@ -114,7 +114,10 @@ class Trainer:
             write_config(self.run_dir, self.cfg, replaced=bool(diff))
             self.ckpt.remove_stale()
         self.metrics = (
-            MetricsWriter(self.run_dir, self.cfg.logging, self.step)  # drops lines past it
+            # drops lines past the resumed step; W&B continues the run id kept in the run dir
+            MetricsWriter(
+                self.run_dir, self.cfg.logging, self.step, self.cfg.to_dict(), self.cfg.name
+            )
             if main
             else None
         )
@@ -137,8 +140,8 @@ class Trainer:
             raise
         finally:
             self.display.close()
-            if self.metrics is not None:
-                self.metrics.close()
+            if self.metrics is not None:  # W&B marks a run that did not complete as failed
+                self.metrics.close(0 if self.summary.get("status") == "completed" else 1)
         for cb in self.callbacks:
             cb.on_train_end(self, status)
         return 0 if status == "completed" else (128 + self.stopped_by if self.stopped_by else 1)
@@ -304,5 +307,7 @@ class Trainer:
         self.summary = summary_of(self.cfg.name, status, self.step, self.stats, **extra)
         if hasattr(self, "throughput"):
             self.summary.update(self.throughput.summary(self.summary["tokens_per_s"]))
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.summary(self.summary)
         if self.engine.is_main:
             write_summary(self.run_dir, self.summary)
