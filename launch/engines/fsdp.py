@@ -81,7 +81,7 @@ class FSDPEngine(DistributedEngine):
         self._mesh = device_mesh(self._device.type, self._world, self.cfg.engine.replicate)
         module, plan = build_on_meta(model_cfg)
         if self.cfg.engine.activation_checkpointing:
-            apply_activation_checkpointing(module)
+            apply_activation_checkpointing(module, compiled=self.cfg.engine.compile)
         if self.cfg.engine.compile:
             for block in module.blocks:
                 block.compile(backend=self.cfg.engine.compile_backend)

@@ -35,11 +35,12 @@ def _contexts() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractC
     return contextlib.nullcontext(), _recompute()
 
 
-def apply_activation_checkpointing(model: nn.Module, *, mark_recompute: bool = True) -> None:
-    """Recompute each block in backward. `mark_recompute` sets `recomputing()` during it (eager
-    only: a compiled block's recompute runs no Python hook, so nothing fires twice there)."""
+def apply_activation_checkpointing(model: nn.Module, *, compiled: bool = False) -> None:
+    """Recompute each block in backward. Eager: `recomputing()` is set during the recompute.
+    Compiled blocks (engine.compile) take no context_fn (compile refuses one that is not a
+    dispatch mode), and their recompute replays no Python hook, so nothing counts twice."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    extra = {"context_fn": _contexts} if mark_recompute else {}
+    extra = {} if compiled else {"context_fn": _contexts}
     for i, block in enumerate(model.blocks):
         model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=True, **extra)

@@ -92,25 +92,32 @@ class ClampHooks:
         if isinstance(module, nn.Linear):  # e.g. the SwiGLU product entering down_proj
             self.handles.append(module.register_forward_pre_hook(self._input_hook(slot)))
 
-    def _clamp(self, module: nn.Module, x: Any, slot: int) -> torch.Tensor | None:
+    @staticmethod
+    def _clamp(module: nn.Module, x: Any, count: torch.Tensor) -> torch.Tensor | None:
+        """Clamp x; add to `count`, the 0-d view of this slot's counter (a tensor rather than
+        an index, so per-block compiled blocks share one graph)."""
         if not torch.is_tensor(x) or x.dtype != torch.float16:
             return None  # a dtype test, not a data-dependent branch
         clamped, fired = clamp_fp16(x)
         # evaluation passes are clamped too, but not counted; nor is the recomputation of a
         # checkpointed block inside the backward (its forward already counted these tensors)
         if module.training and not recomputing():
-            self.counts[slot] += fired
+            count += fired
         return clamped
 
     def _output_hook(self, slot: int):  # noqa: ANN202 (a forward hook)
+        count = self.counts[slot]
+
         def hook(module: nn.Module, args: Any, out: Any) -> Any:
-            return self._clamp(module, out, slot)
+            return self._clamp(module, out, count)
 
         return hook
 
     def _input_hook(self, slot: int):  # noqa: ANN202 (a forward pre-hook)
+        count = self.counts[slot]
+
         def hook(module: nn.Module, args: tuple[Any, ...]) -> Any:
-            clamped = self._clamp(module, args[0], slot) if args else None
+            clamped = self._clamp(module, args[0], count) if args else None
             return None if clamped is None else (clamped, *args[1:])
 
         return hook
