@@ -155,3 +155,14 @@ def test_trainer_logs_mfu_against_the_given_peak(tiny_data, tmp_path, capsys) ->
     table = {r["run"]: r for r in compare([runs["given"], runs["none"]], None)["rows"]}
     assert table["given"]["mfu"] == pytest.approx(100 * summary["mfu"])
     assert table["none"]["mfu"] is None
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "fast"])
+def test_bad_peak_is_one_line(value: str, capsys) -> None:
+    from normlab.launch.cli import main
+
+    from tests.conftest import REPO
+
+    assert main(["validate", str(REPO / "recipes/pre.yaml"), f"logging.peak_tflops={value}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "logging.peak_tflops" in err

@@ -268,3 +268,15 @@ def test_plan_bad_input_is_one_line_exit_2(args: list[str], message: str) -> Non
     proc = normlab("plan", str(REPO / "recipes/presets/7b.yaml"), *args)
     assert proc.returncode == 2 and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_grad_sync_step_is_an_fsdp_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    from normlab.launch.cli import main
+
+    recipe = str(REPO / "recipes/pre.yaml")
+    assert main(["validate", recipe, "engine.grad_sync=step", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "engine.grad_sync 'step'" in err
+    assert main(["validate", recipe, "engine.grad_sync=every", "--quiet"]) == 2
+    assert "engine.grad_sync must be one of 'micro_batch', 'step'" in capsys.readouterr().err
+    assert main(["validate", recipe, "engine.name=fsdp", "engine.grad_sync=step", "--quiet"]) == 0
