@@ -38,7 +38,7 @@ def train(data: Path, run: Path, placement: str, backend: str | None, **extra: o
         "training.log_every": 2,
         "training.eval_every": 10,
         "checkpoint.every": 10,
-        "optim.qk_clip.tau": 0.05,
+        "optim.qk_clip.tau": 0.002 if placement == "olmo2" else 0.05,  # olmo2's logits are small
         "instruments.fp16_clamp.mode": "on",
         "instruments.spike_score.window": 4,
         "instruments.spike_policy.window": 4,
