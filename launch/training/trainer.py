@@ -21,6 +21,7 @@ from normlab.launch.engines.base import Engine
 from normlab.launch.optim import optim_callbacks, set_lr
 from normlab.launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
 from normlab.launch.training.metrics import MetricsWriter
+from normlab.launch.training.mfu import run_throughput
 from normlab.launch.training.outcome import divergence_message, fresh_stats, summary_of
 from normlab.launch.training.preflight import preflight
 from normlab.launch.training.progress import ProgressDisplay
@@ -70,6 +71,13 @@ class Trainer:
         self.engine, self.ckpt, self.lr_at = parts.engine, parts.ckpt, parts.lr_at
         self.loader, self.val_loader = parts.loader, parts.val_loader
         self.tokens_per_step = parts.tokens_per_step
+        cfg = self.cfg
+        self.throughput, peak_note = run_throughput(
+            cfg.model_config(), cfg.data.seq_len, self.engine.world_size, self.engine.device,
+            cfg.precision.dtype, cfg.logging.peak_tflops,
+        )  # fmt: skip
+        if self.engine.is_main:
+            self.console.print(peak_note, highlight=False)
 
     def _restore(self) -> Path | None:
         restored = restore(self.cfg, self.parts, self.callbacks, self.from_step)
@@ -105,7 +113,10 @@ class Trainer:
             write_config(self.run_dir, self.cfg, replaced=bool(diff))
             self.ckpt.remove_stale()
         self.metrics = (
-            MetricsWriter(self.run_dir, self.cfg.logging, self.step)  # drops lines past it
+            # drops lines past the resumed step; W&B continues the run id kept in the run dir
+            MetricsWriter(
+                self.run_dir, self.cfg.logging, self.step, self.cfg.to_dict(), self.cfg.name
+            )
             if main
             else None
         )
@@ -128,8 +139,8 @@ class Trainer:
             raise
         finally:
             self.display.close()
-            if self.metrics is not None:
-                self.metrics.close()
+            if self.metrics is not None:  # W&B marks a run that did not complete as failed
+                self.metrics.close(0 if self.summary.get("status") == "completed" else 1)
         for cb in self.callbacks:
             cb.on_train_end(self, status)
         return 0 if status == "completed" else (128 + self.stopped_by if self.stopped_by else 1)
@@ -234,6 +245,7 @@ class Trainer:
     def _log(self, window: list[dict[str, float]]) -> None:
         step = int(window[-1]["step"])
         row = log_row(window, self.tokens_per_step)
+        row.update(self.throughput.row(row["tokens_per_s"]))  # per GPU, TFLOP/s, MFU
         if math.isfinite(row["loss"]):
             self.stats["min_loss"] = min(self.stats["min_loss"], min(r["loss"] for r in window))
         self.stats["loss"] = row["loss"]
@@ -286,5 +298,9 @@ class Trainer:
 
     def _write_summary(self, status: str, **extra: Any) -> None:
         self.summary = summary_of(self.cfg.name, status, self.step, self.stats, **extra)
+        if hasattr(self, "throughput"):
+            self.summary.update(self.throughput.summary(self.summary["tokens_per_s"]))
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.summary(self.summary)
         if self.engine.is_main:
             write_summary(self.run_dir, self.summary)
