@@ -7,12 +7,13 @@ from __future__ import annotations
 import contextlib
 import io
 from pathlib import Path
+from typing import Any
 
 from normlab.data.corpus import cache_dir
 from normlab.data.errors import DataError
 from normlab.data.mixture import SourceSpec, check_same_tokenizer
 from normlab.data.prepare import prepare, read_meta
-from normlab.launch.config import DataSection
+from normlab.launch.config import DataSection, RunConfig
 
 
 def bundled_dir(cfg: DataSection) -> Path:
@@ -71,3 +72,23 @@ def resolve_sources(cfg: DataSection, quiet: bool = False) -> list[SourceSpec]:
 def resolve_dataset(cfg: DataSection, quiet: bool = False) -> Path:
     """The prepared directory of the first source (every source shares its tokenizer)."""
     return resolve_sources(cfg, quiet)[0].path
+
+
+def epoch_plan(cfg: RunConfig, world: int = 1) -> list[dict[str, Any]]:
+    """Per source: its probability, training windows and the expected epochs of it the whole run
+    draws (training.steps global batches). A bundled corpus not yet prepared has no count."""
+    from normlab.data.mixture import probabilities
+
+    entries = source_entries(cfg.data)
+    p = probabilities([w for _, _, w in entries])
+    drawn = cfg.training.steps * cfg.data.batch_size * world * cfg.training.grad_accum
+    plan = []
+    for (name, path, _), prob in zip(entries, p, strict=True):
+        where = bundled_dir(cfg.data) if path == "bundled" else Path(path).expanduser()
+        try:
+            windows = (int(read_meta(where)["tokens"]["train"]) - 1) // cfg.data.seq_len
+        except DataError:
+            windows = 0
+        epochs = drawn * float(prob) / windows if windows > 0 else None
+        plan.append({"name": name, "p": float(prob), "windows": windows, "epochs": epochs})
+    return plan

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from normlab.data.loader import PackedLoader
+from normlab.data.mixture import MixtureLoader
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
 from normlab.launch.errors import ConfigError, NormlabError
@@ -24,10 +24,11 @@ from normlab.launch.optim import build_optimizer, check_optimizer, optim_callbac
 from normlab.launch.registry import ENGINES, resolve
 from normlab.launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
 from normlab.launch.training.checkpoint import CheckpointManager
-from normlab.launch.training.datasets import resolve_dataset
+from normlab.launch.training.datasets import resolve_sources
 from normlab.launch.training.metrics import MetricsWriter
 from normlab.launch.training.preflight import preflight
 from normlab.launch.training.progress import ProgressDisplay
+from normlab.launch.training.resume import check_global_batch, global_batch
 from normlab.launch.training.rng import rng_state, seed_everything, set_rng_state
 from normlab.launch.training.rundir import (
     RunDirLock,
@@ -37,7 +38,12 @@ from normlab.launch.training.rundir import (
     write_summary,
 )
 from normlab.launch.training.schedule import build_schedule
-from normlab.launch.training.signals import GracefulStop, stop_message, stop_status
+from normlab.launch.training.signals import (
+    GracefulStop,
+    resume_command,
+    stop_message,
+    stop_status,
+)
 from rich.console import Console
 
 
@@ -80,20 +86,15 @@ class Trainer:
             torch.set_num_threads(cfg.training.threads)
         seed_everything(cfg.training.seed)
         self.engine = resolve(ENGINES, cfg.engine.name)(cfg)
-        data_dir = resolve_dataset(cfg.data, quiet=True)
+        specs = resolve_sources(cfg.data, quiet=True)
         d = cfg.data
         rank, world = self._rank_world()
-        self.loader = PackedLoader(
-            data_dir, "train", d.seq_len, d.batch_size, cfg.training.seed, rank, world
-        )
-        self.val_loader = PackedLoader(
-            data_dir, "val", d.seq_len, d.batch_size, cfg.training.seed, rank, world
-        )
+        self.loader = MixtureLoader(specs, d.seq_len, d.batch_size, cfg.training.seed, rank, world)
         model_cfg = cfg.model_config()
         if model_cfg.vocab_size < self.loader.vocab_size:
             raise ConfigError(
                 f"model.vocab_size ({model_cfg.vocab_size}) is smaller than the tokenizer of "
-                f"{data_dir} ({self.loader.vocab_size})"
+                f"{specs[0].path} ({self.loader.vocab_size})"
             )
         factory = partial(build_optimizer, cfg=cfg.optim)
         self.engine.setup(model_cfg, factory)
@@ -120,6 +121,7 @@ class Trainer:
             msg = f"recipe values replace the checkpoint's: {changed}"
             self.console.print(msg, highlight=False)
         self.step = int(extra["step"])
+        check_global_batch(extra, global_batch(self.cfg, self._rank_world()[1]), self.force)
         self.loader.load_state_dict(extra["loader"])
         self.stats = extra["stats"]
         for cb in self.callbacks:
@@ -132,6 +134,7 @@ class Trainer:
         return {
             "step": self.step,
             "loader": self.loader.state_dict(),
+            "global_batch": global_batch(self.cfg, self._rank_world()[1]),
             "rng": rng_state(),
             "stats": dict(self.stats),
             "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
@@ -328,6 +331,8 @@ class Trainer:
         if math.isfinite(row["loss"]):
             self.stats["min_loss"] = min(self.stats["min_loss"], min(r["loss"] for r in window))
         self.stats["loss"] = row["loss"]
+        if len(self.loader.names) > 1:  # drawn so far, over all ranks
+            row |= {f"tokens/{k}": float(v) for k, v in self.loader.tokens_seen().items()}
         if self.metrics is not None:
             self.metrics.log(step, row)
         for cb in self.callbacks:
@@ -335,15 +340,21 @@ class Trainer:
         self.display.update(step, row["loss"], row["tokens_per_s"])
 
     def _evaluate(self, step: int) -> None:
-        losses = [
-            self.engine.eval_loss(x, y)
-            for x, y in self.val_loader.iter_eval(self.cfg.training.eval_batches)
+        """Each source's validation split separately; eval_loss is their weighted mean."""
+        loader, n = self.loader, self.cfg.training.eval_batches
+        means = [
+            torch.stack([self.engine.eval_loss(x, y) for x, y in loader.iter_eval(i, n)]).mean()
+            for i in range(len(loader.names))
         ]
-        mean = self.engine.all_reduce(torch.stack(losses).mean(), "mean")
-        value = float(mean)
+        per_source = self.engine.all_reduce(torch.stack(means), "mean").tolist()
+        value = float(sum(p * v for p, v in zip(loader.p, per_source, strict=True)))
         self.stats["eval_loss"] = value
+        scalars = {"eval_loss": value}
+        if len(per_source) > 1:
+            self.stats["eval_by_source"] = dict(zip(loader.names, per_source, strict=True))
+            scalars |= {f"eval/{k}": v for k, v in self.stats["eval_by_source"].items()}
         if self.metrics is not None:
-            self.metrics.log(step, {"eval_loss": value}, prefix="eval")
+            self.metrics.log(step, scalars, prefix="eval")
         self.display.message(
             f"{self.cfg.name} step {step}/{self.cfg.training.steps}: "
             f"loss {self.stats['loss']:.4f}, eval loss {value:.4f}"
@@ -374,7 +385,8 @@ class Trainer:
         self.stopped_by = signum
         self.ckpt.wait(self.engine)  # an asynchronous save of this step must land first
         ckpt = self.ckpt.latest()
-        msg = stop_message(signum, self.step, self.cfg.training.steps, ckpt, self.run_dir)
+        resume = resume_command(self.run_dir)
+        msg = stop_message(signum, self.step, self.cfg.training.steps, ckpt, resume)
         self._write_summary(stop_status(signum), message=msg, checkpoint=str(ckpt))
         if self.engine.is_main:
             self.display.close()
@@ -384,7 +396,8 @@ class Trainer:
     def _force_exit(self, signum: int) -> None:
         """A second signal: no checkpoint; the summary still must not say "running"."""
         if hasattr(self, "ckpt"):
-            msg = stop_message(signum, self.step, self.cfg.training.steps, None, self.run_dir)
+            resume = resume_command(self.run_dir)
+            msg = stop_message(signum, self.step, self.cfg.training.steps, None, resume)
             self._write_summary(stop_status(self.stop.received), message=msg)
 
     def _write_summary(self, status: str, **extra: Any) -> None:
@@ -396,6 +409,8 @@ class Trainer:
             "final_loss": s["loss"],
             "min_loss": s["min_loss"] if math.isfinite(s["min_loss"]) else None,
             "eval_loss": s["eval_loss"],
+            "eval_by_source": s.get("eval_by_source"),
+            "tokens_by_source": self.loader.tokens_seen() if hasattr(self, "loader") else None,
             "tokens_per_s": s["tokens"] / s["train_s"] if s["train_s"] > 0 else None,
             "train_s": round(s["train_s"], 3),
             **extra,
