@@ -148,3 +148,26 @@ def test_resume_with_another_split_of_the_global_batch(
     assert [resumed[s] for s in range(1, 5)] == [straight[s] for s in range(1, 5)]
     got, want = (np.array([d[s] for s in range(5, 9)]) for d in (resumed, straight))
     assert np.allclose(got, want, rtol=1e-5, atol=0), (got, want)
+
+
+def test_compare_and_study_tables_show_each_domain(mixed_run, tmp_path: Path) -> None:
+    import csv
+
+    from normlab.launch.commands.compare import compare
+    from normlab.launch.report.study import group_table
+    from rich.console import Console
+
+    _, run = mixed_run
+    last = [r for r in read_jsonl(run / "metrics.jsonl") if "eval_loss" in r][-1]
+    result = compare([run], tmp_path / "cmp", Console(width=400, record=True))
+    row = result["rows"][0]
+    assert row["dataset"] == "plays+arith"
+    assert (row["eval/plays"], row["eval/arith"]) == (last["eval/plays"], last["eval/arith"])
+    with (tmp_path / "cmp" / "compare.csv").open() as fh:
+        table = list(csv.DictReader(fh))
+    assert float(table[0]["eval/arith"]) == last["eval/arith"]
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| eval loss | eval plays | eval arith |" in md
+    head, cells = group_table(result["rows"])
+    assert head[-2:] == ["eval plays", "eval arith"]
+    assert cells[0][-1] == f"{last['eval/arith']:.3f}"
