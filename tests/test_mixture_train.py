@@ -168,6 +168,7 @@ def test_compare_and_study_tables_show_each_domain(mixed_run, tmp_path: Path) ->
     assert float(table[0]["eval/arith"]) == last["eval/arith"]
     md = (tmp_path / "cmp" / "compare.md").read_text()
     assert "| eval loss | eval plays | eval arith |" in md
+    assert (tmp_path / "cmp" / "eval_by_domain.png").stat().st_size > 10_000
     head, cells = group_table(result["rows"])
     assert head[-2:] == ["eval plays", "eval arith"]
     assert cells[0][-1] == f"{last['eval/arith']:.3f}"

@@ -123,7 +123,13 @@ def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> lis
     # c10d ignores --node-rank (ranks follow the join order); node 0 serves the store
     is_host = int(args.node_rank == 0)
     train = [
-        "-m", "normlab.launch.cli", "train", args.recipe, *args.overrides, "--run-dir", cfg.run_dir
+        "-m",
+        "normlab.launch.cli",
+        "train",
+        args.recipe,
+        *args.overrides,
+        "--run-dir",
+        cfg.run_dir,
     ]
     return [
         sys.executable, "-m", "torch.distributed.run",
@@ -144,10 +150,11 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
     cfg = resolve(args.recipe, overrides)
     world = check_topology(args, cfg)
-    if args.from_step:  # a missing checkpoint is one line here, not one per rank
-        from normlab.launch.training.checkpoint import CheckpointManager
+    # a missing checkpoint or another global batch is one line here, not one per rank
+    from normlab.launch.training.resume import check_before_launch, global_batch
 
-        CheckpointManager(Path(cfg.run_dir or "runs/run"), keep_last=1).find(args.from_step)
+    run_dir = Path(cfg.run_dir or "runs/run")
+    check_before_launch(run_dir, args.from_step, global_batch(cfg, world), args.force)
     port = args.master_port or (free_port() if args.nnodes == 1 else 29500)
     cmd = torchrun_command(args, cfg, port)
     if args.dry_run:
