@@ -49,10 +49,23 @@ class SoftCap(nn.Module):
         return f"cap={self.cap}"
 
 
+def attention_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """S = q k^T / sqrt(d_h) (B, H, T, T) in at least fp32, keys repeated for GQA."""
+    acc = torch.promote_types(q.dtype, torch.float32)  # fp32 at least (fp64 in tests)
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return (q.to(acc) @ k.to(acc).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+
+
+def future_mask(t: int, device: torch.device) -> torch.Tensor:
+    """True where key j > query i: what the causal mask M removes."""
+    return torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+
+
 class SDPACore(nn.Module):
     """softmax(S + M) V by the fused SDPA kernel; with bounds, the kernel's lse gives them."""
 
     kernel = "sdpa"
+    cap: float | None = None
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, bounds: bool
@@ -64,6 +77,10 @@ class SDPACore(nn.Module):
         )
         return y, None
 
+    def weights(self, s: torch.Tensor) -> torch.Tensor:
+        """The attention probabilities P (B, H, T, T) of logits S (for instruments)."""
+        return torch.softmax(s.masked_fill(future_mask(s.shape[-1], s.device), float("-inf")), -1)
+
 
 class EagerCore(nn.Module):
     """y = softmax(score_mod(S) + M) V, S = q k^T / sqrt(d_h), in fp32 (the reference path)."""
@@ -72,24 +89,27 @@ class EagerCore(nn.Module):
 
     def __init__(self, n_heads: int, cap: float | None) -> None:
         super().__init__()
+        self.cap = cap
         self.score_mod = SoftCap(cap) if cap is not None else nn.Identity()
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """softmax over keys of the masked logits (B, H, T, T)."""
         return torch.softmax(logits, dim=-1)
 
+    def weights(self, s: torch.Tensor) -> torch.Tensor:
+        """P = softmax(score_mod(S) + M): cap first, then mask (a capped -inf would take mass)."""
+        future = future_mask(s.shape[-1], s.device)
+        return self.probabilities(self.score_mod(s).masked_fill(future, float("-inf")))
+
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, bounds: bool
     ) -> tuple[torch.Tensor, Bounds | None]:
-        T, group = q.shape[2], q.shape[1] // k.shape[1]
-        acc = torch.promote_types(q.dtype, torch.float32)  # fp32 at least (fp64 in tests)
-        q, k, v = q.to(acc), k.repeat_interleave(group, 1).to(acc), v.repeat_interleave(group, 1)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # S (B, H, T, T)
-        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-        p = self.probabilities(self.score_mod(s).masked_fill(future, float("-inf")))  # cap, mask
-        y = (F.dropout(p, dropout_p) @ v.to(acc)).to(v.dtype)
+        s = attention_logits(q, k)  # S (B, H, T, T)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        y = (F.dropout(self.weights(s), dropout_p) @ v.to(s.dtype)).to(v.dtype)
         if not bounds:
             return y, None
+        future = future_mask(s.shape[-1], s.device)
         s_max = s.detach().masked_fill(future, float("-inf")).amax(dim=(0, 2, 3))  # before the cap
         return y, (s_max, s_max)
 

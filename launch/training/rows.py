@@ -16,11 +16,14 @@ if TYPE_CHECKING:
     from normlab.launch.config.schema import TrainingSection
 
 
-def boundaries(t: TrainingSection, ckpt_every: int, step: int, stop: bool) -> tuple[bool, ...]:
-    """(log, eval, checkpoint): what `step` is a boundary for; a stop logs and checkpoints."""
+def boundaries(
+    t: TrainingSection, ckpt_every: int, step: int, stop: bool, keep_step: int | None = None
+) -> tuple[bool, ...]:
+    """(log, eval, checkpoint): what `step` is a boundary for; a stop logs and checkpoints, and
+    so does `keep_step` (WSD: the end of the stable phase, kept to extend the run from)."""
     is_log = stop or step % t.log_every == 0 or step == t.steps
     is_eval = step == t.steps or (t.eval_every > 0 and step % t.eval_every == 0)
-    is_ckpt = stop or step == t.steps or (ckpt_every > 0 and step % ckpt_every == 0)
+    is_ckpt = stop or step in (t.steps, keep_step) or (ckpt_every > 0 and step % ckpt_every == 0)
     return is_log, is_eval, is_ckpt
 
 

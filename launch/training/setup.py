@@ -26,7 +26,7 @@ from normlab.launch.training.checkpoint import CheckpointManager
 from normlab.launch.training.datasets import resolve_sources
 from normlab.launch.training.resume import check_global_batch, global_batch
 from normlab.launch.training.rng import rng_state, seed_everything, set_rng_state
-from normlab.launch.training.schedule import build_schedule
+from normlab.launch.training.schedule import build_schedule, lr_change, stable_end
 
 
 @dataclass
@@ -37,6 +37,7 @@ class RunParts:
     tokens_per_step: int
     ckpt: CheckpointManager
     global_batch: dict[str, int]  # sequences per step and how ranks and micro-batches split it
+    stable_end: int | None  # WSD: the step checkpointed and kept for extending the run
 
 
 @dataclass
@@ -44,7 +45,7 @@ class Restored:
     path: Path  # the checkpoint directory
     step: int
     stats: dict[str, Any]
-    notices: list[str]  # lines for the user: recipe values that replace the checkpoint's
+    notices: list[str]  # lines for the user: recipe values that replace the checkpoint's, lr
 
 
 def rank_world() -> tuple[int, int]:
@@ -70,24 +71,32 @@ def build_parts(cfg: RunConfig, run_dir: Path) -> RunParts:
     factory = partial(build_optimizer, cfg=cfg.optim)
     engine.setup(model_cfg, factory)
     check_optimizer(engine, cfg.optim, factory)  # refuses a silent fallback
+    stable = stable_end(cfg.schedule, cfg.training.steps)
+    stable = stable if stable is not None and 0 < stable < cfg.training.steps else None
     return RunParts(
         engine=engine,
         loader=loader,
         lr_at=build_schedule(cfg.schedule, cfg.training.steps, model_cfg.d_model),
         tokens_per_step=d.batch_size * d.seq_len * cfg.training.grad_accum * world,
         ckpt=CheckpointManager(
-            run_dir, cfg.checkpoint.keep_last, asynchronous=cfg.checkpoint.async_
+            run_dir, cfg.checkpoint.keep_last, asynchronous=cfg.checkpoint.async_, pinned=stable
         ),
         global_batch=global_batch(cfg, world),
+        stable_end=stable,
     )
 
 
 def restore(
-    parts: RunParts, callbacks: list[Callback], from_step: str | None, force: bool = False
+    cfg: RunConfig,
+    parts: RunParts,
+    callbacks: list[Callback],
+    from_step: str | None,
+    force: bool = False,
 ) -> Restored | None:
     """Load `from_step` (or `latest`) into the engine, the loader, the callbacks and the RNGs;
-    None when the run has no checkpoint. Another global batch than the checkpoint's is refused
-    (unless `force`); another number of ranks with the same global batch continues its order."""
+    None when the run has no checkpoint. The notices name what the recipe changed. Another
+    global batch than the checkpoint's is refused (unless `force`); another number of ranks with
+    the same global batch continues its sample order."""
     loaded = parts.ckpt.load(parts.engine, from_step)
     if loaded is None:
         return None
@@ -102,7 +111,10 @@ def restore(
     if parts.ckpt.recipe_changes:
         changed = "; ".join(parts.ckpt.recipe_changes[:6])
         notices.append(f"recipe values replace the checkpoint's: {changed}")
-    return Restored(path, int(extra["step"]), extra["stats"], notices)
+    step = int(extra["step"])
+    schedule = lr_change(extra.get("config") or {}, cfg, step)
+    notices += [schedule] if schedule else []
+    return Restored(path, step, extra["stats"], notices)
 
 
 def extra_state(

@@ -78,7 +78,7 @@ class Trainer:
         self.tokens_per_step = parts.tokens_per_step
 
     def _restore(self) -> Path | None:
-        restored = restore(self.parts, self.callbacks, self.from_step, self.force)
+        restored = restore(self.cfg, self.parts, self.callbacks, self.from_step, self.force)
         if restored is None:
             return None
         for notice in restored.notices if self.engine.is_main else []:
@@ -173,7 +173,9 @@ class Trainer:
                     self._log(window)
                 return self._stopped_by_callback(str(why), step)
             stop = self.stop.agreed() if step < t.steps else 0  # same answer on every rank
-            is_log, is_eval, is_ckpt = boundaries(t, self.cfg.checkpoint.every, step, bool(stop))
+            is_log, is_eval, is_ckpt = boundaries(
+                t, self.cfg.checkpoint.every, step, bool(stop), self.parts.stable_end
+            )
             if not (is_log or is_eval or is_ckpt):
                 continue
             rows = self._host_rows(pending, mark)
