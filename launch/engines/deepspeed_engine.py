@@ -300,6 +300,9 @@ class DeepSpeedEngine(DistributedEngine):
         if universal:  # another number of ranks: through DeepSpeed's universal checkpoint
             load_dir = self._universal(ckpt_dir)
         self._ds._config.load_universal_checkpoint = universal
+        # DeepSpeed 0.19.8's ZeRO-3 universal load copies group 0's hyperparameters (name and
+        # weight decay included) into every group and empties their `params`: put them back
+        groups = [dict(g) for g in self._optimizer.param_groups]
         try:
             path, _ = self._ds.load_checkpoint(
                 str(load_dir),
@@ -309,6 +312,13 @@ class DeepSpeedEngine(DistributedEngine):
             )
         finally:
             self._ds._config.load_universal_checkpoint = False
+        if universal:
+            for group, saved in zip(self._optimizer.param_groups, groups, strict=True):
+                group.clear()
+                group.update(saved)
+            for state in self._optimizer.state.values():  # ZeRO-3 hands every group one `step`
+                if torch.is_tensor(state.get("step")):  # tensor, which Adam would then advance
+                    state["step"] = state["step"].clone()  # once per group and step
         if path is None:
             raise CheckpointError(f"DeepSpeed found no checkpoint under {load_dir / DS_TAG}")
         return read_extra(ckpt_dir, self._rank)
