@@ -30,7 +30,7 @@ from normlab.launch.engines.deepspeed_muon import (
     probe_step,
     register_flat_layouts,
 )
-from normlab.launch.engines.deepspeed_universal import convert_to_universal
+from normlab.launch.engines.deepspeed_universal import universal_dir, universal_load
 from normlab.launch.engines.dist import DistributedEngine
 from normlab.launch.engines.fsdp import (
     META_FILE,
@@ -298,41 +298,17 @@ class DeepSpeedEngine(DistributedEngine):
             )
         load_dir, universal = ckpt_dir, meta.get("world_size") != self._world
         if universal:  # another number of ranks: through DeepSpeed's universal checkpoint
-            load_dir = self._universal(ckpt_dir)
-        self._ds._config.load_universal_checkpoint = universal
-        # DeepSpeed 0.19.8's ZeRO-3 universal load copies group 0's hyperparameters (name and
-        # weight decay included) into every group and empties their `params`: put them back
-        groups = [dict(g) for g in self._optimizer.param_groups]
-        try:
+            load_dir = universal_dir(ckpt_dir, DS_TAG, self.is_main, self.barrier)
+        with universal_load(self._ds, self._optimizer, universal):
             path, _ = self._ds.load_checkpoint(
                 str(load_dir),
                 tag=DS_TAG,
                 load_optimizer_states=True,
                 load_lr_scheduler_states=False,
             )
-        finally:
-            self._ds._config.load_universal_checkpoint = False
-        if universal:
-            for group, saved in zip(self._optimizer.param_groups, groups, strict=True):
-                group.clear()
-                group.update(saved)
-            for state in self._optimizer.state.values():  # ZeRO-3 hands every group one `step`
-                if torch.is_tensor(state.get("step")):  # tensor, which Adam would then advance
-                    state["step"] = state["step"].clone()  # once per group and step
         if path is None:
             raise CheckpointError(f"DeepSpeed found no checkpoint under {load_dir / DS_TAG}")
         return read_extra(ckpt_dir, self._rank)
-
-    def _universal(self, ckpt_dir: Path) -> Path:
-        """The checkpoint converted by DeepSpeed's ds_to_universal (once, by rank 0) into
-        checkpoints/.universal-step_X, which any number of ranks loads; the verified checkpoint
-        itself is left as it is."""
-        out = ckpt_dir.parent / f".universal-{ckpt_dir.name}"
-        if self.is_main and not (out / "done").is_file():
-            convert_to_universal(ckpt_dir / DS_TAG, out / DS_TAG)
-            (out / "done").write_text("ds_to_universal\n")
-        self.barrier()
-        return out
 
     def release(self) -> None:
         ds = self.__dict__.pop("_ds", None)

@@ -12,8 +12,10 @@ import argparse
 import contextlib
 import io
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import torch
 from normlab.launch.errors import CheckpointError
 
 
@@ -41,3 +43,37 @@ def convert_to_universal(src: Path, dst: Path) -> None:
             f"cannot convert {src} to a universal checkpoint for another number of ranks "
             f"({type(exc).__name__}: {exc}); resume on {src.parent.name}'s number of ranks"
         ) from None
+
+
+def universal_dir(ckpt_dir: Path, tag: str, is_main: bool, barrier: Callable[[], None]) -> Path:
+    """`ckpt_dir` converted (once, by rank 0) into checkpoints/.universal-step_X, which any
+    number of ranks loads; the verified checkpoint itself is left as it is."""
+    out = ckpt_dir.parent / f".universal-{ckpt_dir.name}"
+    if is_main and not (out / "done").is_file():
+        convert_to_universal(ckpt_dir / tag, out / tag)
+        (out / "done").write_text("ds_to_universal\n")
+    barrier()
+    return out
+
+
+@contextlib.contextmanager
+def universal_load(engine: object, optimizer: torch.optim.Optimizer, on: bool) -> Iterator[None]:
+    """DeepSpeed's engine reads `load_universal_checkpoint` from its config when it loads; set it
+    for this load only. DeepSpeed 0.19.8's ZeRO-3 universal load also copies group 0's
+    hyperparameters (name and weight decay included) into every param group, empties their
+    `params` and hands every group one shared `step` tensor, which Adam would then advance once
+    per group and step: the groups are put back and each state gets its own step."""
+    config = engine._config  # type: ignore[attr-defined]
+    groups = [dict(g) for g in optimizer.param_groups]
+    config.load_universal_checkpoint = on
+    try:
+        yield
+    finally:
+        config.load_universal_checkpoint = False
+    if on:
+        for group, saved in zip(optimizer.param_groups, groups, strict=True):
+            group.clear()
+            group.update(saved)
+        for state in optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
