@@ -43,8 +43,6 @@ def print_epochs(cfg: RunConfig, world: int) -> None:
     """How much of each source the run reads; a warning for every source it repeats."""
     from normlab.launch.training.datasets import epoch_plan
 
-    if world < 1:
-        raise ConfigError(f"--world-size must be >= 1, got {world}")
     for s in epoch_plan(cfg, world):
         if s["epochs"] is None:
             print(f"data {s['name']}: p {s['p']:.3f}; prepared on first use (epochs unknown)")
@@ -72,6 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size must be >= 1, got {args.world_size}")
     cfg = resolve(args.recipe, list(args.overrides))
     from normlab.launch.training.preflight import preflight
 
