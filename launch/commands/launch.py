@@ -178,6 +178,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve(args.recipe, overrides)
     world = check_topology(args, cfg)
     check_run(args, cfg)
+    # another global batch is one line here, not one per rank
+    from normlab.launch.training.resume import check_before_launch, global_batch
+
+    check_before_launch(Path(cfg.run_dir or "runs/run"), args.from_step,
+                        global_batch(cfg, world), args.force)
     port = args.master_port or (free_port() if args.nnodes == 1 else 29500)
     cmd = torchrun_command(args, cfg, port)
     if args.dry_run:

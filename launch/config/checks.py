@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from normlab.launch.config.loader import find_non_finite, suggest
@@ -29,6 +30,7 @@ def validate(cfg: RunConfig) -> None:
         _positive(cfg, ["logging.peak_tflops"])
     if not 0.0 < cfg.data.val_fraction < 1.0:  # every run evaluates, at least at the end
         raise ConfigError(f"data.val_fraction must lie in (0, 1), got {cfg.data.val_fraction}")
+    _validate_sources(cfg)
     if cfg.data.seq_len > mc.max_seq_len:
         raise ConfigError(
             f"data.seq_len ({cfg.data.seq_len}) exceeds model.max_seq_len ({mc.max_seq_len})"
@@ -47,6 +49,34 @@ def validate(cfg: RunConfig) -> None:
     _validate_schedule(cfg)
     _validate_engine(cfg)
     _validate_instruments(cfg)
+
+
+SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a metric key: eval/<name>
+
+
+def _validate_sources(cfg: RunConfig) -> None:
+    sources = cfg.data.sources
+    if sources is None:
+        return
+    if not sources:
+        raise ConfigError("data.sources must list at least one {name, path, weight} (or be null)")
+    if cfg.data.dataset != "bundled":
+        raise ConfigError(
+            "data.dataset and data.sources are both set: give one directory as data.dataset or "
+            "a mixture as data.sources, not both"
+        )
+    seen: set[str] = set()
+    for i, s in enumerate(sources):
+        if not SOURCE_NAME.match(s.name) or s.name in seen:
+            raise ConfigError(
+                f"data.sources[{i}].name {s.name!r} must be unique and of letters, digits, '_', "
+                "'.', '-' (it names the metrics eval/<name> and tokens/<name>)"
+            )
+        seen.add(s.name)
+        if not (math.isfinite(s.weight) and s.weight > 0):
+            raise ConfigError(
+                f"data.sources[{i}].weight must be a finite number > 0, got {s.weight}"
+            )
 
 
 def _lookup(data: Any, dotted: str) -> Any:

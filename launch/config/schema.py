@@ -37,8 +37,17 @@ ModelSection = _model_section()
 
 
 @dataclass
+class SourceSection:
+    name: str  # a metric key: eval/<name>, tokens/<name>
+    path: str  # a `normlab prepare` directory, or 'bundled'
+    weight: float = 1.0  # sampling probability per sequence (weights are normalised)
+
+
+@dataclass
 class DataSection:
     dataset: str = "bundled"  # 'bundled' (the shipped corpus) or a `normlab prepare` directory
+    # a weighted mixture of prepared directories sharing one tokenizer (replaces data.dataset)
+    sources: list[SourceSection] | None = None
     # tokenizer size. bundled: the size trained for it (None: 4096). A prepared directory:
     # None reads its meta.json; another value than the directory's is an error.
     vocab_size: int | None = None

@@ -20,6 +20,7 @@ from normlab.launch.instruments.common import (
     SPIKE_WINDOW,
 )
 from normlab.launch.optim.qk_clip import CLIP_EVENTS, S_MAX
+from normlab.launch.report.domains import domain_columns, domain_values
 from normlab.launch.report.runs import Run, finite
 from normlab.launch.report.stabilizer_columns import (
     STABILIZER_COLUMNS,
@@ -76,6 +77,12 @@ NOTES = (
 )
 
 
+def columns_for(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """COLUMNS with one `eval <name>` column per validation domain after the eval loss."""
+    at = next(i for i, (key, _, _) in enumerate(COLUMNS) if key == "eval_loss") + 1
+    return COLUMNS[:at] + domain_columns(rows) + COLUMNS[at:]
+
+
 def placement_label(config: dict[str, Any]) -> str:
     m = config.get("model", {}) or {}
     label = str(m.get("placement", "?"))
@@ -89,8 +96,12 @@ def placement_label(config: dict[str, Any]) -> str:
 
 
 def dataset_label(config: dict[str, Any]) -> str:
-    """The run's data: 'bundled' (the shipped corpus) or the prepared directory's name."""
-    name = str((config.get("data") or {}).get("dataset", "?"))
+    """The run's data: 'bundled' (the shipped corpus), the prepared directory's name, or the
+    mixture's source names."""
+    data = config.get("data") or {}
+    if data.get("sources"):
+        return "+".join(str(s.get("name", "?")) for s in data["sources"])
+    name = str(data.get("dataset", "?"))
     return name if name == "bundled" else Path(name).name or name
 
 
@@ -150,6 +161,7 @@ def summarize(run: Run) -> dict[str, Any]:
         **stabilizer_columns(run),
         "tokens_per_s": tps if tps is not None and math.isfinite(tps) else None,
         "mfu": _mfu_percent(s, run.train),
+        **domain_values(run),
     }
 
 
@@ -184,16 +196,16 @@ def fmt(value: Any, spec: str) -> str:
 
 
 def text_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
-    return [[fmt(r[key], spec) for key, _, spec in COLUMNS] for r in rows]
+    return [[fmt(r.get(key), spec) for key, _, spec in columns_for(rows)] for r in rows]
 
 
 def print_table(rows: list[dict[str, Any]], console: Console) -> None:
     """One row per run when the console is wide enough, else one row per metric."""
-    cells = text_rows(rows)
-    wide = sum(max(len(h), *(len(c[j]) for c in cells)) + 3 for j, (_, h, _) in enumerate(COLUMNS))
+    cells, columns = text_rows(rows), columns_for(rows)
+    wide = sum(max(len(h), *(len(c[j]) for c in cells)) + 3 for j, (_, h, _) in enumerate(columns))
     table = Table(title="normlab compare", caption=NOTES, caption_justify="left")
     if wide <= console.width:
-        for _, header, spec in COLUMNS:
+        for _, header, spec in columns:
             table.add_column(header, justify="left" if not spec else "right", no_wrap=True)
         for row in cells:
             table.add_row(*row)
@@ -201,14 +213,15 @@ def print_table(rows: list[dict[str, Any]], console: Console) -> None:
         table.add_column("metric", no_wrap=True)
         for r in rows:
             table.add_column(r["run"], justify="right")
-        for j, (_, header, _) in enumerate(COLUMNS[1:], start=1):
+        for j, (_, header, _) in enumerate(columns[1:], start=1):
             table.add_row(header, *(c[j] for c in cells))
     console.print(table)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = [h for _, h, _ in COLUMNS]
-    align = ["---" if not spec else "---:" for _, _, spec in COLUMNS]
+    columns = columns_for(rows)
+    head = [h for _, h, _ in columns]
+    align = ["---" if not spec else "---:" for _, _, spec in columns]
     lines = ["| " + " | ".join(cells) + " |" for cells in [head, align, *text_rows(rows)]]
     return "\n".join(lines) + "\n\n" + NOTES + "\n"
 
@@ -239,6 +252,7 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     """Raw values (full precision; empty where not measured)."""
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow([key for key, _, _ in COLUMNS])
+        columns = columns_for(rows)
+        writer.writerow([key for key, _, _ in columns])
         for r in rows:
-            writer.writerow(["" if r[key] is None else r[key] for key, _, _ in COLUMNS])
+            writer.writerow(["" if r.get(key) is None else r[key] for key, _, _ in columns])

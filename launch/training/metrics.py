@@ -78,8 +78,8 @@ class MetricsWriter:
             self._jsonl.write(json.dumps(row) + "\n")
             self._jsonl.flush()
         if self._tb is not None:
-            for key, value in scalars.items():
-                self._tb.add_scalar(f"{prefix}/{key}", value, step)
+            for key, value in scalars.items():  # a key with its own group (eval/<source>) keeps it
+                self._tb.add_scalar(key if "/" in key else f"{prefix}/{key}", value, step)
             self._tb.flush()
         if self.wandb is not None:
             self.wandb.log(step, scalars, prefix)

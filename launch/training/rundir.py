@@ -24,6 +24,9 @@ from normlab.launch.errors import RunDirError
 
 CONFIG, PREVIOUS_CONFIG, SUMMARY = "config.yaml", "config.previous.yaml", "summary.json"
 IGNORED = {"run_dir", "logging"}  # settings that may change between invocations of one run
+# how a global batch is split over ranks and micro-batches: free to change on resume (another
+# number of ranks); the checkpoint's global batch is checked instead (training.resume)
+LAYOUT = {"data.batch_size", "training.grad_accum"}
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -37,13 +40,16 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """'key: old -> new' for every differing dotted key outside IGNORED."""
-    a = flatten({k: v for k, v in old.items() if k not in IGNORED})
-    b = flatten({k: v for k, v in new.items() if k not in IGNORED})
+    a, b = ({k: v for k, v in flatten(d).items() if _compared(k)} for d in (old, new))
     return [
         f"{k}: {a.get(k)!r} -> {b.get(k)!r}"
         for k in sorted(a.keys() | b.keys())
         if a.get(k) != b.get(k)
     ]
+
+
+def _compared(key: str) -> bool:
+    return key.split(".")[0] not in IGNORED and key not in LAYOUT
 
 
 def check_run_dir(run_dir: Path, cfg: RunConfig, force: bool) -> list[str]:

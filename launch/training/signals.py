@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -122,10 +123,26 @@ class GracefulStop:
         return int(flag.item())
 
 
-def stop_message(signum: int, step: int, total: int, checkpoint: Path | None, run_dir: Path) -> str:
-    """The exit line (and summary message) of a run stopped by `signum`."""
+def resume_command(run_dir: Path) -> str:
+    """The command that resumes this run as it was started: `normlab train RUN` for one process,
+    `normlab launch RUN --nproc-per-node N [--nnodes M]` for ranks started by torchrun."""
+    run = shlex.quote(str(run_dir))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if "TORCHELASTIC_RUN_ID" not in os.environ and world == 1:
+        return f"normlab train {run}"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = max(1, world // max(local, 1))
+    more = f" --nnodes {nodes} (each node with its --node-rank)" if nodes > 1 else ""
+    return f"normlab launch {run} --nproc-per-node {local}{more}"
+
+
+def stop_message(
+    signum: int, step: int, total: int, checkpoint: Path | None, resume: str
+) -> str:
+    """The exit line (and summary message) of a run stopped by `signum`; `resume` is the
+    command that continues it (resume_command)."""
     name = signal.Signals(signum).name
     return (
         f"{stop_status(signum)} by {name} after step {step}/{total}; checkpoint {checkpoint}; "
-        f"resume with `normlab train {run_dir}`"
+        f"resume with `{resume}`"
     )

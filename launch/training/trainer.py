@@ -34,7 +34,12 @@ from normlab.launch.training.rundir import (
     write_summary,
 )
 from normlab.launch.training.setup import build_parts, extra_state, rank_world, restore
-from normlab.launch.training.signals import GracefulStop, stop_message, stop_status
+from normlab.launch.training.signals import (
+    GracefulStop,
+    resume_command,
+    stop_message,
+    stop_status,
+)
 from rich.console import Console
 
 
@@ -69,7 +74,7 @@ class Trainer:
         parts = build_parts(self.cfg, self.run_dir)
         self.parts = parts
         self.engine, self.ckpt, self.lr_at = parts.engine, parts.ckpt, parts.lr_at
-        self.loader, self.val_loader = parts.loader, parts.val_loader
+        self.loader = parts.loader
         self.tokens_per_step = parts.tokens_per_step
         cfg = self.cfg
         self.throughput, peak_note = run_throughput(
@@ -80,7 +85,7 @@ class Trainer:
             self.console.print(peak_note, highlight=False)
 
     def _restore(self) -> Path | None:
-        restored = restore(self.cfg, self.parts, self.callbacks, self.from_step)
+        restored = restore(self.cfg, self.parts, self.callbacks, self.from_step, self.force)
         if restored is None:
             return None
         for notice in restored.notices if self.engine.is_main else []:
@@ -249,6 +254,8 @@ class Trainer:
         if math.isfinite(row["loss"]):
             self.stats["min_loss"] = min(self.stats["min_loss"], min(r["loss"] for r in window))
         self.stats["loss"] = row["loss"]
+        if len(self.loader.names) > 1:  # drawn so far, over all ranks
+            row |= {f"tokens/{k}": float(v) for k, v in self.loader.tokens_seen().items()}
         if self.metrics is not None:
             self.metrics.log(step, row)
         for cb in self.callbacks:
@@ -256,15 +263,21 @@ class Trainer:
         self.display.update(step, row["loss"], row["tokens_per_s"])
 
     def _evaluate(self, step: int) -> None:
-        losses = [
-            self.engine.eval_loss(x, y)
-            for x, y in self.val_loader.iter_eval(self.cfg.training.eval_batches)
+        """Each source's validation split separately; eval_loss is their weighted mean."""
+        loader, n = self.loader, self.cfg.training.eval_batches
+        means = [
+            torch.stack([self.engine.eval_loss(x, y) for x, y in loader.iter_eval(i, n)]).mean()
+            for i in range(len(loader.names))
         ]
-        mean = self.engine.all_reduce(torch.stack(losses).mean(), "mean")
-        value = float(mean)
+        per_source = self.engine.all_reduce(torch.stack(means), "mean").tolist()
+        value = float(sum(p * v for p, v in zip(loader.p, per_source, strict=True)))
         self.stats["eval_loss"] = value
+        scalars = {"eval_loss": value}
+        if len(per_source) > 1:
+            self.stats["eval_by_source"] = dict(zip(loader.names, per_source, strict=True))
+            scalars |= {f"eval/{k}": v for k, v in self.stats["eval_by_source"].items()}
         if self.metrics is not None:
-            self.metrics.log(step, {"eval_loss": value}, prefix="eval")
+            self.metrics.log(step, scalars, prefix="eval")
         loss = self.stats["loss"]  # of the last log step: none yet when eval comes first
         shown = f"loss {loss:.4f}, " if loss is not None else ""
         where = f"{self.cfg.name} step {step}/{self.cfg.training.steps}"
@@ -289,7 +302,8 @@ class Trainer:
         self.stopped_by = signum
         self.ckpt.wait(self.engine)  # an asynchronous save of this step must land first
         ckpt = self.ckpt.latest()
-        msg = stop_message(signum, self.step, self.cfg.training.steps, ckpt, self.run_dir)
+        resume = resume_command(self.run_dir)
+        msg = stop_message(signum, self.step, self.cfg.training.steps, ckpt, resume)
         self._write_summary(stop_status(signum), message=msg, checkpoint=str(ckpt))
         if self.engine.is_main:
             self.display.close()
@@ -297,6 +311,8 @@ class Trainer:
         return stop_status(signum)
 
     def _write_summary(self, status: str, **extra: Any) -> None:
+        if hasattr(self, "loader"):
+            extra = {"tokens_by_source": self.loader.tokens_seen(), **extra}
         self.summary = summary_of(self.cfg.name, status, self.step, self.stats, **extra)
         if hasattr(self, "throughput"):
             self.summary.update(self.throughput.summary(self.summary["tokens_per_s"]))
