@@ -114,3 +114,61 @@ def test_unwritable_out_and_full_disk_are_one_line(
     last = err.strip().splitlines()[-1]
     assert code == 2 and "no space left on device while writing" in last and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "file"]  # no temp folder
+
+
+def _words(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=5)) for _ in range(n)]
+
+
+def test_directory_reads_text_like_files_and_names_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = tmp_path / "in"
+    (d / "sub").mkdir(parents=True)
+    words = _words(4000)
+    (d / "a.txt").write_text(
+        "".join(" ".join(words[i : i + 10]) + "\n" for i in range(0, 2000, 10))
+    )
+    (d / "sub" / "notes.md").write_text("# notes\n" + " ".join(words[2000:]) + "\n")
+    (d / "sub" / "tool.py").write_text("print('code')\n")
+    (d / "logo.png").write_bytes(b"\x89PNG\r\n")
+    code, _, err = _prepare(capsys, str(d), "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "skipping 2 file(s) of types prepare does not read" in err
+    assert f"{d / 'logo.png'}, {d / 'sub' / 'tool.py'}" in err
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert [s["name"] for s in meta["sources"]] == ["a.txt", "notes.md"]
+
+
+def test_jsonl_rows_without_text_are_counted_and_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    words = _words(3000)
+    rows: list[object] = [{"text": " ".join(words[i : i + 100])} for i in range(0, 3000, 100)]
+    rows[3], rows[7], rows[11] = {"body": "x"}, {"text": None}, {"text": 12}
+    rows.append(["not", "an", "object"])
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")  # a blank line is no row
+    code, _, err = _prepare(
+        capsys, str(src), "--out", str(tmp_path / "out"), "--val-fraction", "0.1"
+    )
+    assert code == 0, err
+    assert "dropping 4 of 31 rows of rows.jsonl: no string under --text-field 'text'" in err
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["sources"][0]["dropped_rows"] == 4 and meta["sources"][0]["documents"] == 27
+    assert meta["documents"] == {"train": 24, "val": 3}
+
+
+def test_single_document_input_cannot_give_a_validation_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "one_line.txt"
+    line = " ".join(_words(1_000_000))  # 6 MB on one line: one document
+    src.write_text(line + "\n")
+    assert src.stat().st_size == 6_000_000
+    code, _, err = _prepare(capsys, str(src), "--out", str(tmp_path / "out"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert "the inputs give 1 document" in err and "no validation split" in err
+    assert "--val-fraction 0" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one_line.txt"]
