@@ -1,54 +1,127 @@
-"""Data preparation throughput on the bundled corpus: `python benchmarks/bench_prepare.py`.
+"""Preparation throughput, side by side in one run: `python benchmarks/bench_prepare.py`.
 
-Runs `data.prepare.prepare` from scratch into a temporary directory (tokenizer training included)
-and prints the corpus sizes, the stage timings and tokens per second. Not a test.
+Builds a corpus of --mb MB from the bundled text (repeated), a byte-level BPE tokenizer.json with
+the `tokenizers` library (trained on the bundled text), then measures on the same documents (the
+.txt chunks prepare makes):
+  - baseline: plain `tokenizers` `Tokenizer.encode_batch_fast` over those documents, one thread
+    (TOKENIZERS_PARALLELISM=false), batches of the same size prepare uses, ids not stored;
+  - normlab: `prepare --tokenizer tokenizer.json --num-proc N` for N in --procs, end to end
+    (scan + tokenise + write; no tokenizer training) and its tokenise stage alone;
+and the same for a SentencePiece model (`sp.encode`, one thread) when --spm is given.
+Prints tokens/s and the ratios normlab/baseline per process. Not a test; the machine may be shared,
+so run it on an idle one, or say it was under load (`--note`). --json writes the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the baseline and every worker: one thread
 
-from normlab.data.corpus import CORPUS_XZ, bundled_corpus_path  # noqa: E402
-from normlab.data.prepare import prepare  # noqa: E402
+from normlab.data.corpus import bundled_corpus_path  # noqa: E402
+from normlab.data.prepare import CHUNK_LINES, prepare  # noqa: E402
+from normlab.data.tokenizer import encoder  # noqa: E402
+
+
+def make_tokenizer(text: str, out: Path, vocab: int) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(text.splitlines(), trainer)
+    tok.save(str(out))
+    return out
+
+
+def documents(path: Path) -> list[str]:
+    lines = path.read_text().splitlines(keepends=True)
+    return ["".join(lines[i : i + CHUNK_LINES]) for i in range(0, len(lines), CHUNK_LINES)]
+
+
+def baseline(kind: str, tok_path: Path, docs: list[str], batch_bytes: int) -> tuple[float, int]:
+    """(seconds, tokens) of the tokenizer's own batch encode over `docs`, one thread."""
+    encode = encoder(kind, tok_path)  # tokenizers encode_batch_fast / sentencepiece encode
+    t0, n, batch, size = time.perf_counter(), 0, [], 0
+    for d in docs:
+        batch.append(d)
+        size += len(d)
+        if size >= batch_bytes:
+            n += sum(len(x) for x in encode(batch))
+            batch, size = [], 0
+    if batch:
+        n += sum(len(x) for x in encode(batch))
+    return time.perf_counter() - t0, n
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--vocab-size", type=int, default=4096)
-    ap.add_argument("--model-type", default="bpe", choices=("bpe", "unigram"))
-    ap.add_argument("--num-proc", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mb", type=float, default=40.0, help="corpus size")
+    ap.add_argument("--procs", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--vocab-size", type=int, default=8192)
+    ap.add_argument("--batch-mb", type=float, default=4.0)
+    ap.add_argument("--spm", action="store_true", help="also a SentencePiece model")
+    ap.add_argument("--note", default="", help="e.g. 'under load: 9 engineers on 2 cores'")
+    ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
-    text = bundled_corpus_path()
-    print(f"corpus: {text.stat().st_size:,} bytes raw, {CORPUS_XZ.stat().st_size:,} compressed")
-    best = None
-    for _ in range(args.repeats):
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.perf_counter()
-            meta = prepare(
-                None,
-                Path(tmp) / "out",
-                vocab_size=args.vocab_size,
-                model_type=args.model_type,
-                num_proc=args.num_proc,
-            )
-            wall = time.perf_counter() - t0
-        if best is None or wall < best[0]:
-            best = (wall, meta)
-    wall, meta = best
-    n = meta["tokens"]["train"] + meta["tokens"]["val"]
-    t = meta["timings_s"]
-    print(f"tokens: {n:,} ({meta['tokens']['train']:,} train, {meta['tokens']['val']:,} val)")
-    print(f"bytes/token: {text.stat().st_size / n:.2f}")
-    print(f"stages (s): {t}")
-    print(f"prepare wall (best of {args.repeats}): {wall:.2f} s -> {n / wall:,.0f} tokens/s")
-    print(f"tokenize+write only: {n / (t['tokenize'] + t['write']):,.0f} tokens/s")
+    text = bundled_corpus_path().read_text()
+    results: dict = {"mb": args.mb, "cpus": os.cpu_count(), "note": args.note, "rows": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        corpus = root / "corpus.txt"
+        with corpus.open("w") as f:
+            for _ in range(max(1, round(args.mb * 2**20 / len(text.encode())))):
+                f.write(text)
+        size = corpus.stat().st_size
+        docs = documents(corpus)
+        toks = [("hf", make_tokenizer(text, root / "tokenizer.json", args.vocab_size))]
+        if args.spm:
+            spm_dir = root / "spm"
+            prepare([str(bundled_corpus_path())], spm_dir, vocab_size=args.vocab_size, num_proc=2)
+            toks.append(("sentencepiece", spm_dir / "tokenizer.model"))
+        print(f"corpus {size / 2**20:.1f} MB, {len(docs):,} documents; cpus {os.cpu_count()}")
+        for kind, tok in toks:
+            base_s, base_n = baseline(kind, tok, docs, int(args.batch_mb * 2**20))
+            base = base_n / base_s
+            row = {"tokenizer": kind, "tokens": base_n, "baseline_tok_s": round(base)}
+            print(f"\n{kind}: {base_n:,} tokens (rates count these, EOS not included)")
+            print(f"  {'baseline (own batch encode, 1 thread)':44s} {base:12,.0f} tok/s   1.00x")
+            for n in args.procs:
+                out = root / f"out_{kind}_{n}"
+                t0 = time.perf_counter()
+                meta = prepare([str(corpus)], out, tokenizer=str(tok), num_proc=n,
+                               batch_mb=args.batch_mb, val_fraction=0.005)  # fmt: skip
+                wall = time.perf_counter() - t0
+                got = meta["tokens"]["train"] + meta["tokens"]["val"]
+                # the same ids as the baseline, plus EOS at the document breaks of each split
+                assert 0 <= got - base_n <= len(docs), (got, base_n)
+                e2e, stage = base_n / wall, base_n / meta["timings_s"]["tokenize"]
+                row[f"normlab_{n}_tok_s"] = round(e2e)
+                row[f"normlab_{n}_tokenize_tok_s"] = round(stage)
+                row[f"ratio_{n}_per_proc"] = round(e2e / base / n, 3)
+                print(f"  {f'normlab prepare --num-proc {n} (end to end)':44s} {e2e:12,.0f} tok/s"
+                      f"   {e2e / base:.2f}x  ({e2e / base / n:.2f}x per process)")  # fmt: skip
+                print(f"  {'  its tokenize+write stage':44s} {stage:12,.0f} tok/s"
+                      f"   {stage / base:.2f}x  ({stage / base / n:.2f}x per process)")  # fmt: skip
+            results["rows"].append(row)
+    if args.note:
+        print(f"\n{args.note}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
