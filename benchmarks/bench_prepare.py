@@ -3,13 +3,16 @@
 Builds a corpus of --mb MB from the bundled text (repeated), a byte-level BPE tokenizer.json with
 the `tokenizers` library (trained on the bundled text), then measures on the same documents (the
 .txt chunks prepare makes):
-  - baseline: plain `tokenizers` `Tokenizer.encode_batch_fast` over those documents, one thread
-    (TOKENIZERS_PARALLELISM=false), batches of the same size prepare uses, ids not stored;
+  - baseline: plain `tokenizers` `Tokenizer.encode_batch_fast` (the faster of its two batch
+    encodes) over those documents, one thread (TOKENIZERS_PARALLELISM=false), batches of the
+    same size prepare uses, ids kept as Python lists, nothing written;
   - normlab: `prepare --tokenizer tokenizer.json --num-proc N` for N in --procs, end to end
     (scan + tokenise + write; no tokenizer training) and its tokenise stage alone;
 and the same for a SentencePiece model (`sp.encode`, one thread) when --spm is given.
-Prints tokens/s and the ratios normlab/baseline per process. Not a test; the machine may be shared,
-so run it on an idle one, or say it was under load (`--note`). --json writes the numbers.
+Prints tokens/s (wall) and tokens per CPU-second (this process and its reaped workers: the
+efficiency, which other load on the machine does not change) with the ratios normlab/baseline.
+Wall-clock scaling with processes needs idle cores; on a shared machine say so (`--note`).
+--json writes the numbers. Not a test.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,7 +32,6 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the baseline and every worker:
 
 from normlab.data.corpus import bundled_corpus_path  # noqa: E402
 from normlab.data.prepare import CHUNK_LINES, prepare  # noqa: E402
-from normlab.data.tokenizer import encoder  # noqa: E402
 
 
 def make_tokenizer(text: str, out: Path, vocab: int) -> Path:
@@ -52,10 +56,34 @@ def documents(path: Path) -> list[str]:
     return ["".join(lines[i : i + CHUNK_LINES]) for i in range(0, len(lines), CHUNK_LINES)]
 
 
-def baseline(kind: str, tok_path: Path, docs: list[str], batch_bytes: int) -> tuple[float, int]:
-    """(seconds, tokens) of the tokenizer's own batch encode over `docs`, one thread."""
-    encode = encoder(kind, tok_path)  # tokenizers encode_batch_fast / sentencepiece encode
-    t0, n, batch, size = time.perf_counter(), 0, [], 0
+def cpu_s() -> float:
+    """CPU seconds of this process and of its reaped children (prepare's workers)."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def own_encoder(kind: str, tok_path: Path) -> Callable[[list[str]], list[list[int]]]:
+    """The library's own batch encode, called directly (no normlab code)."""
+    if kind == "sentencepiece":
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(tok_path))
+        return lambda batch: sp.encode(batch, num_threads=1)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tok_path))
+    return lambda batch: [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]
+
+
+def baseline(
+    kind: str, tok_path: Path, docs: list[str], batch_bytes: int
+) -> tuple[float, float, int]:
+    """(seconds, CPU seconds, tokens) of the library's batch encode over `docs`, one thread."""
+    encode = own_encoder(kind, tok_path)
+    t0, c0, n, batch, size = time.perf_counter(), cpu_s(), 0, [], 0
     for d in docs:
         batch.append(d)
         size += len(d)
@@ -64,7 +92,7 @@ def baseline(kind: str, tok_path: Path, docs: list[str], batch_bytes: int) -> tu
             batch, size = [], 0
     if batch:
         n += sum(len(x) for x in encode(batch))
-    return time.perf_counter() - t0, n
+    return time.perf_counter() - t0, cpu_s() - c0, n
 
 
 def main() -> None:
@@ -72,7 +100,7 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=40.0, help="corpus size")
     ap.add_argument("--procs", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--vocab-size", type=int, default=8192)
-    ap.add_argument("--batch-mb", type=float, default=4.0)
+    ap.add_argument("--batch-mb", type=float, default=1.0)
     ap.add_argument("--spm", action="store_true", help="also a SentencePiece model")
     ap.add_argument("--note", default="", help="e.g. 'under load: 9 engineers on 2 cores'")
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -94,28 +122,38 @@ def main() -> None:
             toks.append(("sentencepiece", spm_dir / "tokenizer.model"))
         print(f"corpus {size / 2**20:.1f} MB, {len(docs):,} documents; cpus {os.cpu_count()}")
         for kind, tok in toks:
-            base_s, base_n = baseline(kind, tok, docs, int(args.batch_mb * 2**20))
-            base = base_n / base_s
-            row = {"tokenizer": kind, "tokens": base_n, "baseline_tok_s": round(base)}
+            base_s, base_cpu, base_n = baseline(kind, tok, docs, int(args.batch_mb * 2**20))
+            base, base_eff = base_n / base_s, base_n / base_cpu
+            row = {"tokenizer": kind, "tokens": base_n, "baseline_tok_s": round(base),
+                   "baseline_tok_per_cpu_s": round(base_eff)}  # fmt: skip
             print(f"\n{kind}: {base_n:,} tokens (rates count these, EOS not included)")
-            print(f"  {'baseline (own batch encode, 1 thread)':44s} {base:12,.0f} tok/s   1.00x")
+            print(f"  {'':44s} {'tok/s (wall)':>12s}   ratio   {'tok/CPU-s':>10s}  ratio")
+            print(f"  {'baseline: library batch encode, 1 thread':44s} {base:12,.0f}   1.00x"
+                  f"   {base_eff:10,.0f}  1.00x")  # fmt: skip
             for n in args.procs:
                 out = root / f"out_{kind}_{n}"
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), cpu_s()
                 meta = prepare([str(corpus)], out, tokenizer=str(tok), num_proc=n,
                                batch_mb=args.batch_mb, val_fraction=0.005)  # fmt: skip
-                wall = time.perf_counter() - t0
+                wall, cpu = time.perf_counter() - t0, cpu_s() - c0
                 got = meta["tokens"]["train"] + meta["tokens"]["val"]
                 # the same ids as the baseline, plus EOS at the document breaks of each split
                 assert 0 <= got - base_n <= len(docs), (got, base_n)
-                e2e, stage = base_n / wall, base_n / meta["timings_s"]["tokenize"]
+                e2e, stage, eff = (
+                    base_n / wall,
+                    base_n / meta["timings_s"]["tokenize"],
+                    base_n / cpu,
+                )
                 row[f"normlab_{n}_tok_s"] = round(e2e)
                 row[f"normlab_{n}_tokenize_tok_s"] = round(stage)
-                row[f"ratio_{n}_per_proc"] = round(e2e / base / n, 3)
-                print(f"  {f'normlab prepare --num-proc {n} (end to end)':44s} {e2e:12,.0f} tok/s"
-                      f"   {e2e / base:.2f}x  ({e2e / base / n:.2f}x per process)")  # fmt: skip
-                print(f"  {'  its tokenize+write stage':44s} {stage:12,.0f} tok/s"
-                      f"   {stage / base:.2f}x  ({stage / base / n:.2f}x per process)")  # fmt: skip
+                row[f"normlab_{n}_tok_per_cpu_s"] = round(eff)
+                row[f"ratio_{n}_wall_per_proc"] = round(e2e / base / n, 3)
+                row[f"ratio_{n}_cpu"] = round(eff / base_eff, 3)
+                print(f"  {f'normlab prepare --num-proc {n}, end to end':44s} {e2e:12,.0f}"
+                      f"   {e2e / base:.2f}x   {eff:10,.0f}  {eff / base_eff:.2f}x"
+                      f"   ({e2e / base / n:.2f}x wall per process)")  # fmt: skip
+                print(f"  {'  its tokenize+write stage (wall)':44s} {stage:12,.0f}"
+                      f"   {stage / base:.2f}x")  # fmt: skip
             results["rows"].append(row)
     if args.note:
         print(f"\n{args.note}")

@@ -135,7 +135,7 @@ def prepare(
     val_fraction: float = 0.005,
     text_field: str = "text",
     num_proc: int = 2,
-    batch_mb: float = 4.0,
+    batch_mb: float = 1.0,
     seed: int = 0,
     dataset_name: str | None = None,
     dataset_split: str = "train",
