@@ -12,6 +12,7 @@ shows the input bytes done, tokens/s and the time left.
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import sys
 import time
 from collections import deque
@@ -49,6 +50,12 @@ def batches(
 
 def init_worker(kind: Kind, path: str, eos_id: int, dtype: str) -> None:
     _STATE.update(encode=encoder(kind, path), eos_id=eos_id, dtype=np.dtype(dtype))
+
+
+def _pool_worker(*init: Any) -> None:
+    """A pool worker: Ctrl-C goes to the parent, which stops the pool (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    init_worker(*init)
 
 
 def encode_batch(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
@@ -122,7 +129,7 @@ def _pool(init: tuple, num_proc: int) -> Any:
     # fork: no re-import of the caller's __main__ (spawn would re-run an unguarded script) and
     # no interpreter start per worker; the workers only run the tokenizer and numpy
     ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
-    return ctx.Pool(num_proc, initializer=init_worker, initargs=init)
+    return ctx.Pool(num_proc, initializer=_pool_worker, initargs=init)
 
 
 def _ordered(pool: Any, work: Iterator[Batch], num_proc: int, done: Any) -> None:
