@@ -17,6 +17,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +160,9 @@ def prepare(
         "text_field": text_field,
         "chunk_lines": chunk_lines,
     }
+    t0 = time.perf_counter()
     srcs, sizes = scan_inputs(inputs, dataset_name, dataset_split, settings, skip_undecodable)
+    scan_s = time.perf_counter() - t0
     _check_val_split(srcs, settings)
     spec = None if given else tokenizer_spec(vocab_size, model_type)
     fingerprint = data_fingerprint(srcs, settings)
@@ -180,6 +183,8 @@ def prepare(
                 "more text or a larger --val-fraction"
             )
         meta["fingerprint"] = fingerprint
+        t = meta["timings_s"]
+        meta["timings_s"] = {"scan": round(scan_s, 2), **t, "total": round(t["total"] + scan_s, 2)}
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
         _finalize(tmp, out)
     except OSError as exc:  # a full disk or a file that vanished: one line, nothing left behind
@@ -190,10 +195,12 @@ def prepare(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    n = meta["tokens"]
+    n, t = meta["tokens"], meta["timings_s"]
+    rate = (n["train"] + n["val"]) / max(t["tokenize"], 1e-9)
     print(
         f"prepared {out}: {n['train']:,} train + {n['val']:,} val tokens, vocab "
-        f"{meta['vocab_size']} ({meta['dtype']}) in {meta['timings_s']['total']} s"
+        f"{meta['vocab_size']} ({meta['dtype']}) in {t['total']} s ({rate:,.0f} tokens/s "
+        f"tokenizing with {num_proc} process{'es' * (num_proc > 1)})"
     )
     _warn_small_val(n, val_fraction)
     print(f"train on it: normlab train pre data.dataset={shlex.quote(str(out))}")

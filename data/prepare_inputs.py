@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,8 +179,8 @@ def scan_source(
     document). Refuses an empty, binary or non-UTF-8 file (unless skip_undecodable) and a
     record file of which no row has the text field."""
     if "dataset" in src:
-        sizes = [len(t.encode()) for t, _ in _texts(src, settings) if t is not None]
-        return src | {"documents": len(sizes)}, np.asarray(sizes, dtype=np.int64)
+        sizes = array("q", (len(t.encode()) for t, _ in _texts(src, settings) if t is not None))
+        return src | {"documents": len(sizes)}, np.frombuffer(sizes, dtype=np.int64)
     path = Path(src["path"])
     if src["bytes"] == 0:
         raise DataError(f"{path} is empty")
@@ -188,7 +189,7 @@ def scan_source(
             raise DataError(f"{path} looks binary (NUL bytes), not a text file")
     if src["format"] == "text":
         return scan_text(src, settings["chunk_lines"], skip_undecodable)
-    sizes, dropped = [], 0
+    sizes, dropped = array("q"), 0  # 8 bytes a document, not a Python int each
     for text, _ in _texts(src, settings):
         if text is None:
             dropped += 1
@@ -200,7 +201,7 @@ def scan_source(
             f"first has {_first_row(src, settings['text_field'])}); set --text-field"
         )
     desc = src | {"sha256": file_sha256(path), "documents": len(sizes), "dropped_rows": dropped}
-    return desc, np.asarray(sizes, dtype=np.int64)
+    return desc, np.frombuffer(sizes, dtype=np.int64)
 
 
 def _first_row(src: dict[str, Any], field: str) -> str:
