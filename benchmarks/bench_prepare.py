@@ -6,6 +6,8 @@ the `tokenizers` library (trained on the bundled text), then measures on the sam
   - baseline: plain `tokenizers` `Tokenizer.encode_batch_fast` (the faster of its two batch
     encodes) over those documents, one thread (TOKENIZERS_PARALLELISM=false), batches of the
     same size prepare uses, ids kept as Python lists, nothing written;
+  - the library's encode in a plain multiprocessing pool of N processes (how far the machine lets
+    the library itself scale: the reference for normlab's scaling);
   - normlab: `prepare --tokenizer tokenizer.json --num-proc N` for N in --procs, end to end
     (scan + tokenise + write; no tokenizer training) and its tokenise stage alone;
 and the same for a SentencePiece model (`sp.encode`, one thread) when --spm is given.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import resource
 import shutil
@@ -96,6 +99,38 @@ def baseline(
     return time.perf_counter() - t0, cpu_s() - c0, n
 
 
+_ENC: dict = {}
+
+
+def _init_pool(kind: str, tok_path: Path) -> None:
+    _ENC["encode"] = own_encoder(kind, tok_path)
+
+
+def _count(batch: list[str]) -> int:
+    return sum(len(x) for x in _ENC["encode"](batch))
+
+
+def baseline_pool(
+    kind: str, tok_path: Path, docs: list[str], batch_bytes: int, n: int
+) -> tuple[float, float]:
+    """(seconds, CPU seconds) of the library's encode in a plain multiprocessing pool of `n`
+    processes (the same batches): how this machine lets the library itself scale."""
+    batches, cur, size = [], [], 0
+    for d in docs:
+        cur.append(d)
+        size += len(d)
+        if size >= batch_bytes:
+            batches.append(cur)
+            cur, size = [], 0
+    batches += [cur] if cur else []
+    t0, c0 = time.perf_counter(), cpu_s()
+    with mp.get_context("fork").Pool(n, _init_pool, (kind, tok_path)) as pool:
+        sum(pool.imap(_count, batches))
+        pool.close()
+        pool.join()
+    return time.perf_counter() - t0, cpu_s() - c0
+
+
 def run_prepare(
     corpus: Path, out: Path, tok: Path, n: int, batch_mb: float
 ) -> tuple[float, float, float, int]:
@@ -118,6 +153,10 @@ def compare(kind: str, tok: Path, corpus: Path, docs: list[str], args: argparse.
             min(a, b) for a, b in zip(best.get("base", (wall, cpu)), (wall, cpu), strict=True)
         ]
         for n in args.procs:
+            if n > 1:
+                pair = baseline_pool(kind, tok, docs, batch, n)
+                old = best.get(f"pool{n}", pair)
+                best[f"pool{n}"] = [min(a, b) for a, b in zip(old, pair, strict=True)]
             wall, cpu, stage, got = run_prepare(
                 corpus, corpus.parent / "out", tok, n, args.batch_mb
             )
@@ -134,6 +173,12 @@ def compare(kind: str, tok: Path, corpus: Path, docs: list[str], args: argparse.
     print(f"  {'baseline: library batch encode, 1 thread':44s} {base:12,.0f}   1.00x"
           f"   {base_eff:10,.0f}  1.00x")  # fmt: skip
     for n in args.procs:
+        if n > 1:
+            wall, cpu = best[f"pool{n}"]
+            e2e, eff = base_n / wall, base_n / cpu
+            row |= {f"pool_{n}_tok_s": round(e2e), f"pool_{n}_tok_per_cpu_s": round(eff)}
+            print(f"  {f'library encode in a plain pool of {n}':44s} {e2e:12,.0f}"
+                  f"   {e2e / base:.2f}x   {eff:10,.0f}  {eff / base_eff:.2f}x")  # fmt: skip
         wall, cpu, stage = best[n]
         e2e, eff, st = base_n / wall, base_n / cpu, base_n / stage
         row |= {f"normlab_{n}_tok_s": round(e2e), f"normlab_{n}_tokenize_tok_s": round(st),
