@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from normlab.data.errors import DataError
 from normlab.data.prepare_build import build
-from normlab.data.prepare_inputs import FORMATS, describe, expand_inputs, scan_source
+from normlab.data.prepare_inputs import FORMATS, HIDDEN, describe, expand_inputs, scan_source
 from normlab.data.prepare_meta import (
     META,
     check_existing,
@@ -88,13 +88,7 @@ def scan_inputs(
 
             inputs = [str(bundled_corpus_path())]
         files, skipped = expand_inputs(inputs)
-        if skipped:
-            names = ", ".join(str(f) for f in skipped[:10]) + (" ..." * (len(skipped) > 10))
-            print(
-                f"skipping {len(skipped)} file(s) of types prepare does not read "
-                f"(it reads {', '.join(FORMATS)}): {names}",
-                file=sys.stderr,
-            )
+        _report_skipped(skipped)
         plan = [describe(f) for f in files]
     scanned = [scan_source(src, settings, skip_undecodable) for src in plan]
     srcs = [desc for desc, _ in scanned]
@@ -110,6 +104,20 @@ def scan_inputs(
                 file=sys.stderr,
             )
     return srcs, np.concatenate([sizes for _, sizes in scanned])
+
+
+def _report_skipped(skipped: list[Path]) -> None:
+    hidden = sum(str(f) == HIDDEN for f in skipped)
+    other = [f for f in skipped if str(f) != HIDDEN]
+    if other:
+        names = ", ".join(str(f) for f in other[:10]) + (" ..." * (len(other) > 10))
+        print(
+            f"skipping {len(other)} file(s) of types prepare does not read "
+            f"(it reads {', '.join(FORMATS)}): {names}",
+            file=sys.stderr,
+        )
+    if hidden:
+        print(f"skipping {hidden} hidden file(s) (a name starting with '.')", file=sys.stderr)
 
 
 def _check_val_split(srcs: list[dict[str, Any]], settings: dict[str, Any]) -> None:

@@ -26,23 +26,23 @@ FORMATS = {f".{s}": "text" for s in TEXT} | {".jsonl": "json", ".json": "json"}
 FORMATS[".parquet"] = "parquet"
 READ_BYTES = 1 << 20
 ROW_BATCH = 4096  # parquet/Hub rows read at a time
+HIDDEN = "<hidden>"  # a file under a name starting with '.', counted among the skipped
 
 
 def expand_inputs(inputs: list[str]) -> tuple[list[Path], list[Path]]:
     """(files to read, files skipped). Files given by name must have a supported type; a directory
     contributes its supported files (recursively, sorted, hidden ones left out) and the others
-    are returned as skipped so `prepare` can name them."""
+    are returned as skipped so `prepare` can name them (hidden ones as HIDDEN, counted)."""
     out: list[Path] = []
     skipped: list[Path] = []
     for s in inputs:
         p = Path(s).expanduser()
         if p.is_dir():
-            files = sorted(
-                f for f in p.rglob("*")
-                if f.is_file() and not any(x.startswith(".") for x in f.relative_to(p).parts)
-            )  # fmt: skip
+            every = sorted(f for f in p.rglob("*") if f.is_file())
+            files = [f for f in every if not any(x.startswith(".") for x in f.relative_to(p).parts)]
             found = [f for f in files if f.suffix.lower() in FORMATS]
             skipped += [f for f in files if f.suffix.lower() not in FORMATS]
+            skipped += [Path(HIDDEN)] * (len(every) - len(files))
             if not found:
                 raise DataError(f"directory {s} holds no {', '.join(FORMATS)} files")
             out += found

@@ -133,10 +133,13 @@ def test_directory_reads_text_like_files_and_names_the_rest(
     (d / "sub" / "notes.md").write_text("# notes\n" + " ".join(words[2000:]) + "\n")
     (d / "sub" / "tool.py").write_text("print('code')\n")
     (d / "logo.png").write_bytes(b"\x89PNG\r\n")
+    (d / ".git").mkdir()
+    (d / ".git" / "HEAD.txt").write_text("ref: main\n")  # hidden: counted, not read
     code, _, err = _prepare(capsys, str(d), "--out", str(tmp_path / "out"))
     assert code == 0, err
     assert "skipping 2 file(s) of types prepare does not read" in err
     assert f"{d / 'logo.png'}, {d / 'sub' / 'tool.py'}" in err
+    assert "skipping 1 hidden file(s)" in err
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert [s["name"] for s in meta["sources"]] == ["a.txt", "notes.md"]
 
@@ -172,3 +175,21 @@ def test_single_document_input_cannot_give_a_validation_split(
     assert "the inputs give 1 document" in err and "no validation split" in err
     assert "--val-fraction 0" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one_line.txt"]
+
+
+def test_progress_shows_tokens_per_second_and_eta(tmp_path: Path) -> None:
+    """On a terminal (TTY_COMPATIBLE forces rich to treat stderr as one) prepare draws its
+    progress: input bytes done of the total, tokens, tokens/s and the time left."""
+    import os
+    import subprocess
+    import sys
+
+    src = tmp_path / "a.txt"
+    src.write_text("".join(" ".join(_words(12, i)) + "\n" for i in range(3000)))
+    cmd = [sys.executable, "-m", "normlab.data.cli", "prepare", str(src), "--out",
+           str(tmp_path / "out"), "--vocab-size", "300", "--num-proc", "1"]  # fmt: skip
+    env = os.environ | {"TTY_COMPATIBLE": "1", "COLUMNS": "160"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "tokenizing" in proc.stderr and "tok/s" in proc.stderr and "ETA" in proc.stderr
+    assert "tokens/s tokenizing with 1 process" in proc.stdout
