@@ -25,6 +25,8 @@ def validate(cfg: RunConfig) -> None:
     _positive(cfg, ["precision.loss_scale_init", "precision.loss_scale_growth_interval"])
     if cfg.training.threads is not None:
         _positive(cfg, ["training.threads"])
+    if cfg.logging.peak_tflops is not None:
+        _positive(cfg, ["logging.peak_tflops"])
     if not 0.0 < cfg.data.val_fraction < 1.0:  # every run evaluates, at least at the end
         raise ConfigError(f"data.val_fraction must lie in (0, 1), got {cfg.data.val_fraction}")
     if cfg.data.seq_len > mc.max_seq_len:
@@ -85,11 +87,6 @@ def _validate_qk_clip(cfg: RunConfig) -> None:
         raise ConfigError(f"optim.qk_clip.tau must be a finite number > 0, got {q.tau}")
     if not 0.0 <= q.alpha <= 1.0:
         raise ConfigError(f"optim.qk_clip.alpha must lie in [0, 1], got {q.alpha}")
-    if cfg.engine.compile:
-        raise ConfigError(
-            "optim.qk_clip needs each attention's per-head max logit, which a compiled block "
-            "does not hand back: set engine.compile: false"
-        )
 
 
 def _validate_schedule(cfg: RunConfig) -> None:
@@ -128,6 +125,11 @@ def _validate_engine(cfg: RunConfig) -> None:
         raise ConfigError(
             f"engine.replicate must be >= 1 and above 1 only with engine.name: fsdp (HSDP), got "
             f"{e.replicate} with engine {e.name!r}"
+        )
+    if e.grad_sync != "micro_batch" and e.name != "fsdp":
+        raise ConfigError(
+            f"engine.grad_sync {e.grad_sync!r} is an engine fsdp setting (engine {e.name!r}); "
+            "allowed: micro_batch with any engine, step with engine.name: fsdp"
         )
     if cfg.checkpoint.async_ and e.name != "fsdp":
         raise ConfigError(

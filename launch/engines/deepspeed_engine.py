@@ -144,10 +144,10 @@ class DeepSpeedEngine(DistributedEngine):
         self._config = config
         module = self._build(model_cfg, config)
         if self.cfg.engine.activation_checkpointing:
-            apply_activation_checkpointing(module)
+            apply_activation_checkpointing(module, compiled=self.cfg.engine.compile)
         if self.cfg.engine.compile:
             for block in module.blocks:
-                block.compile()
+                block.compile(backend=self.cfg.engine.compile_backend)
         self._module = module
         self._optimizer = build_optimizer(module)
         self._gate_optimizer(self._optimizer)

@@ -57,6 +57,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("fp16_clamps", "fp16 clamps", "d"),
     *((key, label, spec) for key, (label, spec, _) in STABILIZER_COLUMNS.items()),
     ("tokens_per_s", "tokens/s", ",.0f"),
+    ("mfu", "MFU %", ".1f"),
 ]
 NOTES = (
     "act. growth: RMS of the residual stream at the last block's end over the first block's, at "
@@ -67,6 +68,8 @@ NOTES = (
     "than twice that). Non-finite: steps with a non-finite loss (or gradient norm outside fp16); "
     "scaler skips: fp16 updates the loss scaler skipped. Grad-norm max/p99: over logged steps. "
     "QK-Clip events: heads clipped, summed over steps (optim.qk_clip). "
+    "MFU %: model FLOPs (6 N_mm + 12 L H d_h T per token) per second over the device's dense "
+    "peak; '-' on a CPU or GPU without a known or given peak (logging.peak_tflops). "
     "Gate mean, 1st-token share, sink mass, cap shares, massive act.: the attention_stabilizers "
     "instrument at the last logged step (SCIENCE.md 12-14; block mean, massive act. block max). "
     "'-': not measured (instrument off or no full window yet)."
@@ -146,7 +149,18 @@ def summarize(run: Run) -> dict[str, Any]:
         "fp16_clamps": _last(run, FP16_CLAMPS),
         **stabilizer_columns(run),
         "tokens_per_s": tps if tps is not None and math.isfinite(tps) else None,
+        "mfu": _mfu_percent(s, run.train),
     }
+
+
+def _mfu_percent(summary: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
+    """The run's MFU in percent: summary.json's (over all training time), else the mean of the
+    logged steps'; None where no peak was known (launch/training/mfu.py)."""
+    mfu = summary.get("mfu")
+    if mfu is None:
+        logged = finite([r.get("mfu") for r in rows])
+        mfu = float(np.mean(logged)) if logged else None
+    return 100 * mfu if mfu is not None else None
 
 
 def _measured(score: float | None) -> float | None:

@@ -20,6 +20,8 @@ def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:
     """Raise the ConfigError/DataError/MissingDependency that starting this run would raise.
     local=False (a job submitted to other machines) skips the checks of this host's devices."""
     build_callbacks(cfg.instruments)  # each instrument checks its own settings
+    if cfg.logging.wandb is not None and cfg.logging.wandb.mode != "disabled":
+        require("wandb", "logging.wandb")
     _check_engine(cfg, world_size, local)
     check_dataset(cfg)
 
