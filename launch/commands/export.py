@@ -31,6 +31,7 @@ import yaml
 from normlab.data.errors import DataError
 from normlab.data.tokenizer import TokenizerInfo
 from normlab.launch.config import RunConfig, load_config
+from normlab.launch.config.paths import saved_form
 from normlab.launch.engines.fsdp import read_meta
 from normlab.launch.errors import CheckpointError, RunDirError
 from normlab.launch.extras import require
@@ -182,7 +183,7 @@ def write_export(
     native = tmp / NATIVE_DIR
     native.mkdir()
     save_safetensors(model, native / WEIGHTS)
-    (native / CONFIG).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    (native / CONFIG).write_text(yaml.safe_dump(saved_form(cfg), sort_keys=False))
     (native / MODEL_CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
     if not hf:
         tok.write(tmp)

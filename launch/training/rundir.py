@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 from normlab.launch.config import RunConfig
+from normlab.launch.config.paths import saved_form, with_absolute_paths
 from normlab.launch.errors import RunDirError
 
 CONFIG, PREVIOUS_CONFIG, SUMMARY = "config.yaml", "config.previous.yaml", "summary.json"
@@ -76,7 +77,7 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, force: bool) -> list[str]:
         raise RunDirError(
             f"{cfg_path} holds a {type(old).__name__}, not a run config mapping; fix or move it"
         )
-    diff = config_diff(old, cfg.to_dict())
+    diff = config_diff(with_absolute_paths(old), saved_form(cfg))
     if diff and not force:
         shown = "; ".join(diff[:4]) + (f"; ... {len(diff) - 4} more" if len(diff) > 4 else "")
         raise RunDirError(
@@ -87,13 +88,14 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, force: bool) -> list[str]:
 
 
 def write_config(run_dir: Path, cfg: RunConfig, replaced: bool) -> None:
-    """Save the resolved config; a config replaced under --force is kept as config.previous.yaml."""
+    """Save the resolved config, its paths absolute (config/paths.py); a config replaced under
+    --force is kept as config.previous.yaml."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG
     if replaced and path.is_file():
         shutil.copyfile(path, run_dir / PREVIOUS_CONFIG)
     tmp = run_dir / f".{CONFIG}.tmp"
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp.write_text(yaml.safe_dump(saved_form(cfg), sort_keys=False))
     os.replace(tmp, path)
 
 
