@@ -35,7 +35,8 @@ from normlab.data.prepare_meta import (
     tokenizer_spec,
 )
 from normlab.data.prepare_split import assign_split, eos_after
-from normlab.data.tokenizer import MODEL_TYPES, resolve_tokenizer
+from normlab.data.tokenizer import MODEL_TYPES
+from normlab.data.tokenizer_select import resolve_tokenizer
 
 CHUNK_LINES = 128  # lines per document for .txt inputs (the split unit)
 # re-exported: the loader, preflight and reports read prepared directories through this module

@@ -132,7 +132,7 @@ def run_tokenizer(cfg: RunConfig, given: str | None) -> TokenizerInfo:
     """The tokenizer the run trained on (the one its data.dataset stores, with the special ids
     its meta.json records), or --tokenizer (any kind prepare accepts), checked against the size
     the run trained with."""
-    from normlab.data.tokenizer import resolve_tokenizer
+    from normlab.data.tokenizer_select import resolve_tokenizer
 
     if given:
         if not Path(given).expanduser().exists():
@@ -151,7 +151,8 @@ def run_tokenizer(cfg: RunConfig, given: str | None) -> TokenizerInfo:
 
 def dataset_tokenizer(cfg: RunConfig) -> TokenizerInfo:
     from normlab.data.prepare_meta import read_meta
-    from normlab.data.tokenizer import SPECIALS, resolve_tokenizer
+    from normlab.data.tokenizer import SPECIALS
+    from normlab.data.tokenizer_select import resolve_tokenizer
 
     if cfg.data.dataset == "bundled":
         from normlab.launch.training.datasets import (

@@ -1,6 +1,6 @@
 """Run-directory rules: resume a run with the same config, refuse a different one without --force,
 never touch a directory that is not a normlab run, and one owner at a time: a live local process
-(RunDirLock) or a SLURM job that is pending or running for it (cluster.jobs.check_owner_job)."""
+(RunDirLock) or a SLURM job that is pending or running for it (cluster.owner.check_owner_job)."""
 
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ class RunDirLock:
         inherited = read_lock(self.run_dir)
         if inherited is not None and inherited.token == os.environ.get(TOKEN_ENV):
             return inherited  # held by our launcher: nothing to do, nothing to release
-        from normlab.launch.cluster.jobs import check_owner_job
+        from normlab.launch.cluster.owner import check_owner_job
 
         check_owner_job(self.run_dir)  # a pending job would train here too once it starts
         if not self.run_dir.exists():
