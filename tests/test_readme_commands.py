@@ -16,16 +16,19 @@ from tests.conftest import REPO
 CHEAP_COMMANDS = {"validate", "plan"}  # instant, and write nothing
 
 
-def readme_commands(text: str) -> list[tuple[str, str]]:
-    """(command, comment) of every line that runs normlab, continuation lines joined."""
+def readme_commands(text: str) -> list[tuple[str, str, bool]]:
+    """(command, comment, needs_earlier) of every line that runs normlab, continuation lines
+    joined; needs_earlier: a `normlab prepare` came before it in its block (it reads that data)."""
     found = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        prepared = False
         for line in block.replace("\\\n", " ").splitlines():
             command, _, comment = line.strip().partition(" # ")
             for part in command.split("&&"):
                 argv = shlex.split(part, comments=True)
                 if argv and Path(argv[0]).name == "normlab":
-                    found.append((shlex.join(["normlab", *argv[1:]]), comment.strip()))
+                    found.append((shlex.join(["normlab", *argv[1:]]), comment.strip(), prepared))
+                    prepared = prepared or argv[1:2] == ["prepare"]
     return found
 
 
@@ -44,7 +47,7 @@ def is_cheap(command: str, comment: str) -> bool:
     return argv[1] in CHEAP_COMMANDS or "--dry-run" in argv or expected_error(comment) is not None
 
 
-CHEAP = [(c, m) for c, m in COMMANDS if is_cheap(c, m)]
+CHEAP = [(c, m) for c, m, later in COMMANDS if not later and is_cheap(c, m)]
 
 
 def test_the_readme_is_parsed() -> None:
@@ -56,7 +59,7 @@ def test_the_readme_is_parsed() -> None:
     assert any(c.startswith("normlab plan") for c in cheap)
 
 
-@pytest.mark.parametrize("command", [c for c, _ in COMMANDS])
+@pytest.mark.parametrize("command", [c for c, _, _ in COMMANDS])
 def test_every_readme_command_parses(command: str) -> None:
     argv = [a.replace("$", "") for a in shlex.split(command)[1:]]  # $NODE_RANK -> a word
     argv = ["0" if a == "NODE_RANK" else a for a in argv]

@@ -1,7 +1,8 @@
 """`normlab status RUN_DIR...`: where each run stands, local or on SLURM.
 
 Per run: the SLURM job and its state (from slurm.json, asking squeue, then sacct), the run's
-own status (summary.json), step of total, last checkpoint, last loss, tokens/s, an ETA from the
+own status (summary.json), step of total, last checkpoint, last loss, tokens/s, TFLOP/s per GPU
+and MFU (launch/training/mfu.py; '-' where no peak is known), an ETA from the
 recent step time, and the last lines of the job's log (or the last metrics rows of a local run).
 """
 
@@ -43,7 +44,7 @@ def _duration(seconds: float) -> str:
 
 def run_status(run_dir: Path) -> dict[str, Any]:
     """Everything `normlab status` prints about one run, as a dict."""
-    from normlab.launch.cluster.jobs import last_job_id
+    from normlab.launch.cluster.owner import last_job_id
     from normlab.launch.cluster.slurm import job_state
     from normlab.launch.report.runfiles import read_config, read_summary
     from normlab.launch.training.checkpoint import CheckpointManager
@@ -63,6 +64,8 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     info["step"] = int(last.get("step", summary.get("steps", 0)))
     info["loss"] = _number(last.get("loss"))
     info["tokens_per_s"] = _number(last.get("tokens_per_s"))
+    info["tflops_per_gpu"] = _number(last.get("tflops_per_gpu"))
+    info["mfu"] = _number(last.get("mfu"))  # absent where no peak is known (CPU, an unknown GPU)
     step_time = _number(last.get("step_time"))
     remaining = max(0, total - info["step"])
     timed = step_time is not None and math.isfinite(step_time) and step_time > 0
@@ -95,9 +98,13 @@ def format_status(info: dict[str, Any]) -> str:
     loss = f"{info['loss']:.4f}" if isinstance(info["loss"], float) else "-"
     tps = f"{info['tokens_per_s']:,.0f}" if info["tokens_per_s"] else "-"
     eta = _duration(info["eta_s"]) if info["eta_s"] is not None else "-"
+    mfu = f"{100 * info['mfu']:.1f}%" if isinstance(info.get("mfu"), float) else "-"
+    flops = info.get("tflops_per_gpu")
+    tflops = f"{flops:.3g}" if isinstance(flops, float) else "-"
     lines = [
         f"{info['run_dir']} ({info['name']}): {info['status']}, {job}",
-        f"  step {info['step']}/{info['total']}  loss {loss}  tokens/s {tps}  ETA {eta}",
+        f"  step {info['step']}/{info['total']}  loss {loss}  tokens/s {tps}  "
+        f"TFLOP/s/GPU {tflops}  MFU {mfu}  ETA {eta}",
         f"  last checkpoint: {info['checkpoint'] or 'none'}",
     ]
     if info["log_lines"]:
