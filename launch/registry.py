@@ -31,6 +31,8 @@ INSTRUMENTS = {
     "spike_score": "normlab.launch.instruments.spikes:SpikeScore",
     "spike_policy": "normlab.launch.instruments.policy:SpikePolicy",
     "fp16_clamp": "normlab.launch.instruments.fp16:FP16Clamp",
+    "init_loss": "normlab.launch.instruments.protocol:InitLoss",
+    "output_logits": "normlab.launch.instruments.protocol:OutputLogits",
 }
 
 
