@@ -113,7 +113,10 @@ def load_study(name: str) -> StudySpec:
     where = f"{path.name}: "
     for key in data:
         if key not in KEYS:
-            raise ConfigError(f"{where}unknown study key {key!r}{suggest(str(key), KEYS)}")
+            hint = suggest(str(key), KEYS)
+            raise ConfigError(
+                f"{where}unknown study key {key!r}{hint}; study keys: {', '.join(KEYS)}"
+            )
     overrides = _dotted(data.get("set") or {}, "set", where)
     schedule = data.get("schedule") or {}
     if not isinstance(schedule, dict):
