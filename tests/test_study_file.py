@@ -199,7 +199,7 @@ def test_status_of_the_finished_study(trained: Path, capsys: pytest.CaptureFixtu
 
 @pytest.mark.slow
 def test_a_sigkilled_study_skips_finished_runs_and_resumes_the_running_one(
-    tiny_data: Path, tmp_path: Path
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """SIGKILL (no handler runs, no stop checkpoint) while the second of two runs trains; the
     same command again: the first is reused, the second resumes from its last checkpoint."""
