@@ -228,6 +228,9 @@ def test_a_sigkilled_study_skips_finished_runs_and_resumes_the_running_one(
         proc.wait()
     assert json.loads((first / "summary.json").read_text())["status"] == "completed"
     assert json.loads((second / "summary.json").read_text())["status"] == "running"  # killed
+    assert main(["status", str(out)]) == 0
+    status = capsys.readouterr().out
+    assert "2 runs: 1 done, 1 stopped" in status and "resume when the same study command" in status
     again = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     text = " ".join(again.stdout.split())  # rich may wrap long paths
