@@ -19,7 +19,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "prepare",
         help="tokenize a corpus into train.bin/val.bin (default: the bundled Shakespeare corpus)",
-        description="Train or reuse a SentencePiece tokenizer and write packed token arrays.",
+        description="Tokenize (with a SentencePiece tokenizer trained here, or your own "
+        "tokenizer) into packed token arrays, streaming, with --num-proc processes.",
     )
     p.add_argument(
         "inputs",
@@ -29,12 +30,30 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output dir (default: runs/data/<name>)")
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
-    p.add_argument("--tokenizer", help="reuse this SentencePiece .model instead of training one")
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="use this tokenizer instead of training one: a SentencePiece .model, a HF "
+        "tokenizer.json, or a folder that transformers.AutoTokenizer loads",
+    )
+    for name in ("bos", "eos", "pad"):
+        p.add_argument(
+            f"--{name}-token",
+            metavar="TOKEN",
+            help=f"the {name.upper()} token of a HF --tokenizer (default: its own, or the usual "
+            "names)",
+        )
     p.add_argument("--val-fraction", type=float, default=0.005)
     p.add_argument("--dataset", help="Hugging Face Hub dataset name (needs network)")
     p.add_argument("--dataset-split", default="train")
     p.add_argument("--text-field", default="text", help="text column for jsonl/parquet/Hub rows")
     p.add_argument("--num-proc", type=int, default=2, help="tokenizer processes")
+    p.add_argument(
+        "--batch-mb",
+        type=float,
+        default=4.0,
+        help="MB of text per tokenizer batch; memory is about (2 x num-proc + 1) batches",
+    )
     p.add_argument("--seed", type=int, default=0, help="train/val split seed")
     p.add_argument("--overwrite", action="store_true", help="replace a differently prepared --out")
     p.add_argument(
@@ -67,6 +86,12 @@ def run_prepare(args: argparse.Namespace) -> int:
             vocab_size=args.vocab_size,
             model_type=args.model_type,
             tokenizer=args.tokenizer,
+            token_names={
+                n: getattr(args, f"{n}_token")
+                for n in ("bos", "eos", "pad")
+                if getattr(args, f"{n}_token")
+            },
+            batch_mb=args.batch_mb,
             val_fraction=args.val_fraction,
             text_field=args.text_field,
             num_proc=args.num_proc,

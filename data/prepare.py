@@ -1,6 +1,8 @@
 """Prepare a corpus for pretraining: train (or reuse) a SentencePiece tokenizer, tokenise in
 parallel with HF `datasets`, and write flat token arrays `train.bin`/`val.bin` (EOS between
 documents) plus `meta.json`, in the layout of nanoGPT's `prepare.py` (memory-mapped numpy arrays).
+The directory format lives in prepare_meta, the split in prepare_split, the pipeline in
+prepare_build; this module checks the options, reuses or replaces `--out` and reports.
 
 The output directory is built in a temporary sibling and renamed into place, so a failed run never
 leaves a half-written directory nor damages an existing one.
@@ -9,180 +11,34 @@ leaves a half-written directory nor damages an existing one.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shlex
 import shutil
 import sys
 import tempfile
-import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from normlab.data.errors import DataError
-from normlab.data.sources import describe_sources, load_documents, load_hub_documents
-from normlab.data.tokenizer import (
-    MODEL_TYPES,
-    SPM_OPTIONS,
-    file_sha256,
-    load_tokenizer,
-    train_tokenizer,
+from normlab.data.prepare_build import build
+from normlab.data.prepare_inputs import FORMATS, describe, expand_inputs, scan_source
+from normlab.data.prepare_meta import (
+    META,
+    check_existing,
+    check_out,
+    data_fingerprint,
+    read_meta,
+    token_dtype,
+    tokenizer_spec,
 )
-from normlab.data.writer import write_splits
+from normlab.data.prepare_split import assign_split, eos_after
+from normlab.data.tokenizer import MODEL_TYPES, resolve_tokenizer
 
-FORMAT_VERSION = 1
 CHUNK_LINES = 128  # lines per document for .txt inputs (the split unit)
-SAMPLE_LINE_CHARS = 4000  # <= 16384 bytes (SPM_OPTIONS max_sentence_length) in any UTF-8
-TOKENIZER_SAMPLE_CHARS = 10_000_000  # bound on tokenizer training text, keeps training quick
-META = "meta.json"
-SPLIT_RULE = (
-    "documents = .txt chunks of chunk_lines lines, or jsonl/parquet/Hub rows; val = the first "
-    "max(1, round(val_fraction * n_docs)) of numpy.random.default_rng(seed).permutation(n_docs); "
-    "EOS after each document unless its text continues in the next document of the same split"
-)
-REQUIRED = ("meta.json", "train.bin", "val.bin", "tokenizer.model")
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    """uint16 when every id in [0, vocab_size) fits (vocab_size <= 65536), else uint32."""
-    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
-
-
-def assign_split(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
-    """Boolean `is_val` per document: the first round(val_fraction * n_docs) documents (at least
-    one, at most n_docs - 1, when val_fraction > 0) of `default_rng(seed).permutation(n_docs)`."""
-    is_val = np.zeros(n_docs, dtype=bool)
-    if val_fraction <= 0 or n_docs < 2:
-        return is_val
-    n_val = min(max(1, round(val_fraction * n_docs)), n_docs - 1)
-    is_val[np.random.default_rng(seed).permutation(n_docs)[:n_val]] = True
-    return is_val
-
-
-def eos_after(contig: np.ndarray, is_val: np.ndarray) -> np.ndarray:
-    """EOS follows a row unless its text continues in the next row and that row is in the same
-    split, so each split's stream is continuous text with EOS at every real discontinuity."""
-    same_next = np.zeros_like(contig)
-    same_next[:-1] = is_val[:-1] == is_val[1:]
-    return ~(contig & same_next)
-
-
-_PROCESSORS: dict[str, Any] = {}
-
-
-def _encode_batch(batch: dict[str, list], model_path: str) -> dict[str, list]:
-    sp = _PROCESSORS.get(model_path)
-    if sp is None:  # one load per worker process
-        sp = _PROCESSORS[model_path] = load_tokenizer(model_path)
-    ids = sp.encode([t or "" for t in batch["text"]])
-    return {"ids": ids, "n": [len(x) for x in ids]}
-
-
-def _sample_sentences(docs: Any, is_val: np.ndarray, seed: int) -> list[str]:
-    """Lines of train documents in a seeded order, up to TOKENIZER_SAMPLE_CHARS characters."""
-    order = np.random.default_rng(seed).permutation(np.flatnonzero(~is_val))
-    out, total = [], 0
-    for start in range(0, len(order), 1024):
-        for text in docs.select(order[start : start + 1024])["text"]:
-            for line in (text or "").splitlines():
-                # SentencePiece drops sentences over max_sentence_length bytes: cut long lines
-                for start in range(0, len(line), SAMPLE_LINE_CHARS):
-                    piece = line[start : start + SAMPLE_LINE_CHARS]
-                    if piece.strip():
-                        out.append(piece)
-                        total += len(piece)
-            if total >= TOKENIZER_SAMPLE_CHARS:
-                return out
-    return out
-
-
-def data_fingerprint(srcs: list[dict], settings: dict[str, Any]) -> str:
-    """sha256 over input contents (not paths) and split settings; the tokenizer is compared
-    separately (by file hash, or by training settings when trained here)."""
-    keep = ("name", "bytes", "sha256", "format", "dataset", "split")
-    payload = {
-        "format_version": FORMAT_VERSION,
-        "sources": [{k: s[k] for k in keep if k in s} for s in srcs],
-        "settings": settings,
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def tokenizer_spec(vocab_size: int, model_type: str) -> dict[str, Any]:
-    """Everything that determines a tokenizer trained here (given the same inputs)."""
-    return {
-        "vocab_size": vocab_size,
-        "model_type": model_type,
-        "options": SPM_OPTIONS,
-        "sample_chars": TOKENIZER_SAMPLE_CHARS,
-    }
-
-
-def read_meta(data_dir: str | Path) -> dict[str, Any]:
-    """meta.json of a prepared directory, or DataError saying what is missing."""
-    d = Path(data_dir)
-    if not d.is_dir():
-        raise DataError(f"data directory not found: {d} (run `normlab prepare` first)")
-    missing = [f for f in REQUIRED if not (d / f).is_file()]
-    if missing:
-        raise DataError(
-            f"{d} is not a prepared data directory (missing {', '.join(missing)}); "
-            "run `normlab prepare --out DIR`"
-        )
-    try:
-        meta = json.loads((d / META).read_text())
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        sizes = {s: (d / f"{s}.bin").stat().st_size for s in ("train", "val")}
-        bad = [s for s, n in meta["tokens"].items() if sizes[s] != n * itemsize]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise DataError(f"{d / META} is corrupt: {e!r}") from None
-    if bad:
-        raise DataError(f"{d}: {', '.join(bad)}.bin size does not match meta.json; re-run prepare")
-    return meta
-
-
-def _check_existing(
-    out: Path, fingerprint: str, tok_sha: str | None, spec: dict | None, overwrite: bool
-) -> Any:
-    """Return the existing meta when `out` already holds this exact preparation; raise when it
-    holds something else (unless overwrite); None when `out` is absent or an empty directory."""
-    if not out.exists():
-        return None
-    if not out.is_dir():
-        raise DataError(f"--out {out} exists and is not a directory")
-    if not (out / META).is_file():
-        if any(out.iterdir()):
-            raise DataError(
-                f"--out {out} exists, is not empty and is not a prepared data "
-                "directory; choose another --out"
-            )
-        return None
-    try:
-        meta = read_meta(out)
-    except DataError as e:
-        if overwrite:
-            return None
-        raise DataError(f"{e}; or pass --overwrite to rebuild it") from None
-    old_tok = meta.get("tokenizer", {})
-    same_tok = old_tok.get("sha256") == tok_sha if tok_sha else old_tok.get("spec") == spec
-    if meta.get("fingerprint") == fingerprint and same_tok:
-        return meta
-    if overwrite:
-        return None
-    old_sha = str(old_tok.get("sha256"))
-    if tok_sha is not None and old_sha != tok_sha:
-        raise DataError(
-            f"{out} was prepared with a different tokenizer (sha256 {old_sha[:12]}..., "
-            f"given {tok_sha[:12]}...); token ids would not match. Use another --out "
-            "or --overwrite"
-        )
-    raise DataError(
-        f"{out} was prepared from different inputs, split or tokenizer settings; use another "
-        "--out or --overwrite"
-    )
+# re-exported: the loader, preflight and reports read prepared directories through this module
+__all__ = ["assign_split", "eos_after", "prepare", "read_meta", "token_dtype"]
 
 
 def _finalize(tmp: Path, out: Path) -> None:
@@ -198,33 +54,74 @@ def _finalize(tmp: Path, out: Path) -> None:
 
 
 def _validate(
-    inputs: list[str] | None, dataset_name: str | None, tokenizer: str | None, vocab_size: int,
-    model_type: str, val_fraction: float, chunk_lines: int,
+    inputs: list[str] | None, dataset_name: str | None, vocab_size: int, model_type: str,
+    val_fraction: float, chunk_lines: int, num_proc: int, batch_mb: float,
 ) -> None:  # fmt: skip
     if inputs and dataset_name:
         raise DataError("give either input files or --dataset, not both")
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if tokenizer is None and model_type not in MODEL_TYPES:
+    if model_type not in MODEL_TYPES:
         raise DataError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
-    if tokenizer is None and vocab_size < 300:
+    if vocab_size < 300:  # checked given a tokenizer too: the defaults pass, a typo is caught
         raise DataError(f"vocab_size must be >= 300 (256 byte pieces + specials), got {vocab_size}")
     if chunk_lines < 1:
         raise DataError(f"chunk_lines must be >= 1, got {chunk_lines}")
-    if tokenizer:
-        load_tokenizer(tokenizer)  # fail early on a missing or invalid file
+    if num_proc < 1:
+        raise DataError(f"num_proc must be >= 1, got {num_proc}")
+    if not 0 < batch_mb <= 1024:
+        raise DataError(f"batch_mb must be in (0, 1024], got {batch_mb}")
 
 
-def _resolve_sources(
-    inputs: list[str] | None, dataset_name: str | None, dataset_split: str, skip: bool = False
-) -> list[dict[str, Any]]:
+def scan_inputs(
+    inputs: list[str] | None, dataset_name: str | None, dataset_split: str,
+    settings: dict[str, Any], skip_undecodable: bool,
+) -> tuple[list[dict[str, Any]], np.ndarray]:  # fmt: skip
+    """Every source described and scanned once (prepare_inputs), with the UTF-8 bytes of each
+    document; says on stderr what it leaves out (files, undecodable lines, rows)."""
     if dataset_name:
-        return [{"dataset": dataset_name, "split": dataset_split}]
-    if not inputs:
-        from normlab.data.corpus import bundled_corpus_path
+        plan = [{"dataset": dataset_name, "split": dataset_split}]
+    else:
+        if not inputs:
+            from normlab.data.corpus import bundled_corpus_path
 
-        inputs = [str(bundled_corpus_path())]
-    return describe_sources(inputs, skip)
+            inputs = [str(bundled_corpus_path())]
+        files, skipped = expand_inputs(inputs)
+        if skipped:
+            names = ", ".join(str(f) for f in skipped[:10]) + (" ..." * (len(skipped) > 10))
+            print(
+                f"skipping {len(skipped)} file(s) of types prepare does not read "
+                f"(it reads {', '.join(FORMATS)}): {names}",
+                file=sys.stderr,
+            )
+        plan = [describe(f) for f in files]
+    scanned = [scan_source(src, settings, skip_undecodable) for src in plan]
+    srcs = [desc for desc, _ in scanned]
+    for src in srcs:
+        if src.get("skipped_lines"):
+            print(f"skipping {src['skipped_lines']:,} undecodable (not UTF-8) lines of "
+                  f"{src['name']}", file=sys.stderr)  # fmt: skip
+        if src.get("dropped_rows"):
+            print(
+                f"dropping {src['dropped_rows']:,} of {src['dropped_rows'] + src['documents']:,} "
+                f"rows of {src['name']}: no string under --text-field "
+                f"{settings['text_field']!r}",
+                file=sys.stderr,
+            )
+    return srcs, np.concatenate([sizes for _, sizes in scanned])
+
+
+def _check_val_split(srcs: list[dict[str, Any]], settings: dict[str, Any]) -> None:
+    """A split by document needs two documents: refuse an input that gives one."""
+    n_docs = sum(s["documents"] for s in srcs)
+    if n_docs == 0:
+        raise DataError("the inputs contain no documents")
+    if settings["val_fraction"] > 0 and n_docs < 2:
+        raise DataError(
+            f"the inputs give {n_docs} document (a .txt document is a chunk of --chunk-lines "
+            f"{settings['chunk_lines']} lines), so no validation split can be held out; "
+            "give more documents or lines, lower --chunk-lines, or pass --val-fraction 0"
+        )
 
 
 def prepare(
@@ -234,9 +131,11 @@ def prepare(
     vocab_size: int = 4096,
     model_type: str = "bpe",
     tokenizer: str | None = None,
+    token_names: dict[str, str] | None = None,
     val_fraction: float = 0.005,
     text_field: str = "text",
     num_proc: int = 2,
+    batch_mb: float = 4.0,
     seed: int = 0,
     dataset_name: str | None = None,
     dataset_split: str = "train",
@@ -244,25 +143,27 @@ def prepare(
     overwrite: bool = False,
     skip_undecodable: bool = False,
 ) -> dict[str, Any]:
-    """Tokenise `inputs` (local .txt/.jsonl/.json/.parquet; None: the bundled corpus) or the Hub
-    dataset `dataset_name` into `out_dir`; returns meta.json's content. Idempotent: a directory
-    already prepared from the same inputs, split settings and tokenizer is reused untouched."""
-    _validate(inputs, dataset_name, tokenizer, vocab_size, model_type, val_fraction, chunk_lines)
-    srcs = _resolve_sources(inputs, dataset_name, dataset_split, skip_undecodable)
-    skipped = sum(s.get("skipped_lines", 0) for s in srcs)
-    if skipped:
-        print(f"skipping {skipped:,} undecodable (not UTF-8) lines", file=sys.stderr)
-    tok_sha = file_sha256(tokenizer) if tokenizer else None
-    spec = None if tok_sha else tokenizer_spec(vocab_size, model_type)
+    """Tokenise `inputs` (local .txt/.md/.jsonl/.json/.parquet; None: the bundled corpus) or the
+    Hub dataset `dataset_name` into `out_dir`; returns meta.json's content. `tokenizer`: a
+    SentencePiece model, a tokenizer.json or a transformers tokenizer folder (token_names:
+    bos/eos/pad token strings for it); None trains a SentencePiece model. Idempotent: a
+    directory already prepared from the same inputs, split settings and tokenizer is reused."""
+    _validate(inputs, dataset_name, vocab_size, model_type, val_fraction, chunk_lines, num_proc,
+              batch_mb)  # fmt: skip
+    out = Path(out_dir).expanduser().resolve()
+    check_out(out)  # before reading any input: a directory that is not ours is refused at once
+    given = resolve_tokenizer(tokenizer, token_names) if tokenizer else None
     settings = {
         "val_fraction": val_fraction,
         "seed": seed,
         "text_field": text_field,
         "chunk_lines": chunk_lines,
     }
+    srcs, sizes = scan_inputs(inputs, dataset_name, dataset_split, settings, skip_undecodable)
+    _check_val_split(srcs, settings)
+    spec = None if given else tokenizer_spec(vocab_size, model_type)
     fingerprint = data_fingerprint(srcs, settings)
-    out = Path(out_dir).expanduser().resolve()
-    existing = _check_existing(out, fingerprint, tok_sha, spec, overwrite)
+    existing = check_existing(out, fingerprint, given, spec, overwrite)
     if existing is not None:
         print(f"reusing {out}: already prepared with the same inputs and tokenizer")
         return existing
@@ -272,7 +173,12 @@ def prepare(
     except OSError as exc:
         raise DataError(f"cannot create --out {out}: {exc.strerror or exc}") from None
     try:
-        meta = _build(srcs, tmp, tokenizer, spec, settings, num_proc)
+        meta = build(srcs, sizes, tmp, given, spec, settings, num_proc, batch_mb)
+        if val_fraction > 0 and meta["tokens"]["val"] == 0:
+            raise DataError(
+                f"the {meta['documents']['val']} validation documents hold no tokens; give "
+                "more text or a larger --val-fraction"
+            )
         meta["fingerprint"] = fingerprint
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
         _finalize(tmp, out)
@@ -311,87 +217,3 @@ def _warn_small_val(tokens: dict[str, int], asked: float) -> None:
             "lines); give more documents or a larger --val-fraction",
             file=sys.stderr,
         )
-
-
-def _load(srcs: list[dict[str, Any]], cache: Path, settings: dict[str, Any]) -> Any:
-    if "dataset" in srcs[0]:
-        src = srcs[0]
-        docs = load_hub_documents(src["dataset"], src["split"], cache, settings["text_field"])
-    else:
-        docs = load_documents(srcs, cache, settings["text_field"], settings["chunk_lines"])
-    if len(docs) == 0:
-        raise DataError("the inputs contain no documents")
-    return docs
-
-
-def _tokenize(docs: Any, model_path: Path, cache: Path, num_proc: int) -> Any:
-    """Parallel `Dataset.map` (datasets draws the progress bar); ids stored as int32."""
-    from datasets import Features, List, Value
-
-    return docs.map(
-        _encode_batch,
-        batched=True,
-        batch_size=64,
-        num_proc=num_proc if num_proc > 1 else None,
-        fn_kwargs={"model_path": str(model_path)},
-        remove_columns=docs.column_names,
-        cache_file_name=str(cache / "tokenized.arrow"),
-        features=Features({"ids": List(Value("int32")), "n": Value("int64")}),
-        desc="tokenizing",
-    )
-
-
-def _build(
-    srcs: list[dict[str, Any]],
-    tmp: Path,
-    tokenizer: str | None,
-    spec: dict[str, Any] | None,
-    settings: dict[str, Any],
-    num_proc: int,
-) -> dict[str, Any]:
-    t = [time.perf_counter()]
-    cache = tmp / ".cache"
-    docs = _load(srcs, cache, settings)
-    is_val = assign_split(len(docs), settings["val_fraction"], settings["seed"])
-    eos = eos_after(np.asarray(docs.with_format("numpy")["contig"], dtype=bool), is_val)
-    t.append(time.perf_counter())
-    model_path = tmp / "tokenizer.model"
-    if tokenizer:
-        shutil.copyfile(tokenizer, model_path)
-    else:
-        assert spec is not None
-        sample = _sample_sentences(docs, is_val, settings["seed"])
-        if not sample:
-            raise DataError("the training split contains no text to train a tokenizer on")
-        train_tokenizer(sample, model_path, spec["vocab_size"], spec["model_type"], num_proc)
-    sp = load_tokenizer(model_path)
-    t.append(time.perf_counter())
-    tok = _tokenize(docs, model_path, cache, num_proc)
-    t.append(time.perf_counter())
-    dtype = token_dtype(sp.vocab_size())
-    counts = write_splits(tok, is_val, eos, tmp, dtype, sp.eos_id())
-    t.append(time.perf_counter())
-    stages = ("load", "tokenizer", "tokenize", "write")
-    timings = {k: round(b - a, 2) for k, a, b in zip(stages, t[:-1], t[1:], strict=True)}
-    return {
-        "format_version": FORMAT_VERSION,
-        "vocab_size": sp.vocab_size(),
-        "dtype": dtype.name,
-        "tokens": counts,
-        "documents": {"train": int((~is_val).sum()), "val": int(is_val.sum())},
-        "bos_id": sp.bos_id(),
-        "eos_id": sp.eos_id(),
-        "unk_id": sp.unk_id(),
-        "pad_id": sp.pad_id(),
-        "tokenizer": {
-            "file": "tokenizer.model",
-            "sha256": file_sha256(model_path),
-            "source": str(Path(tokenizer).resolve()) if tokenizer else "trained",
-            "spec": spec,
-        },
-        "split_rule": SPLIT_RULE,
-        "settings": settings,
-        "sources": srcs,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "timings_s": timings | {"total": round(t[-1] - t[0], 2)},
-    }

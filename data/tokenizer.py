@@ -1,4 +1,7 @@
-"""SentencePiece tokenizer training and loading (Kudo & Richardson, 2018, arXiv:1808.06226).
+"""Tokenizers of a prepared directory: a SentencePiece model trained here (Kudo & Richardson, 2018,
+arXiv:1808.06226) or given, or a Hugging Face `tokenizers` tokenizer (a tokenizer.json, or a folder
+that transformers.AutoTokenizer loads, imported by data.hf_tokenizer). `TokenizerInfo` is what
+prepare and export need of either kind: the file, its vocabulary size and its special-token ids.
 
 Settings follow the Llama tokenizer (Touvron et al., 2023): identity normalisation, whitespace kept
 as is, digits split, byte fallback so any UTF-8 text (newlines included, as `<0x0A>`) round-trips.
@@ -9,8 +12,12 @@ concatenated documents need no special handling.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import sentencepiece as spm
 from normlab.data.errors import DataError
@@ -31,6 +38,71 @@ SPM_OPTIONS: dict[str, object] = {
     "pad_id": -1,
 }
 MODEL_TYPES = ("bpe", "unigram")
+SPM_FILE, HF_FILE = "tokenizer.model", "tokenizer.json"
+SPECIALS = ("bos", "eos", "pad", "unk")
+Kind = Literal["sentencepiece", "hf"]
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """A tokenizer file of either kind and what the data and the model take from it."""
+
+    kind: Kind
+    path: Path  # tokenizer.model (sentencepiece) or tokenizer.json (hf)
+    vocab_size: int  # ids are in [0, vocab_size)
+    special: dict[str, int | None]  # bos/eos/pad/unk ids (None: the tokenizer has none)
+    sha256: str  # of the file as a prepared directory stores it
+    content: bytes | None = None  # hf: the tokenizer.json to store (a folder's is serialised)
+
+    @property
+    def file_name(self) -> str:
+        return SPM_FILE if self.kind == "sentencepiece" else HF_FILE
+
+    def write(self, folder: Path) -> Path:
+        """Store the tokenizer file in `folder`; return its path."""
+        dest = folder / self.file_name
+        if self.content is None:
+            shutil.copyfile(self.path, dest)
+        else:
+            dest.write_bytes(self.content)
+        return dest
+
+
+def spm_info(path: str | Path) -> TokenizerInfo:
+    """TokenizerInfo of a SentencePiece model; its special ids are the model's own."""
+    sp = load_tokenizer(path)
+    ids = {"bos": sp.bos_id(), "eos": sp.eos_id(), "pad": sp.pad_id(), "unk": sp.unk_id()}
+    special = {k: (i if 0 <= i < sp.vocab_size() else None) for k, i in ids.items()}
+    return TokenizerInfo("sentencepiece", Path(path), sp.vocab_size(), special, file_sha256(path))
+
+
+def resolve_tokenizer(path: str | Path, names: dict[str, str] | None = None) -> TokenizerInfo:
+    """Any tokenizer `prepare --tokenizer` accepts: a SentencePiece model, a tokenizer.json or a
+    transformers tokenizer folder. names: bos/eos/pad token strings that override (hf only)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"tokenizer not found: {p}")
+    if p.is_dir() or p.suffix.lower() == ".json":
+        from normlab.data.hf_tokenizer import hf_info
+
+        return hf_info(p, names or {})
+    if any(names.values() if names else ()):
+        raise DataError("--bos-token/--eos-token/--pad-token apply to HF tokenizers only")
+    return spm_info(p)
+
+
+def encoder(kind: Kind, path: str | Path) -> Callable[[list[str]], list[list[int]]]:
+    """A function texts -> ids on one thread: the tokenizer's own batch encode without its
+    special tokens (prepare puts EOS after each document itself)."""
+    if kind == "sentencepiece":
+        sp = load_tokenizer(path)
+        return lambda texts: sp.encode(texts, num_threads=1)
+    # one thread per process: --num-proc decides the parallelism (read at every call)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    return lambda texts: [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
 
 
 def train_tokenizer(

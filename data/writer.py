@@ -1,46 +1,55 @@
-"""Write tokenised documents as flat memory-mapped token arrays, one per split."""
+"""Token arrays written as they are produced: `train.bin`/`val.bin` are flat arrays of one dtype
+(nanoGPT's layout), appended to batch by batch, so memory does not grow with the corpus."""
 
 from __future__ import annotations
 
+from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 import numpy as np
-from tqdm.auto import tqdm
+
+SPLITS = ("train", "val")
 
 
-def write_splits(
-    tok: Any, is_val: np.ndarray, eos: np.ndarray, out_dir: Path, dtype: np.dtype, eos_id: int
-) -> dict[str, int]:
-    """Write `train.bin`/`val.bin` from the `ids` column of `tok` (a datasets.Dataset), appending
-    `eos_id` after rows where `eos` is set; returns the token count per split."""
-    lengths = np.asarray(tok.with_format("numpy")["n"], dtype=np.int64) + eos
-    counts = {"train": int(lengths[~is_val].sum()), "val": int(lengths[is_val].sum())}
-    arrays, cursor = {}, {"train": 0, "val": 0}
-    for split, n in counts.items():
-        # np.memmap refuses size 0; an empty split is an empty file.
-        path = out_dir / f"{split}.bin"
-        path.write_bytes(b"")
-        arrays[split] = np.memmap(path, dtype=dtype, mode="w+", shape=(n,)) if n else None
-    arrow = tok.select_columns(["ids"]).with_format("arrow")
-    row, batch_rows = 0, 2048
-    with tqdm(total=sum(counts.values()), unit="tok", unit_scale=True, desc="writing") as bar:
-        for table in arrow.iter(batch_size=batch_rows):
-            col = table.column("ids").combine_chunks()
-            values, offsets = col.values.to_numpy(), col.offsets.to_numpy()
-            for j in range(len(col)):
-                r = row + j
-                split = "val" if is_val[r] else "train"
-                a, c = arrays[split], cursor[split]
-                n = offsets[j + 1] - offsets[j]
-                a[c : c + n] = values[offsets[j] : offsets[j + 1]]
-                if eos[r]:
-                    a[c + n] = eos_id
-                cursor[split] = c + n + int(eos[r])
-                bar.update(n + int(eos[r]))
-            row += len(col)
-    for split, a in arrays.items():
-        if a is not None:
-            a.flush()
-        assert cursor[split] == counts[split], "token count mismatch while writing"
-    return counts
+def route(
+    ids: list[list[int]], is_val: np.ndarray, eos: np.ndarray, eos_id: int, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train tokens, val tokens) of one batch of documents: each document's ids in order,
+    followed by `eos_id` where `eos` is set."""
+    out = []
+    for split_is_val in (False, True):
+        rows = [
+            doc + [eos_id] if e else doc
+            for doc, v, e in zip(ids, is_val, eos, strict=True)
+            if v == split_is_val
+        ]
+        n = sum(len(r) for r in rows)
+        out.append(np.fromiter(chain.from_iterable(rows), dtype=dtype, count=n))
+    return out[0], out[1]
+
+
+class SplitWriter:
+    """Appends token arrays to `folder`/{train,val}.bin and counts the tokens of each split."""
+
+    def __init__(self, folder: Path, dtype: np.dtype) -> None:
+        self.dtype = np.dtype(dtype)
+        self.counts = dict.fromkeys(SPLITS, 0)
+        # closed by close(), which build calls in a finally
+        self._files: dict[str, BinaryIO] = {
+            s: open(folder / f"{s}.bin", "wb")  # noqa: SIM115
+            for s in SPLITS
+        }
+
+    def append(self, train: np.ndarray, val: np.ndarray) -> int:
+        """Write one batch; returns the number of tokens written."""
+        for split, arr in zip(SPLITS, (train, val), strict=True):
+            assert arr.dtype == self.dtype, (arr.dtype, self.dtype)
+            self._files[split].write(arr.tobytes())
+            self.counts[split] += len(arr)
+        return len(train) + len(val)
+
+    def close(self) -> dict[str, int]:
+        for f in self._files.values():
+            f.close()
+        return dict(self.counts)

@@ -31,6 +31,7 @@ INSTRUMENTS = {
     "spike_score": "normlab.launch.instruments.spikes:SpikeScore",
     "spike_policy": "normlab.launch.instruments.policy:SpikePolicy",
     "fp16_clamp": "normlab.launch.instruments.fp16:FP16Clamp",
+    "attention_stabilizers": "normlab.launch.instruments.stabilizers:AttentionStabilizers",
     "init_loss": "normlab.launch.instruments.protocol:InitLoss",
     "output_logits": "normlab.launch.instruments.protocol:OutputLogits",
 }

@@ -1,15 +1,17 @@
-"""Causal self-attention with grouped-query heads, RoPE and optional QK-Norm (SCIENCE.md 4)."""
+"""Causal self-attention with grouped-query heads, RoPE and optional QK-Norm (SCIENCE.md 4).
+
+The exact and the lse-bounded max-logit kernels QK-Clip reads live in attention_lse.py.
+"""
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend
 
+from .attention_cores import build_core
+from .attention_lse import attention_with_lse_bounds, causal_max_logits
 from .config import ModelConfig
+from .gating import build_gate
 from .norms import RMSNorm
 from .rope import apply_rope, rope_tables
 
@@ -55,6 +57,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.q_norm = build_qk_norm(cfg, cfg.n_heads)
         self.k_norm = build_qk_norm(cfg, cfg.n_kv_heads)
+        self.core = build_core(cfg.n_heads, cfg.attn_sinks, cfg.attn_softcap)  # softmax(S+M) V
+        self.gate = build_gate(cfg.attn_gate, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.bias)
         self.dropout_p = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.record_max_logits = False
@@ -86,73 +90,12 @@ class Attention(nn.Module):
         if self.record_max_logits:
             self.max_logits = causal_max_logits(q, k)
         dropout_p = self.dropout_p if self.training else 0.0
+        y, bounds = self.core(q, k, v, dropout_p, self.record_lse_bound)  # (B, H, T, D)
         if self.record_lse_bound:
-            y, self.lse_bounds = attention_with_lse_bounds(q, k, v, dropout_p)
-        else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=dropout_p, enable_gqa=k.shape[1] != q.shape[1]
-            )
+            self.lse_bounds = bounds
+        y = self.gate(x, y)  # O ⊙ σ(X W_g), or O
         return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(B, T, -1)))
 
 
-@torch.no_grad()
-def causal_max_logits(q: torch.Tensor, k: torch.Tensor, chunk: int = 256) -> torch.Tensor:
-    """Per-head max of q_i . k_j / sqrt(d) over batch and j <= i, streamed over query chunks.
-
-    q: (B, H, T, D), k: (B, H_kv, T, D). Returns (H,) in fp32; no T x T matrix is kept whole.
-    """
-    B, H, T, D = q.shape
-    k = k.repeat_interleave(H // k.shape[1], dim=1).float()
-    best = torch.full((H,), float("-inf"), device=q.device)
-    for start in range(0, T, chunk):
-        qc = q[:, :, start : start + chunk].float()
-        s = qc @ k.transpose(-1, -2) / math.sqrt(D)  # (B, H, c, T)
-        rows = torch.arange(start, start + qc.shape[2], device=q.device)[:, None]
-        s = s.masked_fill(torch.arange(T, device=q.device)[None, :] > rows, float("-inf"))
-        best = torch.maximum(best, s.amax(dim=(0, 2, 3)))
-    return best
-
-
-def attention_with_lse_bounds(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """Causal attention that also yields per-head bounds on the max logit (SCIENCE.md 7), with
-    the output bit-identical to `F.scaled_dot_product_attention`'s.
-
-    The fused kernels keep each row's lse_i = log sum_j exp(s_ij); with n_i = i + 1 unmasked keys,
-    lse_i - log(n_i) <= max_j s_ij <= lse_i. The kernel SDPA itself would choose is called with
-    SDPA's arguments (ATen's op directly: the public call does not return its lse), so training is
-    unchanged. Where SDPA would take a path that keeps no lse (its math path: dropout on the CPU,
-    for one), SDPA runs as usual and both bounds are the exact streamed maximum. Returns the
-    output (B, H, T, D) and the (lower, upper) bounds (H,) maximised over batch and rows.
-    """
-    gqa = k.shape[1] != q.shape[1]
-    fused = _fused_attention_lse(q, k, v, dropout_p, gqa)
-    if fused is None:
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=dropout_p, enable_gqa=gqa
-        )
-        exact = causal_max_logits(q, k)
-        return y, (exact, exact)
-    y, lse = fused  # lse (B, H, T) in fp32
-    log_n = torch.arange(1, q.shape[2] + 1, device=q.device, dtype=torch.float32).log()
-    lower = (lse.float() - log_n).amax(dim=(0, 2))
-    return y, (lower.detach(), lse.float().amax(dim=(0, 2)).detach())
-
-
-def _fused_attention_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, gqa: bool
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(output, lse) from the fused kernel SDPA picks for these inputs, called as SDPA calls it;
-    None when SDPA would pick a kernel this does not mirror."""
-    aten = torch.ops.aten
-    choice = SDPBackend(torch._fused_sdp_choice(q, k, v, None, dropout_p, True, enable_gqa=gqa))
-    if choice == SDPBackend.FLASH_ATTENTION and q.device.type == "cpu":
-        return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, True)[:2]
-    if choice == SDPBackend.FLASH_ATTENTION and q.shape[-1] % 8 == 0:  # SDPA pads other sizes
-        return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, True)[:2]
-    if choice == SDPBackend.EFFICIENT_ATTENTION and not gqa:
-        return aten._scaled_dot_product_efficient_attention(q, k, v, None, True, dropout_p, True)[
-            :2
-        ]
-    return None
+__all__ = ["Attention", "FlatQKNorm", "HeadQKNorm", "attention_with_lse_bounds", "build_qk_norm",
+           "causal_max_logits"]

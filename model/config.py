@@ -15,6 +15,7 @@ NormBackend = Literal["torch", "triton", "auto"]
 MlpKind = Literal["swiglu", "gelu", "relu"]
 QKNorm = Literal["none", "head", "flat"]
 InitScheme = Literal["gpt2", "normal", "olmo2", "deepnorm", "xavier"]
+AttnGate = Literal["none", "headwise", "elementwise"]
 
 # Placements that end with a norm before the output head (SCIENCE.md section 1).
 FINAL_NORM = {
@@ -53,6 +54,11 @@ class ModelConfig:
     bias: bool = False
     dropout: float = 0.0
     rope_theta: float = 10000.0
+    # attention stabilizers (SCIENCE.md 12-14)
+    attn_gate: AttnGate = "none"  # sigmoid gate on the SDPA output, per head or per channel
+    attn_sinks: bool = False  # a learned logit per query head in the softmax denominator
+    attn_softcap: float | None = None  # c * tanh(S / c) on the attention logits (Gemma 2: 50)
+    final_softcap: float | None = None  # c * tanh(z / c) on the output logits (Gemma 2: 30)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -101,6 +107,12 @@ class ModelConfig:
         for name in ("norm_eps", "init_std", "rope_theta"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("attn_softcap", "final_softcap"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(
+                    f"model.{name} must be a cap > 0 (Gemma 2: attention 50, final 30) or null "
+                    f"for none, got {getattr(self, name)}"
+                )
 
     @property
     def head_dim(self) -> int:

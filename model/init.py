@@ -86,7 +86,7 @@ def init_plan(model: nn.Module, cfg: ModelConfig) -> dict[str, Draw]:
     by_id: dict[int, Draw] = {}
     for name, module in model.named_modules():
         for pname, p in module.named_parameters(recurse=False):
-            if pname == "bias":
+            if pname == "bias" or pname == "sinks":
                 by_id[id(p)] = ZEROS
             elif isinstance(module, nn.Linear | nn.Embedding):
                 by_id[id(p)] = SCHEMES[cfg.init](name.rsplit(".", 1)[-1], module, cfg)
@@ -148,7 +148,7 @@ def _deepnorm(leaf: str, module: nn.Module, cfg: ModelConfig) -> Draw:
 
 def _xavier(leaf: str, module: nn.Module, cfg: ModelConfig) -> Draw:
     """Xiong et al.'s analysis setting: Xavier everywhere, W_Q = W_K = 0 (uniform attention)."""
-    if leaf in ("q_proj", "k_proj"):
+    if leaf in ("q_proj", "k_proj", "g_proj"):  # the gate initialised like W_q (SCIENCE.md 12)
         return ZEROS
     if isinstance(module, nn.Embedding):
         return Draw("normal", 1.0)

@@ -35,6 +35,8 @@ def count_params(cfg: Any) -> int:
     bias = (2 * d + 2 * kv + cfg.d_ff * (n_mats - 1) + d) if cfg.bias else 0
     block = 2 * d * d + 2 * d * kv + n_mats * d * cfg.d_ff
     block += norms_per_block[cfg.placement] * norm_size + qk + bias
+    gate = {"none": 0, "headwise": cfg.n_heads, "elementwise": d}[cfg.attn_gate]  # W_g columns
+    block += gate * (d + int(cfg.bias)) + (cfg.n_heads if cfg.attn_sinks else 0)
     embed = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     extra_norms = int(cfg.has_final_norm) + int(cfg.embed_norm)
     return cfg.n_layers * block + embed + extra_norms * norm_size

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .attention import Attention
+from .attention_cores import SoftCap
 from .config import ModelConfig
 from .init import init_weights
 from .mlp import build_mlp
@@ -56,6 +57,8 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(build_block(cfg, layer) for layer in range(1, cfg.n_layers + 1))
         self.final_norm = build_norm(cfg, cfg.d_model) if cfg.has_final_norm else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        cap = cfg.final_softcap  # Gemma 2: z' = c tanh(z / c); the loss (and z-loss) see z'
+        self.final_cap = SoftCap(cap) if cap is not None else nn.Identity()
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
         self.init_weights()
@@ -64,7 +67,7 @@ class Transformer(nn.Module):
         x = self.drop(self.embed_norm(self.embed(tokens)))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.final_norm(x))  # (B, T, V)
+        return self.final_cap(self.head(self.final_norm(x)))  # (B, T, V)
 
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:

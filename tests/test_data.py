@@ -150,7 +150,7 @@ def test_failed_prepare_leaves_nothing(small: tuple[Path, Path], tmp_path: Path)
     bad.write_text('{"body": "no text field"}\n')
     before = sorted(p.name for p in out.parent.iterdir())
     tok = str(out / "tokenizer.model")
-    with pytest.raises(DataError, match="no column 'text'"):
+    with pytest.raises(DataError, match="no row holds text under 'text'"):
         prepare([str(bad)], out, tokenizer=tok, overwrite=True, num_proc=1)
     assert sorted(p.name for p in out.parent.iterdir()) == before  # no temp dir, out intact
     assert _bins(out)["train"].size > 0

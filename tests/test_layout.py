@@ -1,6 +1,7 @@
 """The architecture of launch/ holds: config and registry are leaves, and no import circle exists
-between modules (imports anywhere in a module, deferred ones included; type-only imports under
-TYPE_CHECKING excluded)."""
+between modules. Every import counts: deferred ones inside functions and type-only ones under
+TYPE_CHECKING (a type annotation is a dependency too; excluding them once hid the circle
+trainer -> optim -> qk_clip -> trainer, which callbacks now break with the TrainerView protocol)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,9 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(path: Path) -> set[str]:
-    """Every module `path` imports, at the top or deferred inside a function."""
+    """Every module `path` imports: at the top, deferred inside a function, or for type checking."""
     out: set[str] = set()
-    todo = list(ast.parse(path.read_text()).body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        todo.extend(ast.iter_child_nodes(node))
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -65,6 +61,29 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_import_cycles() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_type_only_and_deferred_imports_are_edges(tmp_path: Path) -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from normlab.launch.training.trainer import Trainer\n"
+        "def f():\n    import normlab.launch.optim\n"
+    )
+    (tmp_path / "m.py").write_text(source)
+    assert {"normlab.launch.training.trainer", "normlab.launch.optim"} <= imports_of(
+        tmp_path / "m.py"
+    )
+
+
+def test_callbacks_see_the_trainer_through_a_protocol() -> None:
+    """Instruments and optimizer callbacks never import the Trainer class (only TrainerView)."""
+    graph = import_graph()
+    users = [
+        m for m in graph if m.startswith(("normlab.launch.instruments", "normlab.launch.optim"))
+    ]
+    assert users
+    for m in users:
+        assert "normlab.launch.training.trainer" not in graph[m], m
 
 
 def test_find_cycle_detects_a_circle() -> None:

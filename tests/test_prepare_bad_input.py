@@ -24,7 +24,7 @@ def _prepare(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, 
 def inputs(tmp_path: Path) -> Path:
     d = tmp_path / "in"
     (d / "none").mkdir(parents=True)
-    (d / "none" / "notes.md").write_text("not a supported type\n")
+    (d / "none" / "notes.py").write_text("print('not a supported type')\n")
     (d / "empty.txt").write_bytes(b"")
     (d / "binary.txt").write_bytes(bytes(range(256)) * 20)
     (d / "latin1.txt").write_bytes(b"ascii\n" + ("caf\xe9 na\xefve\n" * 50).encode("latin-1"))
@@ -43,8 +43,12 @@ def inputs(tmp_path: Path) -> Path:
         ("all_latin1.txt", "holds no UTF-8 text"),
         ("none", "holds no .txt"),
         ("missing.txt", "input file not found"),
-        ("nofield.jsonl", "no column 'text'"),
-        ("numbers.jsonl", "not text; set --text-field"),
+        (
+            "nofield.jsonl",
+            "no row holds text under 'text' (1 rows; the first has the fields "
+            "['body']); set --text-field",
+        ),
+        ("numbers.jsonl", "the first has 'text': int); set --text-field"),
     ],
 )
 def test_bad_inputs_are_one_line(
@@ -92,12 +96,12 @@ def test_unwritable_out_and_full_disk_are_one_line(
 ) -> None:
     import errno
 
-    import normlab.data.prepare as prepare_mod
+    import normlab.data.prepare_build as prepare_build
 
     src = tmp_path / "a.txt"
     rng = random.Random(0)
     words = ("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=5)) for _ in range(20000))
-    src.write_text(" ".join(words) + "\n")
+    src.write_text("".join(" ".join(next(words) for _ in range(20)) + "\n" for _ in range(1000)))
     (tmp_path / "file").write_text("x")
     code, _, err = _prepare(capsys, str(src), "--out", str(tmp_path / "file" / "out"))
     assert code == 2 and "cannot create --out" in err.strip().splitlines()[-1]
@@ -105,7 +109,7 @@ def test_unwritable_out_and_full_disk_are_one_line(
     def full(*args: object, **kw: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x" / "train.bin"))
 
-    monkeypatch.setattr(prepare_mod, "write_splits", full)
+    monkeypatch.setattr(prepare_build, "SplitWriter", full)
     code, _, err = _prepare(capsys, str(src), "--out", str(tmp_path / "out"))
     last = err.strip().splitlines()[-1]
     assert code == 2 and "no space left on device while writing" in last and "Traceback" not in err

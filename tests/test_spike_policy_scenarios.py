@@ -1,7 +1,8 @@
-"""The spike policy never freezes a run (issue 11): synthetic runs in which the loss follows the
-number of updates actually applied, and checkpoints hold (applied updates, the policy's state) as
-the trainer's do. Each scenario ends with applied updates close to the number of steps, or with
-the run stopped as diverged and a message saying why."""
+"""The spike policy never freezes a run (issue 11) and gives the same verdict for the same data with
+and without checkpoints (issue 23): synthetic runs in which the loss follows the number of updates
+actually applied, and checkpoints hold (applied updates, the policy's state) as the trainer's do.
+Each scenario ends with applied updates counted exactly, or with the run stopped as diverged and a
+message saying why."""
 
 from __future__ import annotations
 
@@ -90,52 +91,91 @@ def policy(**kw: object) -> SpikePolicy:
     return SpikePolicy({"window": 200, "k": 7.0, "max_bad_steps": 5, **kw})
 
 
-def test_permanent_level_shift_with_checkpoints_stops_as_diverged() -> None:
-    sim = SimRun(policy(), ckpt_every=500)
-    assert sim.run(STEPS, level_shift(at=1201)) == "diverged"
-    # five bad steps, a rollback to step 1000 with its windows, five more bad: same checkpoint,
-    # no good step in between
-    assert sim.loads == ["step_00001000"] and sim.stopped_at == 1210
-    assert "no good step in between" in sim.reason and "step_00001000" in sim.reason
+# (checkpoint every, settings): with checkpoints, without, and with rollback switched off
+CHECKPOINTS = [(500, {}), (0, {}), (500, {"rollback": False})]
 
 
-@pytest.mark.parametrize("settings", [{"rollback": False}, {}])
-def test_permanent_level_shift_without_checkpoint_is_accepted(settings: dict) -> None:
-    sim = SimRun(policy(**settings), ckpt_every=0)
+@pytest.mark.parametrize(("every", "settings"), CHECKPOINTS)
+def test_level_shift_is_the_new_level_with_or_without_checkpoints(
+    every: int, settings: dict
+) -> None:
+    sim = SimRun(policy(**settings), ckpt_every=every)
     assert sim.run(STEPS, level_shift(at=1201)) == "completed"
-    assert sim.policy.skipped == 5 and sim.policy.rebaselines == 1
-    assert sim.applied == STEPS - 5  # the shift is the new level after re-baselining
+    assert sim.policy.rebaselines == 1
     assert any("accepting them as the new level" in m for m in sim.messages)
+    if every and not settings:
+        # 6 bad steps (past max_bad_steps 5) roll back to step 1000; 6 more right after the
+        # rollback confirm the shift: re-baselined. Lost: 12 skips + the 200 undone updates.
+        assert sim.loads == ["step_00001000"] and sim.policy.skipped == 12
+        assert sim.applied == STEPS - 12 - 200
+        assert any("began right after a rollback" in m for m in sim.messages)
+    else:
+        assert sim.loads == [] and sim.policy.skipped == 6 and sim.applied == STEPS - 6
 
 
-def test_transient_spike_on_falling_loss_with_old_checkpoints() -> None:
-    """Checkpoints every 1000 steps, window 200: the rollback returns to a model whose loss is
-    well above the last window's; that window must come back with the model."""
-    sim = SimRun(policy(), ckpt_every=1000)
-    assert sim.run(STEPS, falling_with_spike(1801)) == "completed"
-    assert sim.loads == ["step_00001000"] and sim.policy.rollbacks == 1
-    assert sim.policy.skipped == 5
-    # lost: the 5 skipped steps and the 800 updates of steps 1001..1800 that the rollback undid
-    assert sim.applied == STEPS - 5 - 800
-
-
-def test_transient_spike_without_checkpoint_skips_only_the_spike() -> None:
-    sim = SimRun(policy(), ckpt_every=0)
-    assert sim.run(STEPS, falling_with_spike(1801)) == "completed"
+@pytest.mark.parametrize("every", [500, 0])
+def test_five_step_spike_is_skipped_without_rollback(every: int) -> None:
+    """max_bad_steps (5) bad steps are a passing spike: skipped, nothing undone."""
+    sim = SimRun(policy(), ckpt_every=every)
+    assert sim.run(STEPS, falling_with_spike(1801, length=5)) == "completed"
+    assert sim.loads == [] and sim.policy.rollbacks == 0 and sim.policy.rebaselines == 0
     assert sim.policy.skipped == 5 and sim.applied == STEPS - 5
 
 
-def test_more_rollbacks_than_allowed_stops_as_diverged() -> None:
-    sim = SimRun(policy(max_rollbacks=2), ckpt_every=500)
-    assert sim.run(STEPS, falling_with_spike(601, 1301, 2101)) == "diverged"
-    assert sim.policy.rollbacks == 2 and sim.stopped_at == 2105
-    assert "max_rollbacks (2)" in sim.reason
+def test_long_run_of_bad_steps_rolls_back() -> None:
+    """8 bad batches: the 6th rolls back to step_00001500; the last 2 are skipped after it."""
+    sim = SimRun(policy(), ckpt_every=500)
+    assert sim.run(STEPS, falling_with_spike(1801, length=8)) == "completed"
+    assert sim.loads == ["step_00001500"] and sim.policy.rollbacks == 1
+    assert sim.policy.skipped == 8 and sim.policy.rebaselines == 0
+    assert sim.applied == STEPS - 8 - 300  # the updates of steps 1501..1800 are undone
+    said = "rolled back to step_00001500; batches of steps 1501..1806"
+    assert any(said in m for m in sim.messages)
 
 
-def test_non_finite_without_checkpoint_stops_as_diverged() -> None:
+def test_rollback_to_an_old_checkpoint_brings_its_windows_back() -> None:
+    """Checkpoints every 1000 steps, window 200: the rollback returns to a model whose loss is
+    well above the last window's; that window must come back with the model."""
+    sim = SimRun(policy(), ckpt_every=1000)
+    assert sim.run(STEPS, falling_with_spike(1801, length=8)) == "completed"
+    assert sim.loads == ["step_00001000"] and sim.policy.rollbacks == 1
+    assert sim.policy.skipped == 8
+    assert sim.applied == STEPS - 8 - 800
+
+
+def test_long_run_without_checkpoint_is_decided_on_its_values() -> None:
+    """The same 8 bad batches with nothing to roll back to: finite, so the new level (the run
+    completes either way); the 2 after the 6th are not judged until a window is half full."""
     sim = SimRun(policy(), ckpt_every=0)
+    assert sim.run(STEPS, falling_with_spike(1801, length=8)) == "completed"
+    assert sim.policy.rebaselines == 1 and sim.policy.skipped == 6 and sim.applied == STEPS - 6
+
+
+@pytest.mark.parametrize("at", [100, 101])
+def test_judging_starts_from_half_a_window(at: int) -> None:
+    """window 200: step 101 is judged against the 100 values before it; step 100 is not."""
+    sim = SimRun(policy(), ckpt_every=0)
+    assert sim.run(400, falling_with_spike(at, length=1)) == "completed"
+    assert sim.policy.skipped == (1 if at == 101 else 0)
+
+
+def test_used_up_rollbacks_decide_as_without_a_checkpoint() -> None:
+    sim = SimRun(policy(max_rollbacks=2), ckpt_every=500)
+    assert sim.run(STEPS, falling_with_spike(601, 1301, 2101, length=8)) == "completed"
+    assert sim.policy.rollbacks == 2 and sim.policy.rebaselines == 1
+    assert any("max_rollbacks (2) are used" in m for m in sim.messages)
+
+
+@pytest.mark.parametrize(("every", "stopped_at"), [(0, 56), (20, 62)])
+def test_lasting_non_finite_values_stop_with_or_without_checkpoints(
+    every: int, stopped_at: int
+) -> None:
+    """NaN from step 51 on: with no checkpoint the 6th bad step stops the run; with one, the
+    rollback to step 40 is answered by 6 more NaN steps, which stop it."""
+    sim = SimRun(policy(), ckpt_every=every)
     status = sim.run(100, lambda step, applied: (math.nan if step > 50 else 3.0, 1.0))
-    assert status == "diverged" and sim.stopped_at == 55 and "non-finite" in sim.reason
+    assert status == "diverged" and sim.stopped_at == stopped_at and "non-finite" in sim.reason
+    assert sim.loads == (["step_00000040"] if every else [])
 
 
 @pytest.mark.parametrize(

@@ -211,3 +211,15 @@ def test_restart_before_first_checkpoint_logs_each_step_once(
     assert _train(tiny_data, run)[1] == 0
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
     assert steps == list(range(1, 9))
+
+
+def test_eval_before_the_first_log_step(tiny_data: Path, tmp_path: Path) -> None:
+    """eval_every 2, log_every 3: step 2 evaluates before any loss is logged (no crash)."""
+    run = tmp_path / "run"
+    _, status = _train(
+        tiny_data, run, training__steps=3, training__eval_every=2, training__log_every=3
+    )
+    assert status == 0
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in rows if "eval_loss" in r] == [2, 3]
+    assert [r["step"] for r in rows if "loss" in r] == [3]

@@ -2,11 +2,12 @@
 a folder that HF transformers loads directly, plus normlab's own files.
 
 DIR holds the HF model (config.json, model.safetensors, generation_config.json) where the
-architecture exists in transformers (model.hf), the run's tokenizer (tokenizer.model and the HF
-tokenizer files, data.hf_tokenizer), and normlab/ (model.safetensors with normlab's parameter
-names, config.yaml, model_config.json). `AutoTokenizer.from_pretrained(DIR)` and
-`AutoModelForCausalLM.from_pretrained(DIR)` load it. --no-hf writes tokenizer.model and normlab/
-only (and so needs no transformers).
+architecture exists in transformers (model.hf), the run's tokenizer (a SentencePiece
+tokenizer.model with HF files converted from it, or the HF tokenizer.json the data was prepared
+with, with its special tokens: data.hf_tokenizer), and normlab/ (model.safetensors with normlab's
+parameter names, config.yaml, model_config.json). `AutoTokenizer.from_pretrained(DIR)` and
+`AutoModelForCausalLM.from_pretrained(DIR)` load it. --no-hf writes the tokenizer file and
+normlab/ only (and so needs no transformers).
 
 Runs in one process without a process group: single-engine checkpoints are read directly, FSDP
 checkpoints through torch.distributed.checkpoint (any saving world size), DeepSpeed ZeRO
@@ -18,6 +19,7 @@ export leaves nothing, and with --overwrite the previous export survives until t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import os
@@ -26,6 +28,8 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from normlab.data.errors import DataError
+from normlab.data.tokenizer import TokenizerInfo
 from normlab.launch.config import RunConfig, load_config
 from normlab.launch.engines.fsdp import read_meta
 from normlab.launch.errors import CheckpointError, RunDirError
@@ -59,13 +63,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--tokenizer",
-        metavar="FILE",
-        help="SentencePiece .model to ship (default: the one of the run's data.dataset)",
+        metavar="PATH",
+        help="tokenizer to ship: a SentencePiece .model, a tokenizer.json or a tokenizer folder "
+        "(default: the one of the run's data.dataset)",
     )
     p.add_argument(
         "--no-hf",
         action="store_true",
-        help="native format only (tokenizer.model and normlab/); needs no transformers",
+        help="native format only (the tokenizer file and normlab/); needs no transformers",
     )
     p.set_defaults(func=run)
 
@@ -122,35 +127,57 @@ def check_out(out: Path, run_dir: Path, overwrite: bool) -> None:
         )
 
 
-def run_tokenizer(cfg: RunConfig, given: str | None) -> Path:
-    """The SentencePiece model the run trained on (or --tokenizer), checked against its size."""
+def run_tokenizer(cfg: RunConfig, given: str | None) -> TokenizerInfo:
+    """The tokenizer the run trained on (the one its data.dataset stores, with the special ids
+    its meta.json records), or --tokenizer (any kind prepare accepts), checked against the size
+    the run trained with."""
+    from normlab.data.tokenizer import resolve_tokenizer
+
     if given:
-        path = Path(given).expanduser()
-    elif cfg.data.dataset == "bundled":
+        if not Path(given).expanduser().exists():
+            raise RunDirError(f"the tokenizer {given} is missing; pass --tokenizer PATH")
+        info = resolve_tokenizer(given)
+    else:
+        info = dataset_tokenizer(cfg)
+    if info.vocab_size != cfg.data.vocab_size:
+        raise RunDirError(
+            f"{info.path} has {info.vocab_size} tokens but the run trained on a "
+            f"{cfg.data.vocab_size}-token tokenizer (data.vocab_size); pass --tokenizer with "
+            "the run's tokenizer"
+        )
+    return info
+
+
+def dataset_tokenizer(cfg: RunConfig) -> TokenizerInfo:
+    from normlab.data.prepare_meta import read_meta
+    from normlab.data.tokenizer import SPECIALS, resolve_tokenizer
+
+    if cfg.data.dataset == "bundled":
         from normlab.launch.training.datasets import (
             resolve_dataset,  # prepares it if the cache is gone
         )
 
-        path = resolve_dataset(cfg.data, quiet=True) / SPM_FILE
+        folder = resolve_dataset(cfg.data, quiet=True)
     else:
-        path = Path(cfg.data.dataset).expanduser() / SPM_FILE
-    if not path.is_file():
+        folder = Path(cfg.data.dataset).expanduser()
+    try:
+        meta = read_meta(folder)
+    except DataError as exc:
         raise RunDirError(
-            f"the run's tokenizer {path} is missing (data.dataset {cfg.data.dataset}); "
-            "pass --tokenizer FILE (the tokenizer.model it was prepared with)"
-        )
-    from normlab.data.tokenizer import load_tokenizer
-
-    size = load_tokenizer(path).vocab_size()
-    if size != cfg.data.vocab_size:
-        raise RunDirError(
-            f"{path} has {size} pieces but the run trained on a {cfg.data.vocab_size}-piece "
-            "tokenizer (data.vocab_size); pass --tokenizer with the run's tokenizer.model"
-        )
-    return path
+            f"the run's data.dataset {folder} cannot give its tokenizer ({exc}); pass "
+            "--tokenizer PATH (the tokenizer it was prepared with)"
+        ) from None
+    path = folder / meta.get("tokenizer", {}).get("file", SPM_FILE)
+    info = resolve_tokenizer(path)
+    if info.kind == "hf":  # the special tokens prepare was told, not only the guessed ones
+        special = {k: meta.get(f"{k}_id") for k in SPECIALS}
+        info = dataclasses.replace(info, special=special)
+    return info
 
 
-def write_export(model: Transformer, cfg: RunConfig, spm: Path, tmp: Path, hf: bool) -> list[str]:
+def write_export(
+    model: Transformer, cfg: RunConfig, tok: TokenizerInfo, tmp: Path, hf: bool
+) -> list[str]:
     """Everything of the export into the empty folder `tmp`; return report lines."""
     native = tmp / NATIVE_DIR
     native.mkdir()
@@ -158,12 +185,18 @@ def write_export(model: Transformer, cfg: RunConfig, spm: Path, tmp: Path, hf: b
     (native / CONFIG).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     (native / MODEL_CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
     if not hf:
-        shutil.copyfile(spm, tmp / SPM_FILE)
-        return [f"tokenizer {spm.name} (SentencePiece only: --no-hf)"]
-    from normlab.data.hf_tokenizer import save_hf_tokenizer
+        tok.write(tmp)
+        (native / "special_tokens.json").write_text(json.dumps(tok.special, indent=2) + "\n")
+        return [f"tokenizer {tok.file_name} ({tok.kind} only: --no-hf)"]
+    from normlab.data.hf_tokenizer import save_hf_json_tokenizer, save_hf_tokenizer
 
-    token_ids = save_hf_tokenizer(spm, tmp, model.config.max_seq_len)
-    return [f"tokenizer {spm} (SentencePiece + HF files)", save_hf(model, tmp, token_ids)]
+    if tok.kind == "sentencepiece":
+        token_ids = save_hf_tokenizer(tok.path, tmp, model.config.max_seq_len)
+        what = "SentencePiece + HF files"
+    else:
+        token_ids = save_hf_json_tokenizer(tok, tmp, model.config.max_seq_len)
+        what = "HF tokenizer files"
+    return [f"tokenizer {tok.path} ({what})", save_hf(model, tmp, token_ids)]
 
 
 def publish(tmp: Path, out: Path) -> None:
@@ -201,7 +234,7 @@ def export(
     engine = read_meta(ckpt).get("engine", "single")
     if read_meta(ckpt).get("format") == "deepspeed":
         require("deepspeed", f"exporting the DeepSpeed checkpoint {ckpt}")
-    spm = run_tokenizer(cfg, tokenizer)
+    tok = run_tokenizer(cfg, tokenizer)
     damage = find_damage(ckpt)
     if damage is not None:
         raise CheckpointError(f"checkpoint {ckpt.name} is damaged: {damage}; export another --step")
@@ -210,7 +243,7 @@ def export(
     tmp = temp_dir(out)
     try:
         lines = [f"{ckpt.name} ({engine}) -> {out / NATIVE_DIR / WEIGHTS}"]
-        written = write_export(model, cfg, spm, tmp, hf)
+        written = write_export(model, cfg, tok, tmp, hf)
         lines += [line.replace(str(tmp), str(out)) for line in written]
         publish(tmp, out)
     except OSError as exc:

@@ -13,7 +13,7 @@ trainer's single copy per log step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from normlab.launch.instruments.common import (
@@ -26,11 +26,8 @@ from normlab.launch.instruments.common import (
     is_log_step,
     settings_of,
 )
-from normlab.launch.training.callbacks import Callback
+from normlab.launch.training.callbacks import Callback, TrainerView
 from torch.utils.hooks import RemovableHandle
-
-if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
 
 KINDS = (RESID, ATTN_OUT, MLP_OUT, PRE_NORM)
 
@@ -57,11 +54,11 @@ class ActivationStats(Callback):
         self._count: list[list[int]] = []
         self._tapped: list[int] = []  # blocks with a pre-norm tap
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         if is_log_step(trainer, trainer.step + 1):
             self._arm(trainer)
 
-    def _arm(self, trainer: Trainer) -> None:
+    def _arm(self, trainer: TrainerView) -> None:
         mods = blocks(trainer)
         device = next(mods.parameters()).device
         self._sumsq = torch.zeros(len(KINDS), len(mods), device=device)
@@ -91,7 +88,7 @@ class ActivationStats(Callback):
             h.remove()
         self._handles = []
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if self._handles:
             self._disarm()
             sumsq = trainer.engine.all_reduce(self._sumsq, "sum")
@@ -104,5 +101,5 @@ class ActivationStats(Callback):
         if is_log_step(trainer, step + 1):
             self._arm(trainer)
 
-    def on_train_end(self, trainer: Trainer, status: str) -> None:
+    def on_train_end(self, trainer: TrainerView, status: str) -> None:
         self._disarm()

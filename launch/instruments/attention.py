@@ -11,7 +11,7 @@ the plain fused path only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from normlab.launch.errors import ConfigError
@@ -27,12 +27,9 @@ from normlab.launch.instruments.common import (
     settings_of,
 )
 from normlab.launch.instruments.gradients import local_parts, sum_squares
-from normlab.launch.training.callbacks import Callback
+from normlab.launch.training.callbacks import Callback, TrainerView
 from torch import nn
 from torch.utils.hooks import RemovableHandle
-
-if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
 
 # mode -> the metric kinds it logs, in the order the attention module reports them
 MODES = {"exact": (MAX_LOGIT,), "lse_bound": (MAX_LOGIT_LOWER, MAX_LOGIT_UPPER)}
@@ -52,11 +49,11 @@ class AttentionLogits(Callback):
         self._handles: list[RemovableHandle] = []
         self._best: torch.Tensor | None = None  # (blocks, heads): exact max, or [upper, lower]
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         if is_log_step(trainer, trainer.step + 1):
             self._arm(trainer)
 
-    def _arm(self, trainer: Trainer) -> None:
+    def _arm(self, trainer: TrainerView) -> None:
         atts = [attention_of(b) for b in blocks(trainer)]
         device = atts[0].q_proj.weight.device
         shape = (len(MODES[self.mode]), len(atts), atts[0].n_heads)
@@ -86,7 +83,7 @@ class AttentionLogits(Callback):
             att.record_max_logits, att.max_logits = False, None
             att.record_lse_bound, att.lse_bounds = False, None
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if self._handles:
             self._disarm()
             all_best = trainer.engine.all_reduce(self._best, "max")
@@ -100,7 +97,7 @@ class AttentionLogits(Callback):
         if is_log_step(trainer, step + 1):
             self._arm(trainer)
 
-    def on_train_end(self, trainer: Trainer, status: str) -> None:
+    def on_train_end(self, trainer: TrainerView, status: str) -> None:
         self._disarm()
 
 
@@ -113,7 +110,7 @@ class QKGains(Callback):
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         settings_of(settings, {}, self.name)
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         self._gains: list[tuple[str, torch.Tensor]] = []
         for i, block in enumerate(blocks(trainer)):
             att = attention_of(block)
@@ -121,7 +118,7 @@ class QKGains(Callback):
                 if getattr(norm, "weight", None) is not None:
                     self._gains.append((block_key(QK_GAIN, i, sub), norm.weight))
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if not self._gains or not is_log_step(trainer, step):
             return
         parts = local_parts(trainer, [w for _, w in self._gains], "param")

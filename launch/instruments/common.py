@@ -18,7 +18,7 @@ from normlab.model.attention import Attention
 from torch import nn
 
 if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
+    from normlab.launch.training.callbacks import TrainerView
 
 RESID, ATTN_OUT, MLP_OUT = "resid_rms", "attn_out_rms", "mlp_out_rms"
 PRE_NORM = "pre_norm_rms"  # post-norm blocks: the residual sum before the closing norm
@@ -46,7 +46,7 @@ def parse_block_key(key: str) -> tuple[str, int, str | None] | None:
     return (m["kind"], int(m["block"]), m["sub"]) if m else None
 
 
-def is_log_step(trainer: Trainer, step: int) -> bool:
+def is_log_step(trainer: TrainerView, step: int) -> bool:
     """The trainer writes metrics for `step` (keep in step with Trainer._loop)."""
     t = trainer.cfg.training
     return step % t.log_every == 0 or step == t.steps
@@ -61,7 +61,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def blocks(trainer: Trainer) -> nn.ModuleList:
+def blocks(trainer: TrainerView) -> nn.ModuleList:
     return unwrap(trainer.engine.model).blocks
 
 

@@ -26,7 +26,7 @@ goes ahead with the saturated values.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from normlab.launch.errors import ConfigError
@@ -37,12 +37,9 @@ from normlab.launch.instruments.common import (
     settings_of,
     unwrap,
 )
-from normlab.launch.training.callbacks import Callback
+from normlab.launch.training.callbacks import Callback, TrainerView
 from torch import nn
 from torch.utils.hooks import RemovableHandle
-
-if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
 
 FP16_MAX = torch.finfo(torch.float16).max
 
@@ -138,14 +135,14 @@ class FP16Clamp(Callback):
         self.hooks: ClampHooks | None = None
         self._saved: list[float] | None = None
 
-    def active_for(self, trainer: Trainer) -> bool:
+    def active_for(self, trainer: TrainerView) -> bool:
         if self.mode != "auto":
             return self.mode == "on"
         model = unwrap(trainer.engine.model)
         fp16_params = any(p.dtype == torch.float16 for p in model.parameters())
         return trainer.cfg.precision.dtype == "fp16" or fp16_params
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         if not self.active_for(trainer):
             return
         self.hooks = ClampHooks(trainer.engine.model)
@@ -154,7 +151,7 @@ class FP16Clamp(Callback):
         if trainer.engine.is_main:
             trainer.console.print("fp16: clamping fp16 activations (instruments.fp16_clamp)")
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if self.hooks is None or not is_log_step(trainer, step):
             return
         counts = trainer.engine.all_reduce(self.hooks.counts.clone(), "sum")
@@ -162,7 +159,7 @@ class FP16Clamp(Callback):
             metrics[block_key(FP16_CLAMPS, i)] = counts[i]
         metrics[FP16_CLAMPS] = counts.sum()
 
-    def on_train_end(self, trainer: Trainer, status: str) -> None:
+    def on_train_end(self, trainer: TrainerView, status: str) -> None:
         if self.hooks is not None:
             self.hooks.remove()
 

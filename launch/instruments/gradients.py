@@ -9,7 +9,7 @@ local parts through `Engine.local_tensors`; shards are summed across ranks, repl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from normlab.launch.instruments.common import (
@@ -23,17 +23,14 @@ from normlab.launch.instruments.common import (
     settings_of,
     unwrap,
 )
-from normlab.launch.training.callbacks import Callback
+from normlab.launch.training.callbacks import Callback, TrainerView
 from torch import nn
-
-if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
 
 Parts = list[tuple[torch.Tensor | None, bool]]
 
 
 def local_parts(
-    trainer: Trainer, params: list[nn.Parameter], kind: Literal["param", "grad"]
+    trainer: TrainerView, params: list[nn.Parameter], kind: Literal["param", "grad"]
 ) -> Parts:
     """(this rank's part, is a shard) of each parameter or gradient, as the engine defines it."""
     engine = trainer.engine
@@ -43,7 +40,7 @@ def local_parts(
     return [(None, False) if t is None else (local(t), is_sharded(t)) for t in tensors]
 
 
-def sum_squares(trainer: Trainer, groups: list[Parts]) -> torch.Tensor:
+def sum_squares(trainer: TrainerView, groups: list[Parts]) -> torch.Tensor:
     """(len(groups),) global sums of squares: shards summed across ranks, replicas counted once."""
     parts = torch.zeros(2, len(groups), device=trainer.engine.device)  # rows: sharded, replicated
     for i, group in enumerate(groups):
@@ -63,11 +60,11 @@ class GradientStats(Callback):
         self._before: list[Parts] | None = None
         self._grad_sq: torch.Tensor | None = None
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         self._params = [list(b.parameters()) for b in blocks(trainer)]
         self._all = list(unwrap(trainer.engine.model).parameters())  # for the global norm
 
-    def on_after_backward(self, trainer: Trainer, step: int) -> None:
+    def on_after_backward(self, trainer: TrainerView, step: int) -> None:
         if not is_log_step(trainer, step):
             return
         grads = [local_parts(trainer, ps, "grad") for ps in [*self._params, self._all]]
@@ -80,7 +77,7 @@ class GradientStats(Callback):
             for ps in self._params
         ]
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if self._before is None or self._grad_sq is None:
             return
         share = (self._grad_sq[:-1] / self._grad_sq[-1]).sqrt()

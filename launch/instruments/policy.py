@@ -1,26 +1,32 @@
-"""Spike policy: skip bad optimizer steps; after N in a row, roll back to the last good checkpoint.
+"""Spike policy: skip bad optimizer steps; when bad steps go on, roll back, then decide.
 
 A step is bad when the loss (cross-entropy) or the gradient norm is non-finite, or lies more than
 `k` population standard deviations above the mean of the last `window` good values (one-sided;
-skipped values never enter the window). In fp16 a non-finite gradient norm is left to the loss
-scaler, which skips that step itself. The decision needs the values on the host, so this policy
-costs one small device-to-host copy per step; it is off unless a recipe lists
-`instruments.spike_policy`.
+skipped values never enter the window). Judging starts once a window is half full and holds at
+least 20 values (the whole window when it is shorter), as OLMo-core's SkipStepOptimizer does
+(`max(20, rolling_interval_length // 2)` values). In
+fp16 a non-finite gradient norm is left to the loss scaler, which skips that step itself. The
+decision needs the values on the host, so this policy costs one small device-to-host copy per step;
+it is off unless a recipe lists `instruments.spike_policy`.
 
-After `max_bad_steps` bad steps in a row:
-- Rollback (PaLM, Chowdhery et al. 2022, section 5.1: restart from a checkpoint before the spike
-  and skip the batches around it): model, optimizer, loss-scaler state and this policy's windows
-  return to the newest checkpoint saved before the run of bad steps began; the step counter, the
-  learning-rate schedule and the data position go on, so the batches since that checkpoint are
-  never applied. The windows come back as they were saved, so the loss of the restored model is
-  judged against the loss that model had.
-- The run stops as diverged (exit status 1, the reason in summary.json) when that rollback would
-  return to the checkpoint of the previous rollback with no good step in between, or would be
-  rollback number `max_rollbacks` + 1: the bad values are not a passing spike.
-- Without a checkpoint to go back to (or with `rollback: false`) the windows re-baseline: they
-  restart from the bad run's values, which are accepted as the new level (a lasting level shift is
-  not a spike), and judging resumes once a window is full again. Non-finite values are never a new
-  level: with no checkpoint they stop the run as diverged.
+One rule, with or without checkpoints:
+- Skip. A bad step's update is not applied (OLMo-core's SkipStep). A run of at most
+  `max_bad_steps` bad steps is a passing spike: skipping it is all the policy does.
+- Roll back. When bad steps go on past `max_bad_steps` (PaLM, Chowdhery et al. 2022, section 5.1:
+  restart from a checkpoint before the spike and skip the batches around it), model, optimizer,
+  loss-scaler state and this policy's windows return to the newest checkpoint saved before the
+  run of bad steps began; the step counter, the learning-rate schedule and the data position go
+  on, so the batches since that checkpoint are never applied. The windows come back as saved, so
+  the loss of the restored model is judged against the loss that model had.
+- Decide. A run of bad steps past `max_bad_steps` that no rollback can answer is a lasting
+  change: there is no checkpoint before it, `rollback` is off, `max_rollbacks` are used up, or it
+  began right after a rollback with no good step in between (the rollback confirmed it). Finite
+  values are then the new level: the windows re-baseline on them and judging resumes once a window
+  is half full again. Non-finite values are never a new level: the run stops as diverged (exit
+  status 1, the reason in summary.json).
+So a lasting level shift ends the same way with or without a checkpoint (accepted as the new
+level; with one it costs a rollback first), and non-finite values that persist stop the run either
+way.
 """
 
 from __future__ import annotations
@@ -28,16 +34,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from normlab.launch.errors import ConfigError
 from normlab.launch.instruments.common import ROLLBACKS, SKIPPED, settings_of
-from normlab.launch.training.callbacks import Callback, StopRun
+from normlab.launch.training.callbacks import Callback, StopRun, TrainerView
 from normlab.launch.training.checkpoint import STEP_DIR
-
-if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
 
 DEFAULTS = {"window": 1000, "k": 7.0, "max_bad_steps": 5, "rollback": True, "max_rollbacks": 10}
 KEYS = ("loss", "grad_norm")
@@ -59,10 +62,11 @@ class SpikePolicy(Callback):
         self.k, self.max_bad, self.rollback = s["k"], s["max_bad_steps"], bool(s["rollback"])
         self.max_rollbacks = s["max_rollbacks"]
         self.windows = {key: deque(maxlen=s["window"]) for key in KEYS}
+        # judging starts from half a window, with at least 20 values (or the whole window)
+        self.min_values = max(s["window"] // 2, min(20, s["window"]))
         self.skipped = self.rollbacks = self.rebaselines = 0
         self.bad_values: list[dict[str, float]] = []  # the current run of bad steps
         self.bad_since: int | None = None
-        self.last_target: str | None = None  # checkpoint of the latest rollback
         self.good_since_rollback = True
         self._act_due = False
 
@@ -75,7 +79,7 @@ class SpikePolicy(Callback):
                     continue  # the loss scaler skips it and lowers the scale
                 return f"non-finite {key} ({v})"
             win = self.windows[key]
-            if len(win) == win.maxlen:
+            if len(win) >= self.min_values:
                 mean = math.fsum(win) / len(win)
                 std = math.sqrt(math.fsum((w - mean) ** 2 for w in win) / len(win))
                 if v - mean > self.k * std:
@@ -83,7 +87,7 @@ class SpikePolicy(Callback):
         return None
 
     def should_skip_step(
-        self, trainer: Trainer, step: int, loss: torch.Tensor, grad_norm: torch.Tensor
+        self, trainer: TrainerView, step: int, loss: torch.Tensor, grad_norm: torch.Tensor
     ) -> bool:
         pair = torch.stack([loss.detach().float().reshape(()), grad_norm.detach().float()])
         loss_v, grad_v = trainer.engine.all_reduce(pair, "mean").tolist()  # one sync per step
@@ -97,7 +101,7 @@ class SpikePolicy(Callback):
         self.bad_since = self.bad_since or step
         self.skipped += 1
         self._say(trainer, f"spike policy: skipped step {step}: {reason}")
-        self._act_due = len(self.bad_values) >= self.max_bad
+        self._act_due = len(self.bad_values) > self.max_bad
         return True
 
     def _accept(self, rows: list[dict[str, float]]) -> None:
@@ -106,25 +110,34 @@ class SpikePolicy(Callback):
                 if math.isfinite(v):
                     self.windows[key].append(v)
 
-    # --- acting on a run of bad steps -----------------------------------------------------------
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    # --- acting on a run of bad steps past max_bad_steps ------------------------------------------
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if self._act_due:
             self._act_due = False
-            target = None
-            if self.rollback:
-                target = last_checkpoint_before(trainer.ckpt.step_dirs(), self.bad_since or step)
+            target, why = self._rollback_target(trainer)
             if target is None:
-                self._rebaseline(trainer, step)
+                self._decide(trainer, step, why)
             else:
                 self._roll_back(trainer, step, target)
         metrics[SKIPPED] = float(self.skipped)
         metrics[ROLLBACKS] = float(self.rollbacks)
 
+    def _rollback_target(self, trainer: TrainerView) -> tuple[Path | None, str]:
+        """The checkpoint to roll back to, or None and why no rollback answers this run."""
+        if not self.rollback:
+            return None, "rollback is off"
+        if not self.good_since_rollback:
+            return None, "they began right after a rollback, with no good step in between"
+        if self.rollbacks >= self.max_rollbacks:
+            return None, f"instruments.spike_policy.max_rollbacks ({self.max_rollbacks}) are used"
+        target = last_checkpoint_before(trainer.ckpt.step_dirs(), self.bad_since or 0)
+        return target, f"no checkpoint before step {self.bad_since}"
+
     def _bad_span(self, step: int) -> str:
         return f"{len(self.bad_values)} bad steps in a row (steps {self.bad_since}..{step})"
 
-    def _rebaseline(self, trainer: Trainer, step: int) -> None:
-        why = f"no checkpoint before step {self.bad_since}" if self.rollback else "rollback is off"
+    def _decide(self, trainer: TrainerView, step: int, why: str) -> None:
+        """A lasting change: finite values are the new level, non-finite ones stop the run."""
         fp16 = trainer.cfg.precision.dtype == "fp16"
         if any(self.judge_nonfinite(v, fp16) for v in self.bad_values):
             raise StopRun(
@@ -138,9 +151,9 @@ class SpikePolicy(Callback):
         self._say(
             trainer,
             f"spike policy: {self._bad_span(step)} and {why}: accepting them as the new level "
-            "(windows re-baselined; judging resumes once a window is full)",
+            "(windows re-baselined; judging resumes once a window is half full)",
         )
-        self.bad_values, self.bad_since = [], None
+        self.bad_values, self.bad_since, self.good_since_rollback = [], None, True
 
     @staticmethod
     def judge_nonfinite(values: dict[str, float], fp16: bool) -> bool:
@@ -148,18 +161,7 @@ class SpikePolicy(Callback):
             not math.isfinite(v) and not (key == "grad_norm" and fp16) for key, v in values.items()
         )
 
-    def _roll_back(self, trainer: Trainer, step: int, target: Path) -> None:
-        if target.name == self.last_target and not self.good_since_rollback:
-            raise StopRun(
-                f"spike policy: {self._bad_span(step)} again right after rolling back to "
-                f"{target.name}, with no good step in between: stopping (the spike did not pass). "
-                "Lower optim.lr, or raise instruments.spike_policy.k if this level is expected"
-            )
-        if self.rollbacks >= self.max_rollbacks:
-            raise StopRun(
-                f"spike policy: {self._bad_span(step)} would need rollback {self.rollbacks + 1}, "
-                f"over instruments.spike_policy.max_rollbacks ({self.max_rollbacks}): stopping"
-            )
+    def _roll_back(self, trainer: TrainerView, step: int, target: Path) -> None:
         # model, optimizer, scaler (data and step go on); verified, and the recipe's optimizer
         # values kept as on resume: the target may predate a `--force` change of optim.lr
         extra = trainer.ckpt.restore(trainer.engine, target)
@@ -173,11 +175,11 @@ class SpikePolicy(Callback):
             f"spike policy: {self._bad_span(step)}: rolled back to {target.name}; "
             f"batches of steps {int(STEP_DIR.match(target.name)[1]) + 1}..{step} are skipped",
         )
-        self.last_target, self.good_since_rollback = target.name, False
+        self.good_since_rollback = False
         self.bad_values, self.bad_since = [], None
 
     @staticmethod
-    def _say(trainer: Trainer, text: str) -> None:
+    def _say(trainer: TrainerView, text: str) -> None:
         if trainer.engine.is_main:
             trainer.console.print(f"[yellow]{text}[/yellow]", highlight=False)
 
@@ -190,7 +192,6 @@ class SpikePolicy(Callback):
             "rebaselines": self.rebaselines,
             "bad_values": list(self.bad_values),
             "bad_since": self.bad_since,
-            "last_target": self.last_target,
             "good_since_rollback": self.good_since_rollback,
         }
 
@@ -203,7 +204,6 @@ class SpikePolicy(Callback):
         self.rebaselines = int(state.get("rebaselines", 0))
         self.bad_values = list(state.get("bad_values", []))
         self.bad_since = state.get("bad_since")
-        self.last_target = state.get("last_target")
         self.good_since_rollback = bool(state.get("good_since_rollback", True))
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,11 +38,8 @@ from normlab.launch.instruments.common import (
     is_log_step,
     settings_of,
 )
-from normlab.launch.training.callbacks import Callback
+from normlab.launch.training.callbacks import Callback, TrainerView
 from numpy.lib.stride_tricks import sliding_window_view
-
-if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
 
 CHUNK_ELEMENTS = 1 << 20  # window rows per numpy pass: bounded memory for any series length
 
@@ -139,13 +136,13 @@ class SpikeScore(Callback):
         self.restored, self.fp16 = False, False
         self._pending: list[torch.Tensor] = []
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         if not self.restored:  # a resumed run keeps the window it started with
             window = run_window(self.loss.window, trainer.cfg.training.steps)
             self.loss.window = self.grad.window = window
         self.fp16 = trainer.cfg.precision.dtype == "fp16"
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         self._pending.append(metrics["loss"].detach().float().reshape(()))
         self._pending.append(torch.as_tensor(metrics["grad_norm"]).detach().float().reshape(()))
         if is_log_step(trainer, step):

@@ -16,17 +16,14 @@ Heads under tau are multiplied by exactly 1.0 (bit-identical) and no host sync i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from normlab.launch.engines.base import RowScaler, scale_rows_
 from normlab.launch.instruments.common import attention_of, block_key, unwrap
-from normlab.launch.training.callbacks import Callback
+from normlab.launch.training.callbacks import Callback, TrainerView
 from normlab.model.attention import Attention, FlatQKNorm, HeadQKNorm
 from torch import nn
-
-if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
 
 S_MAX, CLIPS, CLIP_EVENTS = "s_max", "qk_clips", "qk_clip_events"
 
@@ -91,7 +88,7 @@ class QKClip(Callback):
         self._events: torch.Tensor | None = None
         self._best: torch.Tensor | None = None
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         self._atts = [attention_of(b) for b in unwrap(trainer.engine.model).blocks]
         device = self._atts[0].q_proj.weight.device
         self._best = torch.full((len(self._atts), self._atts[0].n_heads), -torch.inf, device=device)
@@ -111,7 +108,7 @@ class QKClip(Callback):
 
         return hook
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         assert self._best is not None and self._events is not None
         s_max = trainer.engine.all_reduce(self._best, "max")
         clipped = (s_max > self.tau).sum(dim=1).float()

@@ -21,6 +21,11 @@ from normlab.launch.instruments.common import (
 )
 from normlab.launch.optim.qk_clip import CLIP_EVENTS, S_MAX
 from normlab.launch.report.runs import Run, finite
+from normlab.launch.report.stabilizer_columns import (
+    STABILIZER_COLUMNS,
+    stabilizer_columns,
+    stabilizer_label,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -50,6 +55,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("max_logit", "max logit", ".2f"),
     ("qk_clips", "QK-Clip events", "d"),
     ("fp16_clamps", "fp16 clamps", "d"),
+    *((key, label, spec) for key, (label, spec, _) in STABILIZER_COLUMNS.items()),
     ("tokens_per_s", "tokens/s", ",.0f"),
 ]
 NOTES = (
@@ -61,6 +67,8 @@ NOTES = (
     "than twice that). Non-finite: steps with a non-finite loss (or gradient norm outside fp16); "
     "scaler skips: fp16 updates the loss scaler skipped. Grad-norm max/p99: over logged steps. "
     "QK-Clip events: heads clipped, summed over steps (optim.qk_clip). "
+    "Gate mean, 1st-token share, sink mass, cap shares, massive act.: the attention_stabilizers "
+    "instrument at the last logged step (SCIENCE.md 12-14; block mean, massive act. block max). "
     "'-': not measured (instrument off or no full window yet)."
 )
 
@@ -74,7 +82,7 @@ def placement_label(config: dict[str, Any]) -> str:
         label += f"+qk_norm:{m['qk_norm']}"
     if m.get("embed_norm"):
         label += "+embed_norm"
-    return label
+    return label + stabilizer_label(m)
 
 
 def dataset_label(config: dict[str, Any]) -> str:
@@ -136,6 +144,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "max_logit": max(logits) if logits else None,
         "qk_clips": _last(run, CLIP_EVENTS),
         "fp16_clamps": _last(run, FP16_CLAMPS),
+        **stabilizer_columns(run),
         "tokens_per_s": tps if tps is not None and math.isfinite(tps) else None,
     }
 

@@ -2,12 +2,14 @@
 
 Built from the `instruments:` section (name -> settings) through launch.registry.INSTRUMENTS; each
 callback's state is saved in checkpoints under its `name`. Losses and metrics reach callbacks as
-device tensors: the trainer copies them to the host only on log steps.
+device tensors: the trainer copies them to the host only on log steps. A callback sees the trainer
+through `TrainerView` (the attributes it may read), not the Trainer class, so instruments and
+optimizer callbacks do not depend on the loop that calls them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from normlab.launch.config.loader import suggest
@@ -15,7 +17,20 @@ from normlab.launch.errors import ConfigError
 from normlab.launch.registry import INSTRUMENTS, resolve
 
 if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
+    from normlab.launch.config import RunConfig
+    from normlab.launch.engines.base import Engine
+    from normlab.launch.training.checkpoint import CheckpointManager
+    from rich.console import Console
+
+
+class TrainerView(Protocol):
+    """What a callback may read of the trainer that calls it."""
+
+    cfg: RunConfig
+    engine: Engine  # model, optimizer, all_reduce, is_main
+    ckpt: CheckpointManager  # the spike policy's rollback: step_dirs() and restore()
+    console: Console
+    step: int  # the last completed step (on train start: 0, or the step resumed from)
 
 
 class Callback:
@@ -23,25 +38,25 @@ class Callback:
 
     name: str = "callback"
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         """After the model, optimizer and (on resume) checkpoint state are in place."""
 
-    def on_after_backward(self, trainer: Trainer, step: int) -> None:
+    def on_after_backward(self, trainer: TrainerView, step: int) -> None:
         """Gradients of every micro-batch are accumulated; before clipping and the step."""
 
     def should_skip_step(
-        self, trainer: Trainer, step: int, loss: torch.Tensor, grad_norm: torch.Tensor
+        self, trainer: TrainerView, step: int, loss: torch.Tensor, grad_norm: torch.Tensor
     ) -> bool:
         """Veto this optimizer step (spike policy). Called only when some callback overrides it."""
         return False
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         """After the optimizer step; may add entries (tensors or floats) to `metrics`."""
 
-    def on_log(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None:
+    def on_log(self, trainer: TrainerView, step: int, metrics: dict[str, float]) -> None:
         """On log steps, with host floats (the values written to metrics.jsonl)."""
 
-    def on_train_end(self, trainer: Trainer, status: str) -> None:
+    def on_train_end(self, trainer: TrainerView, status: str) -> None:
         """Once, with the final status: completed or diverged."""
 
     def state_dict(self) -> dict[str, Any]:

@@ -55,9 +55,13 @@ class CheckpointManager:
     """Saves and restores; with `asynchronous`, the engine writes in the background and the save
     is committed (renamed, `latest` moved) only once every rank's files are complete."""
 
-    def __init__(self, run_dir: Path, keep_last: int, asynchronous: bool = False) -> None:
+    def __init__(
+        self, run_dir: Path, keep_last: int, asynchronous: bool = False, pinned: int | None = None
+    ) -> None:
         self.root = Path(run_dir) / "checkpoints"
         self.keep_last = keep_last
+        # a step whose checkpoint outlives keep_last (WSD: the end of the stable phase)
+        self.pinned = step_dir_name(pinned) if pinned is not None else None
         self.asynchronous = asynchronous
         self._pending: tuple[Future[Any], Path, Path] | None = None
         self.recipe_changes: list[str] = []  # set by load()
@@ -162,10 +166,10 @@ class CheckpointManager:
         self.prune(keep=final.name)
 
     def prune(self, keep: str) -> None:
-        """Keep the newest keep_last complete checkpoints (and always `keep`)."""
+        """Keep the newest keep_last complete checkpoints (and always `keep` and the pinned one)."""
         dirs = self.step_dirs()
         for old in dirs[: max(0, len(dirs) - self.keep_last)]:
-            if old.name != keep:
+            if old.name not in (keep, self.pinned):
                 shutil.rmtree(old)
 
     def load(self, engine: Engine, step: str | None = None) -> tuple[Path, dict[str, Any]] | None:

@@ -16,19 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from normlab.data.loader import PackedLoader
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
-from normlab.launch.errors import ConfigError, NormlabError
-from normlab.launch.optim import build_optimizer, check_optimizer, optim_callbacks, set_lr
-from normlab.launch.registry import ENGINES, resolve
+from normlab.launch.errors import NormlabError
+from normlab.launch.optim import optim_callbacks, set_lr
 from normlab.launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
-from normlab.launch.training.checkpoint import CheckpointManager
-from normlab.launch.training.datasets import resolve_dataset
 from normlab.launch.training.metrics import MetricsWriter
+from normlab.launch.training.outcome import divergence_message, fresh_stats, summary_of
 from normlab.launch.training.preflight import preflight
 from normlab.launch.training.progress import ProgressDisplay
-from normlab.launch.training.rng import rng_state, seed_everything, set_rng_state
+from normlab.launch.training.rows import boundaries, host_rows, is_finite, log_row
 from normlab.launch.training.rundir import (
     RunDirLock,
     check_run_dir,
@@ -36,7 +33,7 @@ from normlab.launch.training.rundir import (
     write_config,
     write_summary,
 )
-from normlab.launch.training.schedule import build_schedule
+from normlab.launch.training.setup import build_parts, extra_state, rank_world, restore
 from normlab.launch.training.signals import GracefulStop, stop_message, stop_status
 from rich.console import Console
 
@@ -62,89 +59,35 @@ class Trainer:
             build_callbacks(cfg.instruments) + optim_callbacks(cfg.optim) + list(callbacks or [])
         )
         self.step = 0
-        self.stats: dict[str, Any] = {
-            "min_loss": math.inf,
-            "loss": None,
-            "eval_loss": None,
-            "tokens": 0,
-            "train_s": 0.0,
-        }
+        self.stats: dict[str, Any] = fresh_stats()
         self.engine: Engine
         self.summary: dict[str, Any] = {}
         self.stopped_by = 0  # the signal the run stopped for (with a checkpoint)
 
     # --- setup ------------------------------------------------------------------------------
     def _build(self) -> None:
-        cfg = self.cfg
-        if cfg.training.threads:
-            torch.set_num_threads(cfg.training.threads)
-        seed_everything(cfg.training.seed)
-        self.engine = resolve(ENGINES, cfg.engine.name)(cfg)
-        data_dir = resolve_dataset(cfg.data, quiet=True)
-        d = cfg.data
-        rank, world = self._rank_world()
-        self.loader = PackedLoader(
-            data_dir, "train", d.seq_len, d.batch_size, cfg.training.seed, rank, world
-        )
-        self.val_loader = PackedLoader(
-            data_dir, "val", d.seq_len, d.batch_size, cfg.training.seed, rank, world
-        )
-        model_cfg = cfg.model_config()
-        if model_cfg.vocab_size < self.loader.vocab_size:
-            raise ConfigError(
-                f"model.vocab_size ({model_cfg.vocab_size}) is smaller than the tokenizer of "
-                f"{data_dir} ({self.loader.vocab_size})"
-            )
-        factory = partial(build_optimizer, cfg=cfg.optim)
-        self.engine.setup(model_cfg, factory)
-        check_optimizer(self.engine, cfg.optim, factory)  # refuses a silent fallback
-        self.lr_at = build_schedule(cfg.schedule, cfg.training.steps, model_cfg.d_model)
-        self.tokens_per_step = d.batch_size * d.seq_len * cfg.training.grad_accum * world
-        self.ckpt = CheckpointManager(
-            self.run_dir, cfg.checkpoint.keep_last, asynchronous=cfg.checkpoint.async_
-        )
-
-    def _rank_world(self) -> tuple[int, int]:
-        """Rank and world size before the engine is set up (from the launcher's environment)."""
-        import os
-
-        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        parts = build_parts(self.cfg, self.run_dir)
+        self.parts = parts
+        self.engine, self.ckpt, self.lr_at = parts.engine, parts.ckpt, parts.lr_at
+        self.loader, self.val_loader = parts.loader, parts.val_loader
+        self.tokens_per_step = parts.tokens_per_step
 
     def _restore(self) -> Path | None:
-        loaded = self.ckpt.load(self.engine, self.from_step)
-        if loaded is None:
+        restored = restore(self.cfg, self.parts, self.callbacks, self.from_step)
+        if restored is None:
             return None
-        path, extra = loaded
-        if self.ckpt.recipe_changes and self.engine.is_main:
-            changed = "; ".join(self.ckpt.recipe_changes[:6])
-            msg = f"recipe values replace the checkpoint's: {changed}"
-            self.console.print(msg, highlight=False)
-        self.step = int(extra["step"])
-        self.loader.load_state_dict(extra["loader"])
-        self.stats = extra["stats"]
-        for cb in self.callbacks:
-            if cb.name in extra.get("callbacks", {}):
-                cb.load_state_dict(extra["callbacks"][cb.name])
-        set_rng_state(extra["rng"])
-        return path
-
-    def _extra_state(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "loader": self.loader.state_dict(),
-            "rng": rng_state(),
-            "stats": dict(self.stats),
-            "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
-            "config": self.cfg.to_dict(),
-        }
+        for notice in restored.notices if self.engine.is_main else []:
+            self.console.print(notice, highlight=False)
+        self.step, self.stats = restored.step, restored.stats
+        return restored.path
 
     # --- entry point --------------------------------------------------------------------------
     def run(self) -> int:
         """Train; a multi-process engine then leaves its process group cleanly (every rank).
         Rank 0 owns the run directory (RunDirLock) for the whole run; a second trainer is refused
         before it reads or writes anything there."""
-        preflight(self.cfg, self._rank_world()[1])  # what would fail later, before anything
-        owner = self._rank_world()[0] == 0
+        preflight(self.cfg, rank_world()[1])  # what would fail later, before anything
+        owner = rank_world()[0] == 0
         lock = RunDirLock(self.run_dir, "normlab train") if owner else contextlib.nullcontext()
         with lock, GracefulStop(self._force_exit) as self.stop:  # USR1/TERM/INT: checkpoint, stop
             status = self._run()
@@ -225,15 +168,15 @@ class Trainer:
                     self._log(window)
                 return self._stopped_by_callback(str(why), step)
             stop = self.stop.agreed() if step < t.steps else 0  # same answer on every rank
-            is_log = bool(stop) or step % t.log_every == 0 or step == t.steps
-            is_eval = step == t.steps or (t.eval_every > 0 and step % t.eval_every == 0)
-            every = self.cfg.checkpoint.every
-            is_ckpt = bool(stop) or step == t.steps or (every > 0 and step % every == 0)
+            is_log, is_eval, is_ckpt = boundaries(
+                t, self.cfg.checkpoint.every, step, bool(stop), self.parts.stable_end
+            )
             if not (is_log or is_eval or is_ckpt):
                 continue
             rows = self._host_rows(pending, mark)
             pending = []
-            bad = next((r for r in rows if not self._finite(r)), None)
+            fp16 = self.cfg.precision.dtype == "fp16"
+            bad = next((r for r in rows if not is_finite(r, fp16)), None)
             window += rows if bad is None else rows[: rows.index(bad) + 1]
             if is_log or bad is not None:
                 self._log(window)
@@ -244,7 +187,11 @@ class Trainer:
             if is_eval:
                 self._evaluate(step)
             if is_ckpt:
-                self.ckpt.save(self.engine, step, self._extra_state())
+                self.ckpt.save(
+                    self.engine,
+                    step,
+                    extra_state(self.cfg, step, self.loader, self.stats, self.callbacks),
+                )
             else:
                 self.ckpt.poll(self.engine)  # commits an asynchronous save once written
             if stop:
@@ -282,49 +229,12 @@ class Trainer:
         return any(cb.should_skip_step(self, step, loss, grad_norm) for cb in self.callbacks)
 
     def _host_rows(self, pending: list[dict[str, Any]], mark: float) -> list[dict[str, float]]:
-        """The pending steps on the host, each with its share of the time since `mark`."""
-        rows = self._to_host(pending)
-        now = time.perf_counter()
-        for row in rows:
-            row["step_time"] = (now - mark) / len(rows)
-        self.stats["train_s"] += now - mark
-        self.stats["tokens"] += self.tokens_per_step * len(rows)
-        return rows
-
-    @staticmethod
-    def _to_host(records: list[dict[str, Any]]) -> list[dict[str, float]]:
-        """One device->host copy for every tensor of the pending steps."""
-        keys = [(i, k) for i, r in enumerate(records) for k, v in r.items() if torch.is_tensor(v)]
-        values = (
-            torch.stack([records[i][k].detach().float().reshape(()) for i, k in keys]).tolist()
-            if keys
-            else []
-        )
-        rows = [{k: (v if not torch.is_tensor(v) else None) for k, v in r.items()} for r in records]
-        for (i, k), v in zip(keys, values, strict=True):
-            rows[i][k] = v
-        return rows
-
-    def _finite(self, row: dict[str, float]) -> bool:
-        """Loss must be finite; so must the grad norm, except in fp16 where the scaler skips it.
-        A step the spike policy skipped changed no weight, so its values do not stop the run."""
-        if row.get("skipped"):
-            return True
-        if not (math.isfinite(row["loss"]) and math.isfinite(row.get("z_loss", 0.0))):
-            return False
-        return self.cfg.precision.dtype == "fp16" or math.isfinite(row["grad_norm"])
+        return host_rows(pending, mark, self.stats, self.tokens_per_step)
 
     # --- outputs ------------------------------------------------------------------------------
     def _log(self, window: list[dict[str, float]]) -> None:
-        last = window[-1]
-        step = int(last["step"])
-        row = {k: v for k, v in last.items() if k != "step"}
-        for key in ("loss", "z_loss") if "z_loss" in last else ("loss",):
-            row[key] = sum(r[key] for r in window) / len(window)
-        row["step_time"] = sum(r["step_time"] for r in window) / len(window)
-        row["tokens_per_s"] = (
-            self.tokens_per_step / row["step_time"] if row["step_time"] > 0 else 0.0
-        )
+        step = int(window[-1]["step"])
+        row = log_row(window, self.tokens_per_step)
         if math.isfinite(row["loss"]):
             self.stats["min_loss"] = min(self.stats["min_loss"], min(r["loss"] for r in window))
         self.stats["loss"] = row["loss"]
@@ -344,20 +254,14 @@ class Trainer:
         self.stats["eval_loss"] = value
         if self.metrics is not None:
             self.metrics.log(step, {"eval_loss": value}, prefix="eval")
-        self.display.message(
-            f"{self.cfg.name} step {step}/{self.cfg.training.steps}: "
-            f"loss {self.stats['loss']:.4f}, eval loss {value:.4f}"
-        )
+        loss = self.stats["loss"]  # of the last log step: none yet when eval comes first
+        shown = f"loss {loss:.4f}, " if loss is not None else ""
+        where = f"{self.cfg.name} step {step}/{self.cfg.training.steps}"
+        self.display.message(f"{where}: {shown}eval loss {value:.4f}")
 
     def _diverged(self, row: dict[str, float]) -> str:
         self.ckpt.wait(self.engine)  # a save in flight is of a good step: let it land
-        last = self.ckpt.latest()
-        kept = f"last good checkpoint kept: {last}" if last else "no checkpoint was saved"
-        key = "loss" if not math.isfinite(row["loss"]) else "grad_norm"
-        msg = (
-            f"non-finite {key} ({row[key]}) at step {int(row['step'])}: stopping; {kept}. "
-            "Lower optim.lr or lengthen schedule.warmup_steps"
-        )
+        msg = divergence_message(row, self.ckpt.latest())
         self.console.print(f"[red]{msg}[/red]", highlight=False)
         self._write_summary("diverged", message=msg, diverged_step=int(row["step"]))
         return "diverged"
@@ -388,17 +292,6 @@ class Trainer:
             self._write_summary(stop_status(self.stop.received), message=msg)
 
     def _write_summary(self, status: str, **extra: Any) -> None:
-        s = self.stats
-        self.summary = {
-            "name": self.cfg.name,
-            "status": status,
-            "steps": self.step,
-            "final_loss": s["loss"],
-            "min_loss": s["min_loss"] if math.isfinite(s["min_loss"]) else None,
-            "eval_loss": s["eval_loss"],
-            "tokens_per_s": s["tokens"] / s["train_s"] if s["train_s"] > 0 else None,
-            "train_s": round(s["train_s"], 3),
-            **extra,
-        }
+        self.summary = summary_of(self.cfg.name, status, self.step, self.stats, **extra)
         if self.engine.is_main:
             write_summary(self.run_dir, self.summary)

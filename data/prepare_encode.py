@@ -1,0 +1,125 @@
+"""Tokenise a stream of documents with `num_proc` processes in bounded memory.
+
+Documents are grouped into batches of about `batch_mb` MB of text; each batch is encoded by one
+process (the tokenizer's own batch encode, one thread) and comes back as the two splits' token
+arrays, EOS already in place; batches are written in input order as they finish. At most
+2 x num_proc batches are in flight, so memory is bounded by batch_mb x (2 num_proc + 1) plus the
+tokenizers, whatever the size of the corpus. Progress (rich, on a terminal) shows the input bytes
+done, tokens/s and the time left.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+from normlab.data.tokenizer import Kind, encoder
+from normlab.data.writer import SplitWriter, route
+
+Batch = tuple[list[str], np.ndarray, np.ndarray, int]  # texts, is_val, eos, utf-8 bytes
+_STATE: dict[str, Any] = {}
+
+
+def batches(
+    docs: Iterable[tuple[str, bool]],
+    is_val: np.ndarray,
+    eos: np.ndarray,
+    sizes: np.ndarray,
+    batch_bytes: int,
+) -> Iterator[Batch]:
+    """Consecutive documents in groups of about `batch_bytes` bytes of text (`sizes`: the
+    UTF-8 bytes of each document, from the scan)."""
+    texts: list[str] = []
+    start = size = 0
+    for i, (text, _) in enumerate(docs):
+        texts.append(text)
+        size += int(sizes[i])
+        if size >= batch_bytes:
+            yield texts, is_val[start : i + 1], eos[start : i + 1], size
+            texts, start, size = [], i + 1, 0
+    if texts:
+        yield texts, is_val[start:], eos[start:], size
+
+
+def init_worker(kind: Kind, path: str, eos_id: int, dtype: str) -> None:
+    _STATE.update(encode=encoder(kind, path), eos_id=eos_id, dtype=np.dtype(dtype))
+
+
+def encode_batch(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+    texts, is_val, eos, _ = batch
+    return route(_STATE["encode"](texts), is_val, eos, _STATE["eos_id"], _STATE["dtype"])
+
+
+def _progress(total_bytes: int) -> Any:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        FileSizeColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TotalFileSizeColumn,
+    )
+
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn("tokenizing"),
+        BarColumn(),
+        FileSizeColumn(),
+        TextColumn("/"),
+        TotalFileSizeColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )
+
+
+def encode_all(
+    work: Iterator[Batch],
+    writer: SplitWriter,
+    init: tuple[Kind, str, int, str],
+    num_proc: int,
+    total_bytes: int,
+) -> float:
+    """Encode every batch of `work` into `writer`; returns the seconds taken."""
+    t0 = time.perf_counter()
+    with _progress(total_bytes) as bar:
+        task = bar.add_task("tokenizing", total=total_bytes, rate="")
+        tokens = 0
+
+        def done(result: tuple[np.ndarray, np.ndarray], nbytes: int) -> None:
+            nonlocal tokens
+            tokens += writer.append(*result)
+            rate = tokens / max(time.perf_counter() - t0, 1e-9)
+            bar.update(task, advance=nbytes, rate=f"{tokens:,} tok  {rate:,.0f} tok/s")
+
+        if num_proc <= 1:
+            init_worker(*init)
+            for b in work:
+                done(encode_batch(b), b[3])
+        else:
+            _parallel(work, init, num_proc, done)
+    return time.perf_counter() - t0
+
+
+def _parallel(work: Iterator[Batch], init: tuple, num_proc: int, done: Any) -> None:
+    """Ordered, bounded: submit until 2 x num_proc batches are pending, then wait on the oldest."""
+    ctx = mp.get_context("spawn")  # no fork of a parent that may hold threads (torch, rayon)
+    pending: deque[tuple[Any, int]] = deque()
+    with ctx.Pool(num_proc, initializer=init_worker, initargs=init) as pool:
+        for b in work:
+            pending.append((pool.apply_async(encode_batch, (b,)), b[3]))
+            while len(pending) >= 2 * num_proc:
+                result, nbytes = pending.popleft()
+                done(result.get(), nbytes)
+        while pending:
+            result, nbytes = pending.popleft()
+            done(result.get(), nbytes)
+    sys.stderr.flush()

@@ -1,0 +1,50 @@
+"""compare's columns for the attention stabilizers (launch/instruments/stabilizers.py): the last
+logged value of each statistic, averaged over blocks (massive activations: the largest block)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from normlab.launch.instruments.common import parse_block_key
+from normlab.launch.report.runs import Run
+
+# key -> (column label, format, reduction over blocks)
+STABILIZER_COLUMNS = {
+    "gate_mean": ("gate mean", ".3f", np.mean),
+    "first_token_share": ("1st-token share", ".3f", np.mean),
+    "sink_mass": ("sink mass", ".3f", np.mean),
+    "attn_cap_share": ("attn cap share", ".2e", np.mean),
+    "final_cap_share": ("final cap share", ".2e", np.mean),
+    "massive_act": ("massive act.", ".1f", np.max),
+}
+
+
+def stabilizer_columns(run: Run) -> dict[str, Any]:
+    """{key: value or None} from the last train row holding any of them."""
+    out: dict[str, Any] = dict.fromkeys(STABILIZER_COLUMNS)
+    for row in reversed(run.train):
+        per_kind: dict[str, list[float]] = {}
+        for key, value in row.items():
+            parsed = parse_block_key(key)
+            kind = parsed[0] if parsed and parsed[2] is None else key
+            if kind in STABILIZER_COLUMNS:
+                per_kind.setdefault(kind, []).append(float(value))
+        if per_kind:
+            for kind, values in per_kind.items():
+                out[kind] = float(STABILIZER_COLUMNS[kind][2](values))
+            return out
+    return out
+
+
+def stabilizer_label(model: dict[str, Any]) -> str:
+    """'+gate:headwise+sinks+softcap:50/30' for the switches a run has on ('' for none)."""
+    label = ""
+    if model.get("attn_gate") not in (None, "none"):
+        label += f"+gate:{model['attn_gate']}"
+    if model.get("attn_sinks"):
+        label += "+sinks"
+    caps = (model.get("attn_softcap"), model.get("final_softcap"))
+    if any(c is not None for c in caps):
+        label += "+softcap:" + "/".join("-" if c is None else f"{c:g}" for c in caps)
+    return label

@@ -1,0 +1,41 @@
+"""How a run ended, in words and in summary.json: the summary's fields, the divergence line."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+
+def summary_of(name: str, status: str, step: int, stats: dict[str, Any], **extra: Any) -> dict:
+    """summary.json: status, the last completed step, losses and throughput so far."""
+    return {
+        "name": name,
+        "status": status,
+        "steps": step,
+        "final_loss": stats["loss"],
+        "min_loss": stats["min_loss"] if math.isfinite(stats["min_loss"]) else None,
+        "eval_loss": stats["eval_loss"],
+        "tokens_per_s": stats["tokens"] / stats["train_s"] if stats["train_s"] > 0 else None,
+        "train_s": round(stats["train_s"], 3),
+        **extra,
+    }
+
+
+def divergence_message(row: dict[str, float], last_checkpoint: Path | None) -> str:
+    """The line printed (and kept in summary.json) when a step's loss or grad norm is not finite."""
+    kept = (
+        f"last good checkpoint kept: {last_checkpoint}"
+        if last_checkpoint
+        else "no checkpoint was saved"
+    )
+    key = "loss" if not math.isfinite(row["loss"]) else "grad_norm"
+    return (
+        f"non-finite {key} ({row[key]}) at step {int(row['step'])}: stopping; {kept}. "
+        "Lower optim.lr or lengthen schedule.warmup_steps"
+    )
+
+
+def fresh_stats() -> dict[str, Any]:
+    """The statistics a run starts with (a checkpoint carries them on)."""
+    return {"min_loss": math.inf, "loss": None, "eval_loss": None, "tokens": 0, "train_s": 0.0}

@@ -1,0 +1,123 @@
+"""Setting a run up and restoring it: engine, data loaders, optimizer, schedule, checkpoints.
+
+`build_parts` makes what one run needs from its config; `restore` puts the newest (or a named)
+checkpoint's state into those parts and the callbacks; `extra_state` is what a checkpoint saves
+beside the engine's model and optimizer state.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from normlab.data.loader import PackedLoader
+from normlab.launch.config import RunConfig
+from normlab.launch.engines.base import Engine
+from normlab.launch.errors import ConfigError
+from normlab.launch.optim import build_optimizer, check_optimizer
+from normlab.launch.registry import ENGINES, resolve
+from normlab.launch.training.callbacks import Callback
+from normlab.launch.training.checkpoint import CheckpointManager
+from normlab.launch.training.datasets import resolve_dataset
+from normlab.launch.training.rng import rng_state, seed_everything, set_rng_state
+from normlab.launch.training.schedule import build_schedule, lr_change, stable_end
+
+
+@dataclass
+class RunParts:
+    engine: Engine
+    loader: PackedLoader
+    val_loader: PackedLoader
+    lr_at: Callable[[int], float]  # the schedule's multiplier of the recipe's lr at a step
+    tokens_per_step: int
+    ckpt: CheckpointManager
+    stable_end: int | None  # WSD: the step checkpointed and kept for extending the run
+
+
+@dataclass
+class Restored:
+    path: Path  # the checkpoint directory
+    step: int
+    stats: dict[str, Any]
+    notices: list[str]  # lines for the user: recipe values that replace the checkpoint's, lr
+
+
+def rank_world() -> tuple[int, int]:
+    """Rank and world size before the engine is set up (from the launcher's environment)."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def build_parts(cfg: RunConfig, run_dir: Path) -> RunParts:
+    if cfg.training.threads:
+        torch.set_num_threads(cfg.training.threads)
+    seed_everything(cfg.training.seed)
+    engine = resolve(ENGINES, cfg.engine.name)(cfg)
+    data_dir = resolve_dataset(cfg.data, quiet=True)
+    d = cfg.data
+    rank, world = rank_world()
+    shape = (d.seq_len, d.batch_size, cfg.training.seed, rank, world)
+    loader, val = (PackedLoader(data_dir, split, *shape) for split in ("train", "val"))
+    model_cfg = cfg.model_config()
+    if model_cfg.vocab_size < loader.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size ({model_cfg.vocab_size}) is smaller than the tokenizer of "
+            f"{data_dir} ({loader.vocab_size})"
+        )
+    factory = partial(build_optimizer, cfg=cfg.optim)
+    engine.setup(model_cfg, factory)
+    check_optimizer(engine, cfg.optim, factory)  # refuses a silent fallback
+    stable = stable_end(cfg.schedule, cfg.training.steps)
+    stable = stable if stable is not None and 0 < stable < cfg.training.steps else None
+    return RunParts(
+        engine=engine,
+        loader=loader,
+        val_loader=val,
+        lr_at=build_schedule(cfg.schedule, cfg.training.steps, model_cfg.d_model),
+        tokens_per_step=d.batch_size * d.seq_len * cfg.training.grad_accum * world,
+        ckpt=CheckpointManager(
+            run_dir, cfg.checkpoint.keep_last, asynchronous=cfg.checkpoint.async_, pinned=stable
+        ),
+        stable_end=stable,
+    )
+
+
+def restore(
+    cfg: RunConfig, parts: RunParts, callbacks: list[Callback], from_step: str | None
+) -> Restored | None:
+    """Load `from_step` (or `latest`) into the engine, the loader, the callbacks and the RNGs;
+    None when the run has no checkpoint. The notices name what the recipe changed."""
+    loaded = parts.ckpt.load(parts.engine, from_step)
+    if loaded is None:
+        return None
+    path, extra = loaded
+    parts.loader.load_state_dict(extra["loader"])
+    for cb in callbacks:
+        if cb.name in extra.get("callbacks", {}):
+            cb.load_state_dict(extra["callbacks"][cb.name])
+    set_rng_state(extra["rng"])
+    notices = []
+    if parts.ckpt.recipe_changes:
+        changed = "; ".join(parts.ckpt.recipe_changes[:6])
+        notices.append(f"recipe values replace the checkpoint's: {changed}")
+    step = int(extra["step"])
+    schedule = lr_change(extra.get("config") or {}, cfg, step)
+    notices += [schedule] if schedule else []
+    return Restored(path, step, extra["stats"], notices)
+
+
+def extra_state(
+    cfg: RunConfig, step: int, loader: PackedLoader, stats: dict, callbacks: list[Callback]
+) -> dict[str, Any]:
+    return {
+        "step": step,
+        "loader": loader.state_dict(),
+        "rng": rng_state(),
+        "stats": dict(stats),
+        "callbacks": {cb.name: cb.state_dict() for cb in callbacks},
+        "config": cfg.to_dict(),
+    }
