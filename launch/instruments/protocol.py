@@ -11,16 +11,13 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from normlab.launch.instruments.common import is_log_step, settings_of, unwrap
-from normlab.launch.training.callbacks import Callback
+from normlab.launch.training.callbacks import Callback, TrainerView
 from torch import nn
 from torch.utils.hooks import RemovableHandle
-
-if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
 
 INIT_LOSS = "init_loss"
 LOGZ_MEAN, LOGZ_MIN, LOGZ_MAX = "logz_mean", "logz_min", "logz_max"
@@ -35,7 +32,7 @@ class InitLoss(Callback):
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         settings_of(settings, {}, self.name)
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         if trainer.step != 0:
             return  # resumed: the value is already on the step-0 row of metrics.jsonl
         batches = trainer.cfg.training.eval_batches
@@ -55,7 +52,7 @@ class OutputLogits(Callback):
         self._handle: RemovableHandle | None = None
         self._acc: torch.Tensor | None = None  # [sum, count, -min, max]
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         model = unwrap(trainer.engine.model)
         self._head = model.head
         self._numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -78,7 +75,7 @@ class OutputLogits(Callback):
                 [self._acc[:2] + part[:2], torch.maximum(self._acc[2:], part[2:])]
             )
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
@@ -95,7 +92,7 @@ class OutputLogits(Callback):
         if is_log_step(trainer, step + 1):
             self._arm()
 
-    def on_train_end(self, trainer: Trainer, status: str) -> None:
+    def on_train_end(self, trainer: TrainerView, status: str) -> None:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from normlab.launch.config import RunConfig
     from normlab.launch.engines.base import Engine
     from normlab.launch.training.checkpoint import CheckpointManager
+    from normlab.launch.training.metrics import MetricsWriter
     from rich.console import Console
 
 
@@ -31,6 +32,8 @@ class TrainerView(Protocol):
     ckpt: CheckpointManager  # the spike policy's rollback: step_dirs() and restore()
     console: Console
     step: int  # the last completed step (on train start: 0, or the step resumed from)
+    val_loader: Any  # held-out batches: iter_eval(n) (the init_loss instrument)
+    metrics: MetricsWriter | None  # rank 0 writes metrics.jsonl; None on the other ranks
 
 
 class Callback:
