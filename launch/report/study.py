@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from normlab.launch.report.claims import (
-    LOSS_MARGIN,
     Verdict,
+    decide_all,
     group_rows,
     growth_of,
     loss_of,
-    verdicts,
+    point_label,
 )
 from normlab.launch.report.runs import Run, load_run
 from normlab.launch.report.sensitivity import write_csvs
@@ -26,6 +26,7 @@ from normlab.launch.report.study_protocol import (
     sensitivity_markdown,
 )
 from normlab.launch.report.table import summarize
+from normlab.launch.report.unigram import runs_plateau
 from rich.console import Console
 from rich.table import Table
 
@@ -62,20 +63,15 @@ def _spread(values: list[float]) -> str:
 
 
 def group_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells: one line per (recipe, size, lr) with every statistic over its seeds."""
-    sized = any(r.get("size", "-") != "-" for r in rows)
-    head = ["recipe", *(["size"] if sized else []), "lr", "seeds", "non-finite"]
-    head += [h for _, h, _ in STATS]
-    groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
-    for row in rows:
-        key = (str(row["recipe"]), str(row.get("size", "-")), float(row["lr"]))
-        groups.setdefault(key, []).append(row)
+    """Header and cells: one line per (recipe, grid point: size, lr) with every statistic over
+    its seeds."""
+    head = ["recipe", "grid point", "seeds", "non-finite", *(h for _, h, _ in STATS)]
     cells = []
-    for (recipe, size, lr), group in groups.items():
+    for (recipe, point), group in group_rows(rows).items():
         seeds = ",".join(str(r.get("seed")) for r in group)
         bad = sum(int(r.get("nonfinite") or 0) for r in group)
         stats = [_spread([read(r) for r in group]) for _, _, read in STATS]
-        cells.append([recipe, *([size] if sized else []), f"{lr:g}", seeds, str(bad), *stats])
+        cells.append([recipe, point_label(point), seeds, str(bad), *stats])
     return head, cells
 
 
@@ -99,7 +95,7 @@ def _setting(runs: list[Run]) -> str:
 
 def markdown(
     rows: list[dict[str, Any]],
-    found: dict[str, list[Verdict]],
+    found: list[Verdict],
     runs: list[Run],
     total_s: float,
     jobs: int = 1,
@@ -122,25 +118,19 @@ def markdown(
         *_md_table(head, cells),
         "",
     ]
-    for size, verdicts_of_size in found.items():
-        lines += [
-            "## Verdicts" + (f" at {size}" if size != "-" else ""),
-            "",
-            "| claim | verdict | rule | evidence |",
-            "|---|---|---|---|",
-            *(
-                f"| {v.claim} | **{v.verdict}** | {v.rule} | {v.evidence} |"
-                for v in verdicts_of_size
-            ),
-            "",
-        ]
     if found:
         lines += [
-            f"Loss comparisons: 'higher'/'lower' need a mean gap over {LOSS_MARGIN} nats with "
-            "every seed on one side; 'same' a gap within it; 'unclear' otherwise.",
+            "## Verdicts",
+            "",
+            "| claim | verdict | why | numbers | rule |",
+            "|---|---|---|---|---|",
+            *(f"| {v.claim} | **{v.word}** | {v.why} | {v.numbers} | {v.rule} |" for v in found),
+            "",
+            "Rules: launch/report/claims.py (a claim rests only on groups that trained; 'not "
+            "tested': its recipes were not run).",
             "",
         ]
-    if len({r.get("size", "-") for r in rows}) == 1:
+    if len({r.get("size") for r in rows}) == 1:
         lines += [
             "![mean training loss per recipe](study_loss.png)",
             "",
@@ -151,24 +141,23 @@ def markdown(
     return "\n".join(lines)
 
 
-def print_verdicts(
-    rows: list[dict[str, Any]], found: dict[str, list[Verdict]], console: Console
-) -> None:
+def print_verdicts(rows: list[dict[str, Any]], found: list[Verdict], console: Console) -> None:
     head, cells = group_table(rows)
     table = Table(title="normlab study: mean +- sd [min, max] over seeds")
     for h in head:
-        table.add_column(h, justify="left" if h in ("recipe", "size", "seeds") else "right")
+        table.add_column(h, justify="left" if h in ("recipe", "seeds") else "right")
     for c in cells:
         table.add_row(*c)
     console.print(table)
-    for size, verdicts_of_size in found.items():
-        claims = Table(title="claims" + (f" at {size}" if size != "-" else ""), show_lines=True)
-        for h in ("claim", "verdict", "rule", "evidence"):
-            claims.add_column(h)
-        for v in verdicts_of_size:
-            colour = "green" if v.verdict == "reproduced" else "yellow"
-            claims.add_row(v.claim, f"[{colour}]{v.verdict}", v.rule, v.evidence)
-        console.print(claims)
+    if not found:
+        return
+    claims = Table(title="claims", show_lines=True)
+    for h in ("claim", "verdict", "numbers", "rule"):
+        claims.add_column(h)
+    for v in found:
+        colour = {"reproduced": "green", "not tested": "dim"}.get(v.word, "yellow")
+        claims.add_row(v.claim, f"[{colour}]{v.word}[/] ({v.why})", v.numbers, v.rule)
+    console.print(claims)
 
 
 def write_study_report(
@@ -181,15 +170,16 @@ def write_study_report(
 ) -> dict[str, Any]:
     """Read every run; the LR-sensitivity protocol, the claims (per size), study.md, figures.
 
-    Returns {'verdicts': {size: [Verdict]}, 'curves': [Curve]}."""
+    Returns {'verdicts': [Verdict], 'curves': [Curve]}. Rows carry the grid point (size, lr)
+    that the claims compare within."""
     runs = [load_run(p.cfg.run_dir) for p in planned if p.cfg.run_dir]
     rows = []
     for p, run in zip(planned, runs, strict=True):
-        rows.append({**summarize(run), "recipe": p.recipe, "size": p.size, "lr": p.lr})
-    found: dict[str, list[Verdict]] = {}
+        size = None if p.size == "-" else p.size
+        rows.append({**summarize(run), "recipe": p.recipe, "size": size, "lr": p.lr})
+    found: list[Verdict] = []
     if spec.protocol["claims"]:
-        for size in dict.fromkeys(r["size"] for r in rows):
-            found[size] = verdicts(group_rows([r for r in rows if r["size"] == size]))
+        found = decide_all(rows, runs_plateau([r.config for r in runs]))
     print_verdicts(rows, found, console)
     curves, section = [], []
     if spec.protocol["lr_sensitivity"]:
