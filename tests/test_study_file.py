@@ -145,7 +145,6 @@ def trained(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         "grid": {"optim.lr": [1e-3, 3e-1], "model.n_layers": [1, 2]},
         "seeds": [0, 1],
         "steps": 4,
-        "protocol": {"claims": False},
     }  # fmt: skip
     path = write_study(root / "tiny.yaml", body)
     try:
@@ -187,6 +186,8 @@ def test_sensitivity_csv_follows_the_formula_from_the_runs(trained: Path) -> Non
     assert all(r["logz_min_mean"] != "" for r in z)
     md = (trained / "study.md").read_text()
     assert "## LR sensitivity (SCIENCE.md 19)" in md and "| pre_z | n_layers=2 |" in md
+    assert "| pre_z | size n_layers=2, lr 0.3 | 0,1 |" in md  # every grid point, over seeds
+    assert "## Verdicts" in md and "**not tested** | not run: post_nowarmup" in md
     assert (trained / "lr_loss.png").is_file() and (trained / "lr_logits.png").is_file()
 
 
