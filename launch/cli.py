@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_closed()
     except USER_ERRORS as exc:
-        print(f"normlab {args.command}: error: {exc}", file=sys.stderr)
+        from normlab.launch.training.launched import report_to_launcher
+
+        if not report_to_launcher(str(exc)):  # a rank of `normlab launch`: its launcher prints
+            print(f"normlab {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"normlab {args.command}: interrupted", file=sys.stderr)

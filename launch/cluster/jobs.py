@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from normlab.launch.cluster import slurm
 from normlab.launch.cluster.script import SCRIPT_NAME, render_script
-from normlab.launch.cluster.spec import ClusterSpec
+from normlab.launch.cluster.spec import ClusterSpec, resource_warning
 from normlab.launch.errors import RunDirError
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def read_record(run_dir: Path) -> dict[str, Any]:
 
 
 def last_job_id(run_dir: Path) -> str | None:
-    jobs = read_record(run_dir)["jobs"]
+    jobs = [j for j in read_record(run_dir)["jobs"] if isinstance(j, dict) and j.get("job_id")]
     return str(jobs[-1]["job_id"]) if jobs else None
 
 
@@ -60,6 +61,14 @@ def check_not_owned(run_dir: Path) -> None:
         )
 
 
+def check_owner_job(run_dir: Path) -> None:
+    """`train`/`launch`: refuse a run directory whose last submitted job is still pending or
+    running, unless this process is that job. Without SLURM's tools there is nothing to ask."""
+    job = last_job_id(Path(run_dir))
+    if job is not None and os.environ.get("SLURM_JOB_ID") != job:
+        check_not_owned(Path(run_dir))
+
+
 def prepare(cfgs: list[RunConfig], spec: ClusterSpec, force: bool) -> list[Submission]:
     """Render every run's script and check everything that can be checked (writes nothing)."""
     from normlab.launch.commands.launch import check_world
@@ -73,6 +82,9 @@ def prepare(cfgs: list[RunConfig], spec: ClusterSpec, force: bool) -> list[Submi
         check_run_dir(run_dir, cfg, force)
         script = render_script(spec, f"normlab-{cfg.name or 'run'}", run_dir, workdir)
         out.append(Submission(run_dir, script, None))
+    warning = resource_warning(spec)  # once everything that refuses has passed
+    if warning:
+        print(f"normlab: {warning}", file=sys.stderr)
     return out
 
 

@@ -1,7 +1,8 @@
 """`normlab status RUN_DIR...`: where each run stands, local or on SLURM.
 
 Per run: the SLURM job and its state (from slurm.json, asking squeue, then sacct), the run's
-own status (summary.json), step of total, last checkpoint, last loss, tokens/s, an ETA from the
+own status (summary.json), step of total, last checkpoint, last loss, tokens/s, TFLOP/s per GPU
+and MFU (launch/training/mfu.py; '-' where no peak is known), an ETA from the
 recent step time, and the last lines of the job's log (or the last metrics rows of a local run).
 """
 
@@ -64,6 +65,8 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     info["step"] = int(last.get("step", summary.get("steps", 0)))
     info["loss"] = last.get("loss")
     info["tokens_per_s"] = last.get("tokens_per_s")
+    info["tflops_per_gpu"] = last.get("tflops_per_gpu")
+    info["mfu"] = last.get("mfu")  # absent where no peak is known (CPU, an unknown GPU)
     step_time = last.get("step_time")
     remaining = max(0, total - info["step"])
     info["eta_s"] = remaining * step_time if step_time and info["status"] != "completed" else None
@@ -95,9 +98,13 @@ def format_status(info: dict[str, Any]) -> str:
     loss = f"{info['loss']:.4f}" if isinstance(info["loss"], float) else "-"
     tps = f"{info['tokens_per_s']:,.0f}" if info["tokens_per_s"] else "-"
     eta = _duration(info["eta_s"]) if info["eta_s"] is not None else "-"
+    mfu = f"{100 * info['mfu']:.1f}%" if isinstance(info.get("mfu"), float) else "-"
+    flops = info.get("tflops_per_gpu")
+    tflops = f"{flops:.3g}" if isinstance(flops, float) else "-"
     lines = [
         f"{info['run_dir']} ({info['name']}): {info['status']}, {job}",
-        f"  step {info['step']}/{info['total']}  loss {loss}  tokens/s {tps}  ETA {eta}",
+        f"  step {info['step']}/{info['total']}  loss {loss}  tokens/s {tps}  "
+        f"TFLOP/s/GPU {tflops}  MFU {mfu}  ETA {eta}",
         f"  last checkpoint: {info['checkpoint'] or 'none'}",
     ]
     if info["log_lines"]:

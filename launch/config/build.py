@@ -56,11 +56,12 @@ def resolve_vocab(cfg: RunConfig) -> None:
     """Fill data.vocab_size from the prepared directory (or 4096 for the bundled corpus) and
     model.vocab_size from data.vocab_size when the recipe leaves them unset."""
     d = cfg.data
-    prepared = prepared_vocab_size(d.dataset)
+    first = d.sources[0].path if d.sources else d.dataset  # every source shares one tokenizer
+    prepared = prepared_vocab_size(first)
     if prepared is not None:
         if d.vocab_size not in (None, prepared):
             raise ConfigError(
-                f"data.vocab_size is {d.vocab_size} but data.dataset {d.dataset} was prepared "
+                f"data.vocab_size is {d.vocab_size} but {first} was prepared "
                 f"with a {prepared}-piece tokenizer: remove data.vocab_size (the prepared "
                 f"directory decides), or prepare it again with --vocab-size {d.vocab_size}"
             )

@@ -16,6 +16,7 @@ from normlab.launch.report.claims import (
     loss_of,
     point_label,
 )
+from normlab.launch.report.domains import domain_stats
 from normlab.launch.report.runs import Run, load_run
 from normlab.launch.report.sensitivity import write_csvs
 from normlab.launch.report.study_lr_plots import write_lr_plots
@@ -65,13 +66,14 @@ def _spread(values: list[float]) -> str:
 def group_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Header and cells: one line per (recipe, grid point: size, lr) with every statistic over
     its seeds."""
-    head = ["recipe", "grid point", "seeds", "non-finite", *(h for _, h, _ in STATS)]
+    stats = STATS + domain_stats(rows)  # one column per validation domain of a mixture
+    head = ["recipe", "grid point", "seeds", "non-finite", *(h for _, h, _ in stats)]
     cells = []
     for (recipe, point), group in group_rows(rows).items():
         seeds = ",".join(str(r.get("seed")) for r in group)
         bad = sum(int(r.get("nonfinite") or 0) for r in group)
-        stats = [_spread([read(r) for r in group]) for _, _, read in STATS]
-        cells.append([recipe, point_label(point), seeds, str(bad), *stats])
+        spread = [_spread([read(r) for r in group]) for _, _, read in stats]
+        cells.append([recipe, point_label(point), seeds, str(bad), *spread])
     return head, cells
 
 

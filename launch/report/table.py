@@ -20,6 +20,7 @@ from normlab.launch.instruments.common import (
     SPIKE_WINDOW,
 )
 from normlab.launch.optim.qk_clip import CLIP_EVENTS, S_MAX
+from normlab.launch.report.domains import domain_columns, domain_values
 from normlab.launch.report.runs import Run, finite
 from normlab.launch.report.stabilizer_columns import (
     STABILIZER_COLUMNS,
@@ -57,6 +58,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("fp16_clamps", "fp16 clamps", "d"),
     *((key, label, spec) for key, (label, spec, _) in STABILIZER_COLUMNS.items()),
     ("tokens_per_s", "tokens/s", ",.0f"),
+    ("mfu", "MFU %", ".1f"),
 ]
 NOTES = (
     "act. growth: RMS of the residual stream at the last block's end over the first block's, at "
@@ -67,10 +69,18 @@ NOTES = (
     "than twice that). Non-finite: steps with a non-finite loss (or gradient norm outside fp16); "
     "scaler skips: fp16 updates the loss scaler skipped. Grad-norm max/p99: over logged steps. "
     "QK-Clip events: heads clipped, summed over steps (optim.qk_clip). "
+    "MFU %: model FLOPs (6 N_mm + 12 L H d_h T per token) per second over the device's dense "
+    "peak; '-' on a CPU or GPU without a known or given peak (logging.peak_tflops). "
     "Gate mean, 1st-token share, sink mass, cap shares, massive act.: the attention_stabilizers "
     "instrument at the last logged step (SCIENCE.md 12-14; block mean, massive act. block max). "
     "'-': not measured (instrument off or no full window yet)."
 )
+
+
+def columns_for(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """COLUMNS with one `eval <name>` column per validation domain after the eval loss."""
+    at = next(i for i, (key, _, _) in enumerate(COLUMNS) if key == "eval_loss") + 1
+    return COLUMNS[:at] + domain_columns(rows) + COLUMNS[at:]
 
 
 def placement_label(config: dict[str, Any]) -> str:
@@ -86,8 +96,12 @@ def placement_label(config: dict[str, Any]) -> str:
 
 
 def dataset_label(config: dict[str, Any]) -> str:
-    """The run's data: 'bundled' (the shipped corpus) or the prepared directory's name."""
-    name = str((config.get("data") or {}).get("dataset", "?"))
+    """The run's data: 'bundled' (the shipped corpus), the prepared directory's name, or the
+    mixture's source names."""
+    data = config.get("data") or {}
+    if data.get("sources"):
+        return "+".join(str(s.get("name", "?")) for s in data["sources"])
+    name = str(data.get("dataset", "?"))
     return name if name == "bundled" else Path(name).name or name
 
 
@@ -146,7 +160,19 @@ def summarize(run: Run) -> dict[str, Any]:
         "fp16_clamps": _last(run, FP16_CLAMPS),
         **stabilizer_columns(run),
         "tokens_per_s": tps if tps is not None and math.isfinite(tps) else None,
+        "mfu": _mfu_percent(s, run.train),
+        **domain_values(run),
     }
+
+
+def _mfu_percent(summary: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
+    """The run's MFU in percent: summary.json's (over all training time), else the mean of the
+    logged steps'; None where no peak was known (launch/training/mfu.py)."""
+    mfu = summary.get("mfu")
+    if mfu is None:
+        logged = finite([r.get("mfu") for r in rows])
+        mfu = float(np.mean(logged)) if logged else None
+    return 100 * mfu if mfu is not None else None
 
 
 def _measured(score: float | None) -> float | None:
@@ -170,16 +196,16 @@ def fmt(value: Any, spec: str) -> str:
 
 
 def text_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
-    return [[fmt(r[key], spec) for key, _, spec in COLUMNS] for r in rows]
+    return [[fmt(r.get(key), spec) for key, _, spec in columns_for(rows)] for r in rows]
 
 
 def print_table(rows: list[dict[str, Any]], console: Console) -> None:
     """One row per run when the console is wide enough, else one row per metric."""
-    cells = text_rows(rows)
-    wide = sum(max(len(h), *(len(c[j]) for c in cells)) + 3 for j, (_, h, _) in enumerate(COLUMNS))
+    cells, columns = text_rows(rows), columns_for(rows)
+    wide = sum(max(len(h), *(len(c[j]) for c in cells)) + 3 for j, (_, h, _) in enumerate(columns))
     table = Table(title="normlab compare", caption=NOTES, caption_justify="left")
     if wide <= console.width:
-        for _, header, spec in COLUMNS:
+        for _, header, spec in columns:
             table.add_column(header, justify="left" if not spec else "right", no_wrap=True)
         for row in cells:
             table.add_row(*row)
@@ -187,14 +213,15 @@ def print_table(rows: list[dict[str, Any]], console: Console) -> None:
         table.add_column("metric", no_wrap=True)
         for r in rows:
             table.add_column(r["run"], justify="right")
-        for j, (_, header, _) in enumerate(COLUMNS[1:], start=1):
+        for j, (_, header, _) in enumerate(columns[1:], start=1):
             table.add_row(header, *(c[j] for c in cells))
     console.print(table)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = [h for _, h, _ in COLUMNS]
-    align = ["---" if not spec else "---:" for _, _, spec in COLUMNS]
+    columns = columns_for(rows)
+    head = [h for _, h, _ in columns]
+    align = ["---" if not spec else "---:" for _, _, spec in columns]
     lines = ["| " + " | ".join(cells) + " |" for cells in [head, align, *text_rows(rows)]]
     return "\n".join(lines) + "\n\n" + NOTES + "\n"
 
@@ -225,6 +252,7 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     """Raw values (full precision; empty where not measured)."""
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow([key for key, _, _ in COLUMNS])
+        columns = columns_for(rows)
+        writer.writerow([key for key, _, _ in columns])
         for r in rows:
-            writer.writerow(["" if r[key] is None else r[key] for key, _, _ in COLUMNS])
+            writer.writerow(["" if r.get(key) is None else r[key] for key, _, _ in columns])

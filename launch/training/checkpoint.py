@@ -222,10 +222,11 @@ class CheckpointManager:
         return "; no earlier verified checkpoint exists (move checkpoints/ away to start over)"
 
     def remove_stale(self) -> None:
-        """Temporary directories left by a crash mid-save (called once the resume succeeded)."""
+        """Temporary directories left by a crash mid-save, and a universal conversion already
+        loaded (called once the resume succeeded)."""
         if self.root.is_dir():
             for p in self.root.iterdir():
-                if p.name.startswith((".tmp-", ".old-")) and p.is_dir():
+                if p.name.startswith((".tmp-", ".old-", ".universal-")) and p.is_dir():
                     shutil.rmtree(p)
 
 

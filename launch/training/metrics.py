@@ -1,4 +1,5 @@
-"""Per-run metrics: metrics.jsonl (one object per log step) and TensorBoard event files."""
+"""Per-run metrics: metrics.jsonl (one object per log step), TensorBoard event files and,
+with logging.wandb, a Weights & Biases run (launch/training/wandb_logger.py)."""
 
 from __future__ import annotations
 
@@ -42,11 +43,24 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-    """Writes scalars to JSONL and TensorBoard; on resume continues after `resume_step`."""
+    """Writes scalars to JSONL, TensorBoard and (logging.wandb) Weights & Biases; on resume
+    continues after `resume_step`. `run_config` is the resolved recipe W&B records."""
 
-    def __init__(self, run_dir: Path, cfg: LoggingSection, resume_step: int | None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: LoggingSection,
+        resume_step: int | None,
+        run_config: dict[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
         self._jsonl = None
         self._tb = None
+        self.wandb = None
+        if cfg.wandb is not None and cfg.wandb.mode != "disabled":
+            from normlab.launch.training.wandb_logger import WandbLogger
+
+            self.wandb = WandbLogger(run_dir, cfg.wandb, run_config or {}, name)
         if cfg.jsonl:
             path = run_dir / JSONL
             if resume_step is not None:
@@ -64,15 +78,24 @@ class MetricsWriter:
             self._jsonl.write(json.dumps(row) + "\n")
             self._jsonl.flush()
         if self._tb is not None:
-            for key, value in scalars.items():
-                self._tb.add_scalar(f"{prefix}/{key}", value, step)
+            for key, value in scalars.items():  # a key with its own group (eval/<source>) keeps it
+                self._tb.add_scalar(key if "/" in key else f"{prefix}/{key}", value, step)
             self._tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(step, scalars, prefix)
 
-    def close(self) -> None:
+    def summary(self, summary: dict[str, Any]) -> None:
+        """summary.json's fields, for the loggers that keep a run summary (W&B)."""
+        if self.wandb is not None:
+            self.wandb.summary(summary)
+
+    def close(self, exit_code: int = 0) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+        if self.wandb is not None:
+            self.wandb.close(exit_code)
 
 
 def _json_float(v: float) -> float | str:

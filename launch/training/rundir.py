@@ -1,5 +1,6 @@
 """Run-directory rules: resume a run with the same config, refuse a different one without --force,
-never touch a directory that is not a normlab run, and one owner at a time (RunDirLock)."""
+never touch a directory that is not a normlab run, and one owner at a time: a live local process
+(RunDirLock) or a SLURM job that is pending or running for it (cluster.jobs.check_owner_job)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from normlab.launch.errors import RunDirError
 
 CONFIG, PREVIOUS_CONFIG, SUMMARY = "config.yaml", "config.previous.yaml", "summary.json"
 IGNORED = {"run_dir", "logging"}  # settings that may change between invocations of one run
+# how a global batch is split over ranks and micro-batches: free to change on resume (another
+# number of ranks); the checkpoint's global batch is checked instead (training.resume)
+LAYOUT = {"data.batch_size", "training.grad_accum"}
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -36,13 +40,16 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """'key: old -> new' for every differing dotted key outside IGNORED."""
-    a = flatten({k: v for k, v in old.items() if k not in IGNORED})
-    b = flatten({k: v for k, v in new.items() if k not in IGNORED})
+    a, b = ({k: v for k, v in flatten(d).items() if _compared(k)} for d in (old, new))
     return [
         f"{k}: {a.get(k)!r} -> {b.get(k)!r}"
         for k in sorted(a.keys() | b.keys())
         if a.get(k) != b.get(k)
     ]
+
+
+def _compared(key: str) -> bool:
+    return key.split(".")[0] not in IGNORED and key not in LAYOUT
 
 
 def check_run_dir(run_dir: Path, cfg: RunConfig, force: bool) -> list[str]:
@@ -191,6 +198,9 @@ class RunDirLock:
         inherited = read_lock(self.run_dir)
         if inherited is not None and inherited.token == os.environ.get(TOKEN_ENV):
             return inherited  # held by our launcher: nothing to do, nothing to release
+        from normlab.launch.cluster.jobs import check_owner_job
+
+        check_owner_job(self.run_dir)  # a pending job would train here too once it starts
         if not self.run_dir.exists():
             self.run_dir.mkdir(parents=True)
             self._created_dir = True
