@@ -54,23 +54,15 @@ def test_output_logits_match_logsumexp_over_the_step() -> None:
     assert "logz_mean" not in metrics
 
 
-def test_init_loss_is_the_eval_loss_of_the_untrained_model() -> None:
+def test_init_loss_is_the_trainers_eval_loss_before_step_1() -> None:
     logged = []
-    losses = [torch.tensor(v) for v in (8.0, 8.2, 8.4)]
-    batches = list(range(3))
-    engine = SimpleNamespace(
-        eval_loss=lambda x, y: losses[x], all_reduce=lambda t, op="sum": t, is_main=True
-    )
     trainer = SimpleNamespace(
         step=0,
-        engine=engine,
-        cfg=SimpleNamespace(training=SimpleNamespace(eval_batches=3)),
-        val_loader=SimpleNamespace(iter_eval=lambda n: [(b, b) for b in batches[:n]]),
+        measure_eval=lambda: (8.2, [8.0, 8.4]),  # the trainer's own evaluation, nothing recorded
         metrics=SimpleNamespace(log=lambda step, row, prefix: logged.append((step, row, prefix))),
     )
     InitLoss(True).on_train_start(trainer)
-    assert len(logged) == 1 and logged[0][0] == 0 and logged[0][2] == "eval"
-    assert math.isclose(logged[0][1]["init_loss"], 8.2, rel_tol=1e-6)
+    assert logged == [(0, {"init_loss": 8.2}, "eval")]
     trainer.step = 50  # resumed: measured already, nothing logged again
     InitLoss(True).on_train_start(trainer)
     assert len(logged) == 1

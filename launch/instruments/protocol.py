@@ -35,9 +35,7 @@ class InitLoss(Callback):
     def on_train_start(self, trainer: TrainerView) -> None:
         if trainer.step != 0:
             return  # resumed: the value is already on the step-0 row of metrics.jsonl
-        batches = trainer.cfg.training.eval_batches
-        losses = [trainer.engine.eval_loss(x, y) for x, y in trainer.val_loader.iter_eval(batches)]
-        value = float(trainer.engine.all_reduce(torch.stack(losses).mean(), "mean"))
+        value, _ = trainer.measure_eval()  # the same eval loss as every later evaluation
         if trainer.metrics is not None:
             trainer.metrics.log(0, {INIT_LOSS: value}, prefix="eval")
 

@@ -32,8 +32,12 @@ class TrainerView(Protocol):
     ckpt: CheckpointManager  # the spike policy's rollback: step_dirs() and restore()
     console: Console
     step: int  # the last completed step (on train start: 0, or the step resumed from)
-    val_loader: Any  # held-out batches: iter_eval(n) (the init_loss instrument)
+
     metrics: MetricsWriter | None  # rank 0 writes metrics.jsonl; None on the other ranks
+
+    def measure_eval(self) -> tuple[float, list[float]]:
+        """(eval loss, per-source losses) of the model now, recording nothing (init_loss)."""
+        ...
 
 
 class Callback:
