@@ -31,6 +31,7 @@ import yaml
 from normlab.data.errors import DataError
 from normlab.data.tokenizer import TokenizerInfo
 from normlab.launch.config import RunConfig, load_config
+from normlab.launch.config.paths import saved_form
 from normlab.launch.engines.fsdp import read_meta
 from normlab.launch.errors import CheckpointError, RunDirError
 from normlab.launch.extras import require
@@ -131,7 +132,7 @@ def run_tokenizer(cfg: RunConfig, given: str | None) -> TokenizerInfo:
     """The tokenizer the run trained on (the one its data.dataset stores, with the special ids
     its meta.json records), or --tokenizer (any kind prepare accepts), checked against the size
     the run trained with."""
-    from normlab.data.tokenizer import resolve_tokenizer
+    from normlab.data.tokenizer_select import resolve_tokenizer
 
     if given:
         if not Path(given).expanduser().exists():
@@ -150,7 +151,8 @@ def run_tokenizer(cfg: RunConfig, given: str | None) -> TokenizerInfo:
 
 def dataset_tokenizer(cfg: RunConfig) -> TokenizerInfo:
     from normlab.data.prepare_meta import read_meta
-    from normlab.data.tokenizer import SPECIALS, resolve_tokenizer
+    from normlab.data.tokenizer import SPECIALS
+    from normlab.data.tokenizer_select import resolve_tokenizer
 
     if cfg.data.dataset == "bundled":
         from normlab.launch.training.datasets import (
@@ -182,7 +184,7 @@ def write_export(
     native = tmp / NATIVE_DIR
     native.mkdir()
     save_safetensors(model, native / WEIGHTS)
-    (native / CONFIG).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    (native / CONFIG).write_text(yaml.safe_dump(saved_form(cfg), sort_keys=False))
     (native / MODEL_CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
     if not hf:
         tok.write(tmp)

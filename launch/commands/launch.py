@@ -154,35 +154,39 @@ def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> lis
     ]  # fmt: skip
 
 
-def check_run(args: argparse.Namespace, cfg: RunConfig) -> None:
+def check_run(args: argparse.Namespace, cfg: RunConfig, world: int) -> None:
     """What every rank would refuse about the run directory, once, before torchrun: another
     config without --force, a live SLURM job owning it, a --from that names no checkpoint, a
-    `latest` pointer naming none. (A checkpoint's bytes are verified by the ranks as they load
-    it: hashing them here too would read every checkpoint twice.)"""
-    from normlab.launch.cluster.jobs import check_owner_job
+    `latest` pointer naming none, another global batch than the checkpoint's. (A checkpoint's
+    bytes are verified by the ranks as they load it: hashing them here too would read every
+    checkpoint twice.)"""
+    from normlab.launch.cluster.owner import check_owner_job
+    from normlab.launch.engines.fsdp import trainer_file
+    from normlab.launch.engines.single import TRAINER_FILE, read_file
     from normlab.launch.training.checkpoint import CheckpointManager
+    from normlab.launch.training.resume import check_global_batch, global_batch
     from normlab.launch.training.rundir import check_run_dir
 
     run_dir = Path(cfg.run_dir or "runs/run")
     check_run_dir(run_dir, cfg, args.force)  # read-only
     check_owner_job(run_dir)
     manager = CheckpointManager(run_dir, keep_last=1)
-    if args.from_step:
-        manager.find(args.from_step)
-    else:
-        manager.latest()  # a `latest` that names no checkpoint directory raises
+    # a `latest` that names no checkpoint directory raises
+    ckpt = manager.find(args.from_step) if args.from_step else manager.latest()
+    if ckpt is None:
+        return
+    files = (ckpt / trainer_file(0), ckpt / TRAINER_FILE)  # FSDP2/DeepSpeed rank 0, or single
+    trainer_state = next((p for p in files if p.is_file()), None)
+    if trainer_state is not None:
+        saved = read_file(trainer_state, weights_only=False)
+        check_global_batch(saved, global_batch(cfg, world), args.force)
 
 
 def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
     cfg = resolve(args.recipe, overrides)
     world = check_topology(args, cfg)
-    check_run(args, cfg)
-    # another global batch is one line here, not one per rank
-    from normlab.launch.training.resume import check_before_launch, global_batch
-
-    check_before_launch(Path(cfg.run_dir or "runs/run"), args.from_step,
-                        global_batch(cfg, world), args.force)
+    check_run(args, cfg, world)
     port = args.master_port or (free_port() if args.nnodes == 1 else 29500)
     cmd = torchrun_command(args, cfg, port)
     if args.dry_run:

@@ -46,7 +46,7 @@ def _duration(seconds: float) -> str:
 
 def run_status(run_dir: Path) -> dict[str, Any]:
     """Everything `normlab status` prints about one run, as a dict."""
-    from normlab.launch.cluster.jobs import last_job_id
+    from normlab.launch.cluster.owner import last_job_id
     from normlab.launch.cluster.slurm import job_state
     from normlab.launch.training.checkpoint import CheckpointManager
     from normlab.launch.training.rundir import CONFIG, read_summary

@@ -14,7 +14,6 @@ from `initial_lr` before each step.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -126,21 +125,3 @@ def check_global_batch(extra: dict[str, Any], now: dict[str, int], force: bool) 
         f"{_layout(now)}: {keep} to continue the same sample order, or pass --force to go on "
         "with the new global batch"
     )
-
-
-def check_before_launch(
-    run_dir: Path, from_step: str | None, now: dict[str, int], force: bool
-) -> None:
-    """The same check in `normlab launch`, once, before torchrun starts (one line, not one
-    traceback per rank): against the checkpoint the ranks would resume from, if any."""
-    from normlab.launch.engines.fsdp import trainer_file
-    from normlab.launch.engines.single import TRAINER_FILE, read_file
-    from normlab.launch.training.checkpoint import CheckpointManager
-
-    manager = CheckpointManager(run_dir, keep_last=1)
-    ckpt = manager.find(from_step) if from_step else manager.latest()
-    if ckpt is None:
-        return
-    path = next((p for p in (ckpt / trainer_file(0), ckpt / TRAINER_FILE) if p.is_file()), None)
-    if path is not None:
-        check_global_batch(read_file(path, weights_only=False), now, force)

@@ -1,6 +1,6 @@
 """Run-directory rules: resume a run with the same config, refuse a different one without --force,
 never touch a directory that is not a normlab run, and one owner at a time: a live local process
-(RunDirLock) or a SLURM job that is pending or running for it (cluster.jobs.check_owner_job)."""
+(RunDirLock) or a SLURM job that is pending or running for it (cluster.owner.check_owner_job)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 from normlab.launch.config import RunConfig
+from normlab.launch.config.paths import saved_form, with_absolute_paths
 from normlab.launch.errors import RunDirError
 
 CONFIG, PREVIOUS_CONFIG, SUMMARY = "config.yaml", "config.previous.yaml", "summary.json"
@@ -76,7 +77,7 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, force: bool) -> list[str]:
         raise RunDirError(
             f"{cfg_path} holds a {type(old).__name__}, not a run config mapping; fix or move it"
         )
-    diff = config_diff(old, cfg.to_dict())
+    diff = config_diff(with_absolute_paths(old), saved_form(cfg))
     if diff and not force:
         shown = "; ".join(diff[:4]) + (f"; ... {len(diff) - 4} more" if len(diff) > 4 else "")
         raise RunDirError(
@@ -87,13 +88,14 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, force: bool) -> list[str]:
 
 
 def write_config(run_dir: Path, cfg: RunConfig, replaced: bool) -> None:
-    """Save the resolved config; a config replaced under --force is kept as config.previous.yaml."""
+    """Save the resolved config, its paths absolute (config/paths.py); a config replaced under
+    --force is kept as config.previous.yaml."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG
     if replaced and path.is_file():
         shutil.copyfile(path, run_dir / PREVIOUS_CONFIG)
     tmp = run_dir / f".{CONFIG}.tmp"
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp.write_text(yaml.safe_dump(saved_form(cfg), sort_keys=False))
     os.replace(tmp, path)
 
 
@@ -198,7 +200,7 @@ class RunDirLock:
         inherited = read_lock(self.run_dir)
         if inherited is not None and inherited.token == os.environ.get(TOKEN_ENV):
             return inherited  # held by our launcher: nothing to do, nothing to release
-        from normlab.launch.cluster.jobs import check_owner_job
+        from normlab.launch.cluster.owner import check_owner_job
 
         check_owner_job(self.run_dir)  # a pending job would train here too once it starts
         if not self.run_dir.exists():
