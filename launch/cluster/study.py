@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from normlab.launch.cluster import jobs, slurm
+from normlab.launch.cluster import jobs, owner, slurm
 from normlab.launch.errors import NormlabError
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def where_it_stands(run_dir: Path) -> tuple[str, str | None]:
     summary = read_summary(run_dir) or {}
     if summary.get("status") in FINISHED:
         return "finished", None
-    job = jobs.last_job_id(run_dir)
+    job = owner.last_job_id(run_dir)
     if job is not None and slurm.job_state(job) in slurm.LIVE_STATES:
         return "queued", job
     return "to submit", None

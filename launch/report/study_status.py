@@ -38,7 +38,7 @@ def _plan(study: Path) -> dict[str, Any]:
 
 def run_state(run_dir: Path) -> tuple[str, int, int]:
     """(state, step, total) of one planned run."""
-    from normlab.launch.cluster.jobs import last_job_id
+    from normlab.launch.cluster.owner import last_job_id
     from normlab.launch.cluster.slurm import job_state
     from normlab.launch.commands.status import _last_rows
     from normlab.launch.training.rundir import read_lock, read_summary, stale_reason
