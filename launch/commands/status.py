@@ -16,22 +16,9 @@ from typing import Any
 
 import yaml
 from normlab.launch.errors import RunDirError
+from normlab.launch.training.metrics import last_rows
 
 TAIL = 5
-
-
-def _last_rows(path: Path, n: int) -> list[dict[str, Any]]:
-    rows: deque[dict[str, Any]] = deque(maxlen=n)
-    if path.is_file():
-        with path.open() as fh:
-            for line in fh:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict) and "loss" in row:
-                    rows.append(row)
-    return list(rows)
 
 
 def _tail(path: Path, n: int) -> list[str]:
@@ -60,7 +47,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     info["job_state"] = job_state(info["job_id"]) if info["job_id"] else None
     summary = read_summary(run_dir) or {}
     info["status"] = summary.get("status", "not started")
-    rows = _last_rows(run_dir / "metrics.jsonl", TAIL)
+    rows = last_rows(run_dir / "metrics.jsonl", TAIL)
     last = rows[-1] if rows else {}
     info["step"] = int(last.get("step", summary.get("steps", 0)))
     info["loss"] = last.get("loss")

@@ -40,11 +40,11 @@ def run_state(run_dir: Path) -> tuple[str, int, int]:
     """(state, step, total) of one planned run."""
     from normlab.launch.cluster.owner import last_job_id
     from normlab.launch.cluster.slurm import job_state
-    from normlab.launch.commands.status import _last_rows
+    from normlab.launch.training.metrics import last_rows
     from normlab.launch.training.rundir import read_lock, read_summary, stale_reason
 
     step = 0
-    rows = _last_rows(run_dir / "metrics.jsonl", 1)
+    rows = last_rows(run_dir / "metrics.jsonl", 1)
     if rows:
         step = int(rows[-1].get("step", 0))
     total = 0
