@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without CUDA the Triton kernel tests run through the interpreter, which must be on before triton
+# is first imported: once torch.compile's inductor has imported it, kernels can no longer be
+# interpreted (tests/test_kernels.py after tests/test_compile.py in one worker). The `auto`
+# norm backend still picks torch on CPU; tests of the CPU refusal unset the variable.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SLICE_LINES = 20000

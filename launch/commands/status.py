@@ -59,7 +59,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     info["job_state"] = job_state(info["job_id"]) if info["job_id"] else None
     summary = read_summary(run_dir / SUMMARY)
     info["status"] = summary.get("status", "not started")
-    rows = _last_rows(run_dir / "metrics.jsonl", TAIL)
+    rows = _last_rows(run_dir / "metrics.jsonl", TAIL)  # damage is one line, not skipped
     last = rows[-1] if rows else {}
     info["step"] = int(last.get("step", summary.get("steps", 0)))
     info["loss"] = _number(last.get("loss"))
@@ -114,14 +114,22 @@ def format_status(info: dict[str, Any]) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("status", help="progress of runs (local or SLURM jobs)")
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
+    p = subparsers.add_parser("status", help="progress of runs or studies (local or SLURM jobs)")
+    p.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="run directories, or study directories"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    infos = [run_status(Path(r)) for r in args.runs]  # every directory checked before printing
-    for info in infos:
-        print(json.dumps(info) if args.json else format_status(info))
+    from normlab.launch.report.study_status import format_study_status, is_study_dir, study_status
+
+    infos = [  # every directory checked before printing; a study directory is summarised
+        (study_status(Path(r)), format_study_status) if is_study_dir(Path(r))
+        else (run_status(Path(r)), format_status)
+        for r in args.runs
+    ]  # fmt: skip
+    for info, formatter in infos:
+        print(json.dumps(info) if args.json else formatter(info))
     return 0

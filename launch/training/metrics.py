@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,21 @@ def _step_of(line: str) -> int:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return 1 << 62  # a half-written last line is dropped
+
+
+def last_rows(path: Path, n: int) -> list[dict[str, Any]]:
+    """The last n training rows (those with a loss) of a metrics.jsonl; unreadable lines skipped."""
+    rows: deque[dict[str, Any]] = deque(maxlen=n)
+    if path.is_file():
+        with path.open() as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and "loss" in row:
+                    rows.append(row)
+    return list(rows)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -265,15 +265,21 @@ class Trainer:
             cb.on_log(self, step, row)
         self.display.update(step, row["loss"], row["tokens_per_s"])
 
-    def _evaluate(self, step: int) -> None:
-        """Each source's validation split separately; eval_loss is their weighted mean."""
+    def measure_eval(self) -> tuple[float, list[float]]:
+        """(eval loss, per-source losses): each source's validation split separately, the eval
+        loss their weighted mean. Records nothing (the init_loss instrument uses it too)."""
         loader, n = self.loader, self.cfg.training.eval_batches
         means = [
             torch.stack([self.engine.eval_loss(x, y) for x, y in loader.iter_eval(i, n)]).mean()
             for i in range(len(loader.names))
         ]
         per_source = self.engine.all_reduce(torch.stack(means), "mean").tolist()
-        value = float(sum(p * v for p, v in zip(loader.p, per_source, strict=True)))
+        return float(sum(p * v for p, v in zip(loader.p, per_source, strict=True))), per_source
+
+    def _evaluate(self, step: int) -> None:
+        """Each source's validation split separately; eval_loss is their weighted mean."""
+        loader = self.loader
+        value, per_source = self.measure_eval()
         self.stats["eval_loss"] = value
         scalars = {"eval_loss": value}
         if len(per_source) > 1:
