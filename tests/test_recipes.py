@@ -12,8 +12,11 @@ from normlab.model import Transformer, count_params
 
 from tests.conftest import REPO
 
-# recipes/clusters holds cluster files for `normlab submit`, not recipes
-RECIPES = sorted(p for p in (REPO / "recipes").rglob("*.yaml") if "clusters" not in p.parts)
+# recipes/clusters holds cluster files for `normlab submit` and recipes/studies study files (their
+# own test: tests/test_study_file.py), not recipes
+RECIPES = sorted(
+    p for p in (REPO / "recipes").rglob("*.yaml") if not {"clusters", "studies"} & set(p.parts)
+)
 SCHEMES = {
     "post_warmup": "post",
     "post_nowarmup": "post",
