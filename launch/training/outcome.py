@@ -40,3 +40,17 @@ def divergence_message(row: dict[str, float], last_checkpoint: Path | None) -> s
 def fresh_stats() -> dict[str, Any]:
     """The statistics a run starts with (a checkpoint carries them on)."""
     return {"min_loss": math.inf, "loss": None, "eval_loss": None, "tokens": 0, "train_s": 0.0}
+
+
+def run_summary(trainer: Any, status: str, **extra: Any) -> dict[str, Any]:
+    """summary.json of a trainer now: the stats, tokens per step and per source, the throughput
+    (MFU) and, passed on to the metrics loggers (W&B), the same dict."""
+    extra.setdefault("tokens_per_step", getattr(trainer, "tokens_per_step", None))  # compare
+    if hasattr(trainer, "loader"):
+        extra = {"tokens_by_source": trainer.loader.tokens_seen(), **extra}
+    summary = summary_of(trainer.cfg.name, status, trainer.step, trainer.stats, **extra)
+    if hasattr(trainer, "throughput"):
+        summary.update(trainer.throughput.summary(summary["tokens_per_s"]))
+    if getattr(trainer, "metrics", None) is not None:
+        trainer.metrics.summary(summary)
+    return summary

@@ -20,9 +20,10 @@ from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
 from normlab.launch.optim import optim_callbacks, set_lr
 from normlab.launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
+from normlab.launch.training.evaluation import evaluate, measure_eval
 from normlab.launch.training.metrics import MetricsWriter
 from normlab.launch.training.mfu import run_throughput
-from normlab.launch.training.outcome import divergence_message, fresh_stats, summary_of
+from normlab.launch.training.outcome import divergence_message, fresh_stats, run_summary
 from normlab.launch.training.preflight import preflight
 from normlab.launch.training.progress import ProgressDisplay
 from normlab.launch.training.rows import boundaries, host_rows, is_finite, log_row
@@ -266,31 +267,11 @@ class Trainer:
         self.display.update(step, row["loss"], row["tokens_per_s"])
 
     def measure_eval(self) -> tuple[float, list[float]]:
-        """(eval loss, per-source losses): each source's validation split separately, the eval
-        loss their weighted mean. Records nothing (the init_loss instrument uses it too)."""
-        loader, n = self.loader, self.cfg.training.eval_batches
-        means = [
-            torch.stack([self.engine.eval_loss(x, y) for x, y in loader.iter_eval(i, n)]).mean()
-            for i in range(len(loader.names))
-        ]
-        per_source = self.engine.all_reduce(torch.stack(means), "mean").tolist()
-        return float(sum(p * v for p, v in zip(loader.p, per_source, strict=True))), per_source
+        """(eval loss, per-source losses), recording nothing (launch/training/evaluation.py)."""
+        return measure_eval(self.engine, self.loader, self.cfg.training.eval_batches)
 
     def _evaluate(self, step: int) -> None:
-        """Each source's validation split separately; eval_loss is their weighted mean."""
-        loader = self.loader
-        value, per_source = self.measure_eval()
-        self.stats["eval_loss"] = value
-        scalars = {"eval_loss": value}
-        if len(per_source) > 1:
-            self.stats["eval_by_source"] = dict(zip(loader.names, per_source, strict=True))
-            scalars |= {f"eval/{k}": v for k, v in self.stats["eval_by_source"].items()}
-        if self.metrics is not None:
-            self.metrics.log(step, scalars, prefix="eval")
-        loss = self.stats["loss"]  # of the last log step: none yet when eval comes first
-        shown = f"loss {loss:.4f}, " if loss is not None else ""
-        where = f"{self.cfg.name} step {step}/{self.cfg.training.steps}"
-        self.display.message(f"{where}: {shown}eval loss {value:.4f}")
+        evaluate(self, step)
 
     def _diverged(self, row: dict[str, float]) -> str:
         self.ckpt.wait(self.engine)  # a save in flight is of a good step: let it land
@@ -320,13 +301,6 @@ class Trainer:
         return stop_status(signum)
 
     def _write_summary(self, status: str, **extra: Any) -> None:
-        extra.setdefault("tokens_per_step", getattr(self, "tokens_per_step", None))  # compare
-        if hasattr(self, "loader"):
-            extra = {"tokens_by_source": self.loader.tokens_seen(), **extra}
-        self.summary = summary_of(self.cfg.name, status, self.step, self.stats, **extra)
-        if hasattr(self, "throughput"):
-            self.summary.update(self.throughput.summary(self.summary["tokens_per_s"]))
-        if getattr(self, "metrics", None) is not None:
-            self.metrics.summary(self.summary)
+        self.summary = run_summary(self, status, **extra)
         if self.engine.is_main:
             write_summary(self.run_dir, self.summary)
