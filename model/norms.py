@@ -65,6 +65,10 @@ class RMSNorm(nn.Module, FusedPatterns):
         nn.init.ones_(self.weight)
 
 
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 class DyT(nn.Module, FusedPatterns):
     """DyT (Zhu et al. 2025): y = g * tanh(alpha * x) + b; alpha one learned scalar, in fp32."""
 
@@ -77,7 +81,7 @@ class DyT(nn.Module, FusedPatterns):
 
     def squash(self, x: torch.Tensor) -> torch.Tensor:
         """The point-wise f(alpha x) before the affine (what the saturation share counts)."""
-        return torch.tanh(self.alpha * x.float())
+        return torch.tanh(self.alpha * _at_least_fp32(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (self.weight * self.squash(x) + self.bias).to(x.dtype)
@@ -95,7 +99,7 @@ class Derf(nn.Module, FusedPatterns):
         self.init_values = {"alpha": float(alpha0), "shift": 0.0}
 
     def squash(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.erf(self.alpha * x.float() + self.shift)
+        return torch.erf(self.alpha * _at_least_fp32(x) + self.shift)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (self.weight * self.squash(x) + self.bias).to(x.dtype)
