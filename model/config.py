@@ -163,6 +163,9 @@ class ModelConfig:
                     f"model.norm_backend 'triton' has no {self.norm} kernel; allowed with "
                     f"norm {self.norm!r}: torch, auto"
                 )
+        # a partial mapping (`model.dyt_alpha0.attn=0.8`) keeps the others at their default
+        if isinstance(self.dyt_alpha0, dict) and set(self.dyt_alpha0) <= set(DYT_ROLES):
+            self.dyt_alpha0 = dict.fromkeys(DYT_ROLES, 0.5) | self.dyt_alpha0
         if sorted(self.dyt_alpha0) != sorted(DYT_ROLES) or not all(
             _matches(v, float) and v > 0 for v in self.dyt_alpha0.values()
         ):

@@ -164,6 +164,8 @@ def test_inits_are_the_references() -> None:
     assert s["final_norm.shift"].item() == 0 and torch.all(s["final_norm.bias"] == 0)
     assert s["embed_scale.scale"].item() == pytest.approx(math.sqrt(D))
     assert [cait_epsilon(n) for n in (12, 18, 24, 36)] == [0.1, 0.1, 1e-5, 1e-6]
+    partial = ModelConfig(norm="dyt", dyt_alpha0={"attn": 0.8}).dyt_alpha0
+    assert partial == {"attn": 0.8, "ffn": 0.5, "final": 0.5}
     skip = dict(Transformer(_config(residual_scale="scalar")).named_parameters())
     assert skip["blocks.0.attn.scale.weight"].shape == (1,) and skip[
         "blocks.0.attn.scale.weight"].item() == 0.0  # SkipInit / ReZero: 0
@@ -195,7 +197,7 @@ def test_megatron_small_init() -> None:
         (dict(residual_scale_init=0.1), "model.residual_scale_init"),
         (dict(norm="dyt", placement="peri"), "model.norm 'dyt'"),
         (dict(norm="derf", norm_backend="triton"), "model.norm_backend"),
-        (dict(norm="dyt", dyt_alpha0={"attn": 0.5}), "model.dyt_alpha0"),
+        (dict(norm="dyt", dyt_alpha0={"attn": 0.5, "mlp": 0.2}), "model.dyt_alpha0"),
         (dict(norm="dyt", dyt_alpha0={"attn": 0.5, "ffn": -1, "final": 1}), "model.dyt_alpha0"),
         (dict(dyt_alpha0={"attn": 0.8, "ffn": 0.2, "final": 0.2}), "model.dyt_alpha0"),
         (dict(placement="hybrid"), "model.qk_norm 'head'"),

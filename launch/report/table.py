@@ -20,6 +20,7 @@ from normlab.launch.instruments.common import (
     SPIKE_WINDOW,
 )
 from normlab.launch.optim.qk_clip import CLIP_EVENTS, S_MAX
+from normlab.launch.report.norm_columns import NORM_COLUMNS, norm_columns, norm_label
 from normlab.launch.report.runs import Run, finite
 from normlab.launch.report.stabilizer_columns import (
     STABILIZER_COLUMNS,
@@ -56,6 +57,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("qk_clips", "QK-Clip events", "d"),
     ("fp16_clamps", "fp16 clamps", "d"),
     *((key, label, spec) for key, (label, spec, _) in STABILIZER_COLUMNS.items()),
+    *((key, label, spec) for key, (label, spec) in NORM_COLUMNS.items()),
     ("tokens_per_s", "tokens/s", ",.0f"),
 ]
 NOTES = (
@@ -69,6 +71,8 @@ NOTES = (
     "QK-Clip events: heads clipped, summed over steps (optim.qk_clip). "
     "Gate mean, 1st-token share, sink mass, cap shares, massive act.: the attention_stabilizers "
     "instrument at the last logged step (SCIENCE.md 12-14; block mean, massive act. block max). "
+    "Mean |λ|, DyT/Derf α, saturation (share |f| >= 0.9): the norm_stabilizers instrument at the "
+    "last logged step (SCIENCE.md 15-16; mean over sub-layers and the final layer). "
     "'-': not measured (instrument off or no full window yet)."
 )
 
@@ -82,7 +86,7 @@ def placement_label(config: dict[str, Any]) -> str:
         label += f"+qk_norm:{m['qk_norm']}"
     if m.get("embed_norm"):
         label += "+embed_norm"
-    return label + stabilizer_label(m)
+    return label + stabilizer_label(m) + norm_label(m)
 
 
 def dataset_label(config: dict[str, Any]) -> str:
@@ -145,6 +149,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "qk_clips": _last(run, CLIP_EVENTS),
         "fp16_clamps": _last(run, FP16_CLAMPS),
         **stabilizer_columns(run),
+        **norm_columns(run),
         "tokens_per_s": tps if tps is not None and math.isfinite(tps) else None,
     }
 
