@@ -64,12 +64,14 @@ class NormStabilizers(Callback):
         settings_of(settings, {}, self.name)
         self._handles: list[RemovableHandle] = []
         self._sums: dict[str, torch.Tensor] = {}  # key -> [saturated, elements]
+        self._armed = False  # a log step is under way (a model without DyT/Derf has no hooks)
 
     def on_train_start(self, trainer: TrainerView) -> None:
         if is_log_step(trainer, trainer.step + 1):
             self._arm(trainer)
 
     def _arm(self, trainer: TrainerView) -> None:
+        self._armed = True
         for key, layer in pointwise_layers(trainer.engine.model):
             self._handles.append(layer.register_forward_hook(self._hook(key(SATURATION))))
 
@@ -88,10 +90,10 @@ class NormStabilizers(Callback):
     def _disarm(self) -> None:
         for h in self._handles:
             h.remove()
-        self._handles = []
+        self._handles, self._armed = [], False
 
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
-        if self._handles:
+        if self._armed:
             self._disarm()
             for key, pair in self._sums.items():
                 total = trainer.engine.all_reduce(pair, "sum")
