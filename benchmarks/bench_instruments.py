@@ -8,6 +8,7 @@ and the overhead of "on" over "off" at log_every 10 and at log_every 1 (every st
 
     python benchmarks/bench_instruments.py                 # tiny and a larger CPU size
     python benchmarks/bench_instruments.py --sizes tiny --windows 6 --json out.json
+    python benchmarks/bench_instruments.py --observers update_spikes   # one instrument alone
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from normlab.launch.config import load_config  # noqa: E402
+from normlab.launch.training.rows import to_host  # noqa: E402
 from normlab.launch.training.trainer import Trainer  # noqa: E402
 
 OBSERVERS = ["activations", "gradients", "attention_logits", "qk_gains", "spike_score"]
@@ -41,7 +43,9 @@ SIZES = {
 }
 
 
-def build(size: str, log_every: int, on: bool, root: Path, threads: int) -> Trainer:
+def build(
+    size: str, log_every: int, on: bool, root: Path, threads: int, observers: list[str]
+) -> Trainer:
     tag = f"{size}-{log_every}-{'on' if on else 'off'}"
     overrides = [
         *SIZES[size],
@@ -52,7 +56,7 @@ def build(size: str, log_every: int, on: bool, root: Path, threads: int) -> Trai
         "schedule.warmup_steps=0",
         f"run_dir={root / tag}",
     ]
-    overrides += [f"instruments.{name}=true" for name in OBSERVERS] if on else []
+    overrides += [f"instruments.{name}=true" for name in observers] if on else []
     trainer = Trainer(load_config(REPO / "recipes" / "pre.yaml", overrides), console=Console())
     trainer._build()  # engine, model, data: what Trainer.run does before its loop
     for cb in trainer.callbacks:
@@ -67,16 +71,21 @@ def window(trainer: Trainer, log_every: int) -> float:
     for _ in range(log_every):
         trainer.step += 1
         pending.append(trainer._train_step(trainer.step))
-    trainer._to_host(pending)
+    to_host(pending)
     return (time.perf_counter() - start) / log_every
 
 
-def bench(sizes: list[str], windows: int, threads: int) -> list[dict]:
+def bench(
+    sizes: list[str], windows: int, threads: int, observers: list[str] = OBSERVERS
+) -> list[dict]:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             for log_every in (10, 1):
-                pair = {on: build(size, log_every, on, Path(tmp), threads) for on in (False, True)}
+                pair = {
+                    on: build(size, log_every, on, Path(tmp), threads, observers)
+                    for on in (False, True)
+                }
                 times: dict[bool, list[float]] = {False: [], True: []}
                 n = windows if log_every > 1 else windows * 5
                 for i in range(n + 1):
@@ -109,10 +118,15 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=6, help="log windows per variant")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--observers",
+        default=",".join(OBSERVERS),
+        help="comma list of the instruments switched on (default: %(default)s)",
+    )
     args = parser.parse_args()
     print("ms per step, instruments off vs on; min and median over interleaved log windows")
     print(f"{'size':<6} {'log_every':>9} {'stat':>6} {'off':>8} {'on':>8} {'overhead':>9}")
-    results = bench(args.sizes.split(","), args.windows, args.threads)
+    results = bench(args.sizes.split(","), args.windows, args.threads, args.observers.split(","))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -29,6 +29,7 @@ INSTRUMENTS = {
     "attention_logits": "normlab.launch.instruments.attention:AttentionLogits",
     "qk_gains": "normlab.launch.instruments.attention:QKGains",
     "spike_score": "normlab.launch.instruments.spikes:SpikeScore",
+    "update_spikes": "normlab.launch.instruments.updates:UpdateSpikes",
     "spike_policy": "normlab.launch.instruments.policy:SpikePolicy",
     "fp16_clamp": "normlab.launch.instruments.fp16:FP16Clamp",
     "attention_stabilizers": "normlab.launch.instruments.stabilizers:AttentionStabilizers",

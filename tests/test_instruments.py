@@ -173,7 +173,14 @@ def test_qk_gain_norms() -> None:
 
 
 SYNCS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "numpy")
-EVERY_OBSERVER = ["activations", "gradients", "attention_logits", "qk_gains", "spike_score"]
+EVERY_OBSERVER = [
+    "activations",
+    "gradients",
+    "attention_logits",
+    "qk_gains",
+    "spike_score",
+    "update_spikes",
+]
 
 
 def host_syncs(

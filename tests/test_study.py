@@ -92,11 +92,11 @@ def test_lrs_by_seeds_mean_spread_and_verdicts(tiny_data: Path, tmp_path: Path) 
     md = (out / "study.md").read_text()
     mean = (evals["pre_lr0.002_s0"] + evals["pre_lr0.002_s1"]) / 2
     sd = abs(evals["pre_lr0.002_s0"] - evals["pre_lr0.002_s1"]) / 2**0.5  # n-1 over 2 seeds
-    row = next(line for line in md.splitlines() if line.startswith("| pre | 0.002 | 0,1 |"))
+    row = next(line for line in md.splitlines() if line.startswith("| pre | lr 0.002 | 0,1 |"))
     assert f"{mean:.3f} +- {sd:.3f}" in row
     verdict = next(line for line in md.splitlines() if "Pre-LN trains without warm-up" in line)
     assert any(v in verdict for v in ("**reproduced**", "**not reproduced", "**inconclusive"))
-    assert "needs recipes post_nowarmup, post_warmup" in md  # claims without their runs
+    assert "**not tested** | not run: post_nowarmup, post_warmup" in md  # claims without runs
     assert "![mean training loss per recipe](study_loss.png)" in md
     assert (out / "study_loss.png").is_file() and (out / "study_depth.png").is_file()
     assert "claims" in console.export_text()

@@ -16,13 +16,13 @@ import torch
 from normlab.launch.cli import main
 from normlab.launch.report.theory import (
     TheorySetup,
-    checks,
     down_proj_grads,
     ffn_gain,
     lemma2_prediction,
     measure,
     stream_energy,
 )
+from normlab.launch.report.theory_checks import FAILED, HELD, UNDECIDED, bootstrap, checks
 from normlab.model import ModelConfig, Transformer
 from normlab.model.init import init_weights
 from normlab.model.mlp import build_mlp
@@ -82,9 +82,47 @@ def test_lemma2_bounds_hold_at_init() -> None:
     pre_ratio = res.theorem1["pre"].mean(0)[1] / res.theorem1["pre"].mean(0)[0]
     assert post_ratio == pytest.approx(1.0, abs=0.2)
     assert pre_ratio == pytest.approx(0.5, rel=0.2)
-    held = {c.claim.split(":")[0]: c.held for c in checks(res)}
-    assert held["Lemma 2, Post-LN"] and held["Lemma 2, Pre-LN"]
-    assert held["Theorem 1, Post-LN"] and held["Theorem 1, Pre-LN"]
+    # 4 seeds of d 64 may leave an interval across a boundary, but never on the wrong side
+    verdict = {c.claim.split(":")[0]: c.verdict for c in checks(res)}
+    for name in ("Lemma 2, Post-LN", "Lemma 2, Pre-LN", "Theorem 1, Post-LN", "Theorem 1, Pre-LN"):
+        assert verdict[name] in (HELD, UNDECIDED), (name, verdict[name])
+
+
+def test_bootstrap_interval_of_a_mean_matches_the_normal_formula() -> None:
+    """For the mean of n seeds the percentile interval is about mean +- 1.96 sd_pop / sqrt(n)."""
+    values = np.random.default_rng(0).normal(1.0, 0.2, size=(400, 1))
+    est, lo, hi, verdict = bootstrap(values, lambda m: float(m[0]), lambda v: v - 0.9)
+    half = 1.96 * values.std() / np.sqrt(len(values))
+    assert est == pytest.approx(values.mean())
+    assert (lo, hi) == pytest.approx((est - half, est + half), abs=0.15 * half)
+    assert verdict == HELD  # the whole interval is above 0.9
+
+
+def test_too_few_seeds_decide_nothing() -> None:
+    for n in (1, 2):
+        values = np.stack([np.ones(n), np.full(n, 2.0)], axis=1)  # ratio 2, far above 1.2
+        assert bootstrap(values, lambda g: float(g[-1] / g[0]), lambda v: v - 1.2)[3] == UNDECIDED
+    three = np.stack([np.ones(3), np.full(3, 2.0)], axis=1)
+    assert bootstrap(three, lambda g: float(g[-1] / g[0]), lambda v: v - 1.2)[3] == HELD
+
+
+@pytest.mark.parametrize(
+    "center, spread, expected",
+    [
+        (1.21, 0.15, UNDECIDED),  # the issue's case: 1.21 against 1.2 with +-15 % per seed
+        (1.21, 0.001, HELD),  # the same mean, seeds that agree
+        (1.08, 0.02, FAILED),
+        (1.20, 0.0, UNDECIDED),  # exactly on the boundary: the margin is 0, not above it
+    ],
+)
+def test_bootstrap_verdict_needs_the_interval_to_clear_the_threshold(
+    center: float, spread: float, expected: str
+) -> None:
+    """A last/first ratio over 6 seeds: the first layer 1, the last `center` +- `spread`."""
+    last = center * (1 + spread * np.array([-1.0, 1.0, -0.5, 0.5, -0.8, 0.8]))
+    values = np.stack([np.ones(6), last], axis=1)  # (seeds, layers)
+    est, _, _, verdict = bootstrap(values, lambda g: float(g[-1] / g[0]), lambda v: v - 1.2)
+    assert est == pytest.approx(center) and verdict == expected
 
 
 def test_down_proj_grads_are_the_autograd_grads() -> None:

@@ -1,7 +1,8 @@
 """`normlab compare RUN_DIR... [--out DIR]`: recipes side by side.
 
-Prints the table, writes it as compare.md and compare.csv, and draws loss.png, grad_norm.png,
-resid_rms_by_depth.png and max_logit.png into --out. Runs still in progress and runs that diverged
+Prints the table and the spike report card (launch.report.card), writes them as compare.md and
+compare.csv, and draws loss.png, grad_norm.png, resid_rms_by_depth.png and max_logit.png into
+--out. Runs still in progress and runs that diverged
 are read as they stand; a directory that is not a run is an error (exit 2).
 """
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from normlab.launch.report.card import card_markdown, print_card, report_card
 from normlab.launch.report.plots import write_plots
 from normlab.launch.report.runs import NotARunError, Run, load_run
 from normlab.launch.report.table import depth_markdown, markdown, print_table, summarize, write_csv
@@ -25,13 +27,15 @@ def compare(
 ) -> dict[str, Any]:
     """Read every run (all are checked before anything is written), then report.
 
-    Returns {'rows': table rows, 'files': paths written}."""
+    Returns {'rows': table rows, 'cards': spike report cards, 'files': paths written}."""
     if not run_dirs:
         raise NotARunError("give at least one run directory")
     runs: list[Run] = [load_run(p) for p in run_dirs]
     rows = [summarize(run) for run in runs]
     console = console or Console(width=None if sys.stdout.isatty() else 240)
     print_table(rows, console)
+    cards = [report_card(run, row["steps"]) for run, row in zip(runs, rows, strict=True)]
+    print_card(cards, console)
     files: list[Path] = []
     if out is not None:
         out_dir = Path(out)
@@ -41,12 +45,13 @@ def compare(
         depth = depth_markdown(runs)
         pngs = write_plots(runs, out_dir)
         figures = "".join(f"\n![{p.stem}]({p.name})\n" for p in pngs)
-        text = markdown(rows) + ("\n" + depth if depth else "") + figures
+        text = markdown(rows) + "\n" + card_markdown(cards) + ("\n" + depth if depth else "")
+        text += figures
         (out_dir / "compare.md").write_text(text)
         write_csv(rows, out_dir / "compare.csv")
         files = [out_dir / "compare.md", out_dir / "compare.csv", *pngs]
         console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
-    return {"rows": rows, "files": files}
+    return {"rows": rows, "cards": cards, "files": files}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

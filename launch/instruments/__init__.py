@@ -11,8 +11,16 @@ from normlab.launch.instruments.fp16 import ClampHooks, FP16Clamp, clamp_fp16
 from normlab.launch.instruments.gradients import GradientStats
 from normlab.launch.instruments.policy import SpikePolicy
 from normlab.launch.instruments.spikes import RollingSpikeScore, SpikeScore, spike_score
+from normlab.launch.instruments.updates import UpdateSpikes
 
-OBSERVERS = ["activations", "gradients", "attention_logits", "qk_gains", "spike_score"]
+OBSERVERS = [
+    "activations",
+    "gradients",
+    "attention_logits",
+    "qk_gains",
+    "spike_score",
+    "update_spikes",
+]
 
 __all__ = [
     "OBSERVERS",
@@ -25,6 +33,7 @@ __all__ = [
     "RollingSpikeScore",
     "SpikePolicy",
     "SpikeScore",
+    "UpdateSpikes",
     "clamp_fp16",
     "spike_score",
 ]

@@ -31,6 +31,9 @@ SPIKE_WINDOW = "spike_score/window"  # the window used (scaled down for short ru
 SKIPPED, ROLLBACKS, NONFINITE = "skipped_steps", "rollbacks", "nonfinite_steps"
 SCALER_SKIPS = "scaler_skips"  # fp16: updates the loss scaler skipped (inf/NaN gradients)
 Z_LOSS = "z_loss"  # the z-loss term, logged beside the cross-entropy `loss`
+UPDATE_NORM, UPDATE_SPIKES = "update_norm", "update_spikes"  # per block (update_spikes.py)
+UPDATE_RATIO_MAX, UPDATE_SPIKE_STEPS = "update_ratio_max", "update_spike_steps"
+ROLLED_BACK = "rolled_back_steps"  # steps whose updates a rollback discarded
 
 _BLOCK_KEY = re.compile(r"^(?P<kind>[a-z0-9_]+)/(?P<block>\d+)(?:/(?P<sub>[a-z0-9_]+))?$")
 

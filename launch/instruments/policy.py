@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 from normlab.launch.errors import ConfigError
-from normlab.launch.instruments.common import ROLLBACKS, SKIPPED, settings_of
+from normlab.launch.instruments.common import ROLLBACKS, ROLLED_BACK, SKIPPED, settings_of
 from normlab.launch.training.callbacks import Callback, StopRun, TrainerView
 from normlab.launch.training.checkpoint import STEP_DIR
 
@@ -47,7 +47,9 @@ KEYS = ("loss", "grad_norm")
 
 
 class SpikePolicy(Callback):
-    """Counts `skipped_steps` and `rollbacks` in the metrics and prints each one."""
+    """Counts `skipped_steps`, `rollbacks` and `rolled_back_steps` (applied updates a rollback
+    discarded: the steps so far minus the skipped ones minus the updates the model now holds,
+    `applied`, which a checkpoint saves and a rollback restores) and prints each event."""
 
     name = "spike_policy"
 
@@ -65,6 +67,7 @@ class SpikePolicy(Callback):
         # judging starts from half a window, with at least 20 values (or the whole window)
         self.min_values = max(s["window"] // 2, min(20, s["window"]))
         self.skipped = self.rollbacks = self.rebaselines = 0
+        self.applied: int | None = 0  # updates the model holds (None: resumed from an older one)
         self.bad_values: list[dict[str, float]] = []  # the current run of bad steps
         self.bad_since: int | None = None
         self.good_since_rollback = True
@@ -96,6 +99,7 @@ class SpikePolicy(Callback):
         if reason is None:
             self._accept([values])
             self.bad_values, self.bad_since, self.good_since_rollback = [], None, True
+            self.applied = None if self.applied is None else self.applied + 1
             return False
         self.bad_values.append(values)
         self.bad_since = self.bad_since or step
@@ -121,6 +125,8 @@ class SpikePolicy(Callback):
                 self._roll_back(trainer, step, target)
         metrics[SKIPPED] = float(self.skipped)
         metrics[ROLLBACKS] = float(self.rollbacks)
+        if self.applied is not None:
+            metrics[ROLLED_BACK] = float(step - self.skipped - self.applied)
 
     def _rollback_target(self, trainer: TrainerView) -> tuple[Path | None, str]:
         """The checkpoint to roll back to, or None and why no rollback answers this run."""
@@ -165,7 +171,9 @@ class SpikePolicy(Callback):
         # model, optimizer, scaler (data and step go on); verified, and the recipe's optimizer
         # values kept as on resume: the target may predate a `--force` change of optim.lr
         extra = trainer.ckpt.restore(trainer.engine, target)
-        saved = extra.get("callbacks", {}).get(self.name, {}).get("windows", {})
+        state = extra.get("callbacks", {}).get(self.name, {})
+        saved = state.get("windows", {})
+        self.applied = state.get("applied") if self.applied is not None else None
         for key, win in self.windows.items():
             win.clear()
             win.extend(float(v) for v in saved.get(key, []))
@@ -189,6 +197,7 @@ class SpikePolicy(Callback):
             "windows": {k: list(v) for k, v in self.windows.items()},
             "skipped": self.skipped,
             "rollbacks": self.rollbacks,
+            "applied": self.applied,
             "rebaselines": self.rebaselines,
             "bad_values": list(self.bad_values),
             "bad_since": self.bad_since,
@@ -202,6 +211,7 @@ class SpikePolicy(Callback):
             self.windows[key].extend(float(v) for v in values)
         self.skipped, self.rollbacks = int(state["skipped"]), int(state["rollbacks"])
         self.rebaselines = int(state.get("rebaselines", 0))
+        self.applied = state.get("applied")  # absent in checkpoints from before the count
         self.bad_values = list(state.get("bad_values", []))
         self.bad_since = state.get("bad_since")
         self.good_since_rollback = bool(state.get("good_since_rollback", True))

@@ -1,46 +1,123 @@
-"""The study's verdicts: each literature claim decided over seeds and learning rates by a rule.
+"""The study's verdicts: each literature claim decided over seeds and grid points by a stated rule.
 
-Runs are grouped by (recipe, lr); a group's values are its seeds. A loss is the last eval loss
-(a diverged or unevaluated run counts as +inf: it did not train). Two groups A and B compare as
+API (what `normlab study` calls):
 
-- "higher": mean(A) - mean(B) > margin and every seed of A above every seed of B;
-- "lower":  the same with A and B swapped;
-- "same":   |mean(A) - mean(B)| <= margin;
-- "unclear": anything else (a mean gap larger than the margin that the seeds do not separate).
+    plateau = dataset_unigram_loss(data_dir)          # launch.report.unigram
+    found = decide_all(rows, plateau)                 # list[Verdict], in the order of CLAIMS
+    one = decide(CLAIMS[0], group_rows(rows), plateau)
+    print(one.line())                                 # claim: word (why); numbers; rule
 
-Activation growth (RMS of the last block's output over the first block's, at the last logged step)
-compares by ratio instead: "lower" when mean(A) <= mean(B) / GROWTH_RATIO with the seeds separated,
-"higher" the mirror image, "same" when the ratio of means lies within GROWTH_RATIO either way.
+`rows` are compare's summary rows (launch.report.table.summarize) with at least 'recipe', 'lr',
+'status', 'eval_loss' and, for growth claims, 'act_growth'; a row may carry a 'size' (any
+hashable: n_layers, a preset name) and then groups are per (recipe, size, lr). A row's seeds are
+the rows sharing its recipe and grid point. A Verdict has `claim`, `word`, `why` (one line),
+`rule` (the rule it was decided by, numbers included) and `numbers` (per grid point: every
+seed's value and the comparison's outcome). Words:
+
+- "reproduced" / "not reproduced" / "contradicted" (the opposite was found) / "inconclusive";
+- "not tested": a recipe the claim needs was not run, or not at a grid point the other ran at.
+
+Per grid point the two groups compare by launch.report.separation: a loss claim needs the group(s)
+it rests on to have trained (every seed below the data's unigram plateau by TRAINED_MARGIN),
+"higher"/"lower" need every seed beyond every seed by the margin (or >= 3 seeds a side and a
+one-sided Mann-Whitney test at ALPHA), points where nothing trained are "untrained" and decide
+nothing. Growth claims compare the last block's residual RMS over the first's (act_growth) of
+groups that trained. Then, over the points that trained:
+
+- worse somewhere (A worse than B): reproduced when "higher" at some point and "lower" at none;
+  contradicted when "lower" somewhere and "higher" nowhere; not reproduced when all "same";
+- never worse: contradicted when "higher" anywhere; reproduced when all "same" or "lower";
+- lower everywhere: contradicted when "higher" anywhere; reproduced when all "lower"; not
+  reproduced when all "same";
+- grows (one recipe): reproduced when every seed at every point has growth >= GROWS; not
+  reproduced when every point's mean is below FLAT;
+- anything else, or no point that trained: inconclusive.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from normlab.launch.report.separation import (
+    ALPHA,
+    GROWTH_RATIO,
+    HIGHER,
+    LOSS_MARGIN,
+    LOWER,
+    MIN_TEST_SEEDS,
+    SAME,
+    TRAINED_MARGIN,
+    UNCLEAR,
+    UNTRAINED,
+    Comparison,
+    compare_loss,
+    compare_ratio,
+    trained,
+)
 
-LOSS_MARGIN = 0.1  # nats of eval loss: smaller gaps count as the same
-GROWTH_RATIO = 1.25  # activation-growth ratios within 1/1.25 .. 1.25 count as the same
 GROWS = 1.25  # "grows with depth": every seed's last-block RMS >= 1.25 x the first block's
 FLAT = 1.1  # "does not grow": mean last/first RMS below 1.1
+AXES = ("size", "lr")  # the grid axes a row may carry, outermost first
 
-REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+REPRODUCED, NOT_REPRODUCED, CONTRADICTED = "reproduced", "not reproduced", "contradicted"
+INCONCLUSIVE, NOT_TESTED = "inconclusive", "not tested"
 
-Groups = dict[tuple[str, float], list[dict[str, Any]]]
+Point = tuple[tuple[str, Any], ...]  # (("size", 12), ("lr", 0.001))
+Groups = dict[tuple[str, Point], list[dict[str, Any]]]
 
 
-def group_rows(rows: list[dict[str, Any]]) -> Groups:
-    """Summary rows (with 'recipe' and 'lr') grouped by (recipe, lr), seeds in row order."""
-    groups: Groups = {}
-    for row in rows:
-        groups.setdefault((str(row["recipe"]), float(row["lr"])), []).append(row)
-    return groups
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    kind: str  # "worse_somewhere" | "never_worse" | "lower_everywhere" | "grows"
+    metric: str  # "loss" | "growth"
+    a: str
+    b: str | None = None
+    if_all_same: str | None = None  # not reproduced means nothing was there to test: say why
+
+
+CLAIMS = [
+    Claim("Warm-up matters for Post-LN (Xiong et al. 2020)", "worse_somewhere", "loss",
+          "post_nowarmup", "post_warmup"),
+    Claim("Pre-LN trains without warm-up (Xiong et al. 2020)", "never_worse", "loss",
+          "pre_nowarmup", "pre"),
+    Claim("DeepNorm stabilises Post-LN (Wang et al. 2022)", "worse_somewhere", "loss",
+          "post_warmup", "deepnorm",
+          if_all_same="Post-LN trained as well as DeepNorm everywhere: nothing to stabilise"),
+    Claim("Pre-LN activations grow with depth (Sun et al. 2025; Kim et al. 2025)", "grows",
+          "growth", "pre"),
+    Claim("LayerNorm Scaling bounds that growth (Sun et al. 2025)", "lower_everywhere", "growth",
+          "ln_scaling", "pre"),
+    Claim("Peri-LN grows less than Pre-LN (Kim et al. 2025)", "lower_everywhere", "growth",
+          "peri", "pre"),
+]  # fmt: skip
+
+CLAIM_RULES = {
+    "worse_somewhere": "{a} higher than {b} at some point, lower at none",
+    "never_worse": "{a} not higher than {b} at any point",
+    "lower_everywhere": "{a} lower than {b} at every point that trained",
+    "grows": "every seed of {a} at every point has last/first block RMS >= "
+    f"{GROWS:g} (reproduced); every point's mean below {FLAT:g} (not reproduced)",
+}
+
+
+@dataclass
+class Verdict:
+    claim: str
+    word: str
+    why: str
+    rule: str
+    numbers: str
+
+    def line(self) -> str:
+        return f"{self.claim}: {self.word} ({self.why}); {self.numbers}; rule: {self.rule}"
 
 
 def loss_of(row: dict[str, Any]) -> float:
+    """The last eval loss; +inf for a diverged or unevaluated run (it did not train)."""
     value = row.get("eval_loss")
     if row.get("status") == "diverged" or value is None or not math.isfinite(value):
         return math.inf
@@ -52,190 +129,159 @@ def growth_of(row: dict[str, Any]) -> float:
     return math.nan if value is None else float(value)
 
 
-def compare_loss(a: list[float], b: list[float], margin: float = LOSS_MARGIN) -> str:
-    """'higher' / 'lower' / 'same' / 'unclear' of A's losses against B's (module docstring)."""
-    ma, mb = float(np.mean(a)), float(np.mean(b))
-    if math.isinf(ma) and math.isinf(mb):
-        return "same"  # both failed
-    if ma - mb > margin and min(a) > max(b):
-        return "higher"
-    if mb - ma > margin and min(b) > max(a):
-        return "lower"
-    return "same" if abs(ma - mb) <= margin else "unclear"
+def point_of(row: dict[str, Any]) -> Point:
+    return tuple((axis, row[axis]) for axis in AXES if row.get(axis) is not None)
 
 
-def compare_growth(a: list[float], b: list[float], ratio: float = GROWTH_RATIO) -> str:
-    if any(math.isnan(v) for v in [*a, *b]):
-        return "unclear"
-    ma, mb = float(np.mean(a)), float(np.mean(b))
-    if ma >= mb * ratio and min(a) > max(b):
-        return "higher"
-    if ma * ratio <= mb and max(a) < min(b):
-        return "lower"
-    return "same" if mb / ratio < ma < mb * ratio else "unclear"
+def group_rows(rows: list[dict[str, Any]]) -> Groups:
+    """Summary rows grouped by (recipe, grid point), seeds in row order."""
+    groups: Groups = {}
+    for row in rows:
+        point = tuple((k, float(v) if k == "lr" else v) for k, v in point_of(row))
+        groups.setdefault((str(row["recipe"]), point), []).append(row)
+    return groups
 
 
-@dataclass
-class Verdict:
-    claim: str
-    rule: str
-    evidence: str  # per learning rate, what the comparison found
-    verdict: str
+def point_label(point: Point) -> str:
+    """'size 12, lr 0.001'; 'run' for rows that carry no grid axis."""
+    text = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in point)
+    return text or "run"
 
 
-def _pairs(groups: Groups, a: str, b: str) -> list[float]:
-    """Learning rates at which both recipes ran."""
-    lrs_a = {lr for r, lr in groups if r == a}
-    return sorted(lr for lr in lrs_a if (b, lr) in groups)
-
-
-def _per_lr(
-    groups: Groups, a: str, b: str, value: Callable[[dict[str, Any]], float], how: Callable
-) -> dict[float, tuple[str, float, float]]:
-    out = {}
-    for lr in _pairs(groups, a, b):
-        va = [value(r) for r in groups[(a, lr)]]
-        vb = [value(r) for r in groups[(b, lr)]]
-        out[lr] = (how(va, vb), float(np.mean(va)), float(np.mean(vb)))
-    return out
-
-
-def _evidence(found: dict[float, tuple[str, float, float]], a: str, b: str) -> str:
-    return "; ".join(
-        f"lr {lr:g}: {a} {ma:.3g} vs {b} {mb:.3g} ({k})" for lr, (k, ma, mb) in found.items()
-    )
-
-
-def _missing(claim: str, rule: str, *recipes: str) -> Verdict:
-    return Verdict(claim, rule, f"needs recipes {', '.join(recipes)} at a common lr", INCONCLUSIVE)
-
-
-def _judge(
-    claim: str, rule: str, found: dict, a: str, b: str, holds: bool, against: str | None
-) -> Verdict:
-    """The shared verdict: reproduced when the claim's rule holds; contradicted when `against`
-    ('higher' or 'lower', A against B) was found instead; not reproduced when every lr came out
-    'same'; inconclusive otherwise."""
-    kinds = [k for k, _, _ in found.values()]
-    if holds:
-        verdict = REPRODUCED
-    elif against is not None:
-        verdict = f"{NOT_REPRODUCED} (contradicted: {a} {against} than {b})"
-    elif kinds and all(k == "same" for k in kinds):
-        verdict = NOT_REPRODUCED
+def comparison_rule(metric: str, plateau: float) -> str:
+    """The per-point rule, with its constants and the plateau it used."""
+    if metric == "loss":
+        what = f"last eval loss, margin {LOSS_MARGIN:g} nats"
     else:
-        verdict = INCONCLUSIVE
-    return Verdict(claim, rule, _evidence(found, a, b), verdict)
-
-
-def worse_somewhere(claim: str, rule: str, found: dict, a: str, b: str) -> Verdict:
-    """A claim that A is worse than B (higher) at some lr and better nowhere."""
-    kinds = {k for k, _, _ in found.values()}
-    holds = "higher" in kinds and "lower" not in kinds
-    against = "lower" if "lower" in kinds and "higher" not in kinds else None
-    return _judge(claim, rule, found, a, b, holds, against)
-
-
-def never_worse(claim: str, rule: str, found: dict, a: str, b: str) -> Verdict:
-    """A claim that A is as good as B (same or lower) at every lr."""
-    kinds = {k for k, _, _ in found.values()}
-    holds = kinds <= {"same", "lower"}
-    return _judge(claim, rule, found, a, b, holds, "higher" if "higher" in kinds else None)
-
-
-def lower_everywhere(claim: str, rule: str, found: dict, a: str, b: str) -> Verdict:
-    """A claim that A is lower than B at every lr."""
-    kinds = {k for k, _, _ in found.values()}
-    holds = kinds == {"lower"}
-    return _judge(claim, rule, found, a, b, holds, "higher" if "higher" in kinds else None)
-
-
-def pre_growth(groups: Groups, recipe: str = "pre") -> Verdict:
-    claim = "Pre-LN activations grow with depth (Sun et al. 2025; Kim et al. 2025)"
-    rule = (
-        f"every seed at every lr has last/first block RMS >= {GROWS} (reproduced); mean below "
-        f"{FLAT} at every lr (not reproduced)"
+        what = f"last/first block RMS of groups that trained, ratio x{GROWTH_RATIO:g}"
+    return (
+        f"{what}; trained: every seed <= unigram plateau {plateau:.3f} - {TRAINED_MARGIN:g}; "
+        f"higher/lower: every seed beyond every seed by the margin, or >= {MIN_TEST_SEEDS} "
+        f"seeds a side and one-sided Mann-Whitney p <= {ALPHA:g}; same: both trained, means "
+        "within the margin"
     )
-    per_lr = {
-        lr: [growth_of(r) for r in rows] for (name, lr), rows in groups.items() if name == recipe
+
+
+def _points(groups: Groups, recipe: str) -> list[Point]:
+    return sorted(p for r, p in groups if r == recipe)
+
+
+def _compare(claim: Claim, ra: list[dict], rb: list[dict], plateau: float) -> Comparison:
+    la, lb = [loss_of(r) for r in ra], [loss_of(r) for r in rb]
+    if claim.metric == "loss":
+        return compare_loss(la, lb, plateau)
+    ga, gb = [growth_of(r) for r in ra], [growth_of(r) for r in rb]
+    ta, tb = [trained(v, plateau) for v in la], [trained(v, plateau) for v in lb]
+    if not any(ta) and not any(tb):
+        return Comparison(UNTRAINED, tuple(ga), tuple(gb), "no seed trained")
+    if not (all(ta) and all(tb)):
+        return Comparison(UNCLEAR, tuple(ga), tuple(gb), "a seed did not train")
+    return compare_ratio(ga, gb)
+
+
+def _seeds(values: tuple[float, ...]) -> str:
+    return ", ".join(f"{v:.3g}" for v in values)
+
+
+def _pair_verdict(claim: Claim, found: dict[Point, Comparison]) -> tuple[str, str]:
+    """(word, why) from the outcome at each point (module docstring)."""
+    tested = {p: c.outcome for p, c in found.items() if c.outcome != UNTRAINED}
+    kinds = set(tested.values())
+    where = {k: [point_label(p) for p, o in tested.items() if o == k] for k in kinds}
+
+    def at(kind: str) -> str:
+        return f"{claim.a} {kind} than {claim.b} at {'; '.join(where[kind])}"
+
+    if not tested:
+        return INCONCLUSIVE, "no grid point where the groups trained"
+    if claim.kind == "worse_somewhere":
+        if HIGHER in kinds and LOWER not in kinds:
+            return REPRODUCED, at(HIGHER)
+        if LOWER in kinds and HIGHER not in kinds:
+            return CONTRADICTED, at(LOWER)
+    elif HIGHER in kinds:
+        return CONTRADICTED, at(HIGHER)
+    elif claim.kind == "never_worse" and kinds <= {SAME, LOWER}:
+        return REPRODUCED, f"{claim.a} same or lower than {claim.b} at every point that trained"
+    elif claim.kind == "lower_everywhere" and kinds == {LOWER}:
+        return REPRODUCED, at(LOWER)
+    if kinds == {SAME} and claim.kind != "never_worse":
+        if claim.if_all_same:
+            return INCONCLUSIVE, claim.if_all_same
+        return NOT_REPRODUCED, f"{claim.a} same as {claim.b} at every point that trained"
+    return INCONCLUSIVE, "outcomes " + "; ".join(f"{point_label(p)} {o}" for p, o in tested.items())
+
+
+def _decide_pair(claim: Claim, groups: Groups, plateau: float) -> Verdict:
+    assert claim.b is not None
+    what = CLAIM_RULES[claim.kind].format(a=claim.a, b=claim.b)
+    rule = f"{what} ({comparison_rule(claim.metric, plateau)})"
+    pa, pb = _points(groups, claim.a), _points(groups, claim.b)
+    missing = [r for r, ps in ((claim.a, pa), (claim.b, pb)) if not ps]
+    if missing:
+        return Verdict(claim.name, NOT_TESTED, f"not run: {', '.join(missing)}", rule, "-")
+    common = [p for p in pa if p in set(pb)]
+    if not common:
+        why = f"{claim.a} and {claim.b} never ran at the same grid point"
+        return Verdict(claim.name, NOT_TESTED, why, rule, "-")
+    found = {
+        p: _compare(claim, groups[(claim.a, p)], groups[(claim.b, p)], plateau) for p in common
     }
-    if not per_lr:
-        return Verdict(claim, rule, f"needs recipe {recipe}", INCONCLUSIVE)
-    evidence = "; ".join(
-        f"lr {lr:g}: {recipe} growth {np.mean(v):.3g} (seeds {', '.join(f'{x:.3g}' for x in v)})"
-        for lr, v in sorted(per_lr.items())
+    numbers = "; ".join(
+        f"{point_label(p)}: {claim.a} {_seeds(c.a)} vs {claim.b} {_seeds(c.b)} -> "
+        f"{c.outcome} ({c.why})"
+        for p, c in found.items()
     )
-    values = [v for vs in per_lr.values() for v in vs]
-    if all(v >= GROWS for v in values):
-        verdict = REPRODUCED
-    elif all(np.mean(v) < FLAT for v in per_lr.values()):
-        verdict = NOT_REPRODUCED
+    word, why = _pair_verdict(claim, found)
+    return Verdict(claim.name, word, why, rule, numbers)
+
+
+def _decide_grows(claim: Claim, groups: Groups, plateau: float) -> Verdict:
+    rule = (
+        f"{CLAIM_RULES['grows'].format(a=claim.a)}, over points where every seed trained "
+        f"(<= unigram plateau {plateau:.3f} - {TRAINED_MARGIN:g})"
+    )
+    points = _points(groups, claim.a)
+    if not points:
+        return Verdict(claim.name, NOT_TESTED, f"not run: {claim.a}", rule, "-")
+    values, parts = {}, []
+    for p in points:
+        rows = groups[(claim.a, p)]
+        growth = [growth_of(r) for r in rows]
+        ok = all(trained(loss_of(r), plateau) for r in rows)
+        parts.append(
+            f"{point_label(p)}: {claim.a} growth {_seeds(tuple(growth))}"
+            + ("" if ok else " (a seed did not train: left out)")
+        )
+        if ok:
+            values[p] = growth
+    numbers = "; ".join(parts)
+    flat = [v for vs in values.values() for v in vs]
+    if not values:
+        return Verdict(claim.name, INCONCLUSIVE, "no grid point where every seed trained", rule,
+                       numbers)  # fmt: skip
+    if all(v >= GROWS for v in flat):
+        word, why = REPRODUCED, f"min {min(flat):.3g} >= {GROWS:g}"
+    elif all(float(np.mean(v)) < FLAT for v in values.values()):
+        worst = max(float(np.mean(v)) for v in values.values())
+        word, why = NOT_REPRODUCED, f"largest mean {worst:.3g} < {FLAT:g}"
     else:
-        verdict = INCONCLUSIVE
-    return Verdict(claim, rule, evidence, verdict)
+        word, why = INCONCLUSIVE, f"seeds from {min(flat):.3g} to {max(flat):.3g}"
+    return Verdict(claim.name, word, why, rule, numbers)
 
 
-def verdicts(groups: Groups) -> list[Verdict]:
-    """Every claim the study decides, in the order of SCIENCE.md section 3."""
-    loss = f"last eval loss, margin {LOSS_MARGIN} nats, seeds separated"
-    growth = f"last/first block RMS, ratio {GROWTH_RATIO}, seeds separated"
-    specs = [
-        (
-            "Warm-up matters for Post-LN (Xiong et al. 2020)",
-            f"post_nowarmup higher than post_warmup at some lr, lower at none ({loss})",
-            "post_nowarmup",
-            "post_warmup",
-            loss_of,
-            compare_loss,
-            worse_somewhere,
-        ),
-        (
-            "Pre-LN trains without warm-up (Xiong et al. 2020)",
-            f"pre_nowarmup not higher than pre (with warm-up) at any lr ({loss})",
-            "pre_nowarmup",
-            "pre",
-            loss_of,
-            compare_loss,
-            never_worse,
-        ),
-        (
-            "DeepNorm stabilises Post-LN (Wang et al. 2022)",
-            f"post_warmup higher than deepnorm (same warm-up) at some lr, lower at none ({loss})",
-            "post_warmup",
-            "deepnorm",
-            loss_of,
-            compare_loss,
-            worse_somewhere,
-        ),
-        None,  # Pre-LN growth: one recipe against thresholds, not a pair
-        (
-            "LayerNorm Scaling bounds that growth (Sun et al. 2025)",
-            f"ln_scaling's growth lower than pre's at every lr ({growth})",
-            "ln_scaling",
-            "pre",
-            growth_of,
-            compare_growth,
-            lower_everywhere,
-        ),
-        (
-            "Peri-LN grows less than Pre-LN (Kim et al. 2025)",
-            f"peri's growth lower than pre's at every lr ({growth})",
-            "peri",
-            "pre",
-            growth_of,
-            compare_growth,
-            lower_everywhere,
-        ),
-    ]
-    out = []
-    for spec in specs:
-        if spec is None:
-            out.append(pre_growth(groups))
-            continue
-        claim, rule, a, b, value, how, decide = spec
-        found = _per_lr(groups, a, b, value, how)
-        out.append(decide(claim, rule, found, a, b) if found else _missing(claim, rule, a, b))
-    deepnorm = out[2]
-    if deepnorm.verdict == NOT_REPRODUCED:  # Post-LN never failed: nothing was there to stabilise
-        deepnorm.verdict = f"{INCONCLUSIVE} (Post-LN trained as well as DeepNorm at every lr)"
-    return out
+def decide(claim: Claim, groups: Groups, plateau: float) -> Verdict:
+    """One claim's verdict over the groups, `plateau` the data's unigram loss (nats)."""
+    if not math.isfinite(plateau):
+        raise ValueError(f"the unigram plateau must be a finite loss, got {plateau}")
+    if claim.kind == "grows":
+        return _decide_grows(claim, groups, plateau)
+    return _decide_pair(claim, groups, plateau)
+
+
+def decide_all(
+    rows: list[dict[str, Any]], plateau: float, claims: list[Claim] | None = None
+) -> list[Verdict]:
+    """Every claim (default CLAIMS, the order of SCIENCE.md section 3) over the summary rows."""
+    groups = group_rows(rows)
+    return [decide(c, groups, plateau) for c in claims or CLAIMS]

@@ -8,16 +8,17 @@ from typing import Any
 
 import numpy as np
 from normlab.launch.report.claims import (
-    LOSS_MARGIN,
     Verdict,
+    decide_all,
     group_rows,
     growth_of,
     loss_of,
-    verdicts,
+    point_label,
 )
 from normlab.launch.report.runs import Run, load_run
 from normlab.launch.report.study_plots import write_study_plots
 from normlab.launch.report.table import summarize
+from normlab.launch.report.unigram import runs_plateau
 from rich.console import Console
 from rich.table import Table
 
@@ -51,13 +52,13 @@ def _spread(values: list[float]) -> str:
 
 def group_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Header and cells: one line per (recipe, lr) with every statistic over its seeds."""
-    head = ["recipe", "lr", "seeds", "non-finite", *(h for _, h, _ in STATS)]
+    head = ["recipe", "grid point", "seeds", "non-finite", *(h for _, h, _ in STATS)]
     cells = []
-    for (recipe, lr), group in group_rows(rows).items():
+    for (recipe, point), group in group_rows(rows).items():
         seeds = ",".join(str(r.get("seed")) for r in group)
         bad = sum(int(r.get("nonfinite") or 0) for r in group)
         stats = [_spread([read(r) for r in group]) for _, _, read in STATS]
-        cells.append([recipe, f"{lr:g}", seeds, str(bad), *stats])
+        cells.append([recipe, point_label(point), seeds, str(bad), *stats])
     return head, cells
 
 
@@ -96,12 +97,12 @@ def markdown(
         "",
         "## Verdicts",
         "",
-        "| claim | verdict | rule | evidence |",
-        "|---|---|---|---|",
-        *(f"| {v.claim} | **{v.verdict}** | {v.rule} | {v.evidence} |" for v in found),
+        "| claim | verdict | why | numbers | rule |",
+        "|---|---|---|---|---|",
+        *(f"| {v.claim} | **{v.word}** | {v.why} | {v.numbers} | {v.rule} |" for v in found),
         "",
-        f"Loss comparisons: 'higher'/'lower' need a mean gap over {LOSS_MARGIN} nats with every "
-        "seed on one side; 'same' a gap within it; 'unclear' otherwise.",
+        "Rules: launch/report/claims.py (a claim rests only on groups that trained; 'not "
+        "tested': its recipes were not run).",
         "",
         "![mean training loss per recipe](study_loss.png)",
         "",
@@ -122,11 +123,11 @@ def print_verdicts(rows: list[dict[str, Any]], found: list[Verdict], console: Co
         table.add_row(*c)
     console.print(table)
     claims = Table(title="claims", show_lines=True)
-    for h in ("claim", "verdict", "rule", "evidence"):
+    for h in ("claim", "verdict", "numbers", "rule"):
         claims.add_column(h)
     for v in found:
-        colour = "green" if v.verdict == "reproduced" else "yellow"
-        claims.add_row(v.claim, f"[{colour}]{v.verdict}", v.rule, v.evidence)
+        colour = {"reproduced": "green", "not tested": "dim"}.get(v.word, "yellow")
+        claims.add_row(v.claim, f"[{colour}]{v.word}[/] ({v.why})", v.numbers, v.rule)
     console.print(claims)
 
 
@@ -136,7 +137,7 @@ def write_study_report(
     """Read every run, decide the claims, print them and write study.md and the two figures."""
     runs = [load_run(p) for p in run_dirs]
     rows = [summarize(r) for r in runs]
-    found = verdicts(group_rows(rows))
+    found = decide_all(rows, runs_plateau([r.config for r in runs]))
     print_verdicts(rows, found, console)
     write_study_plots(runs, out)
     (out / "study.md").write_text(markdown(rows, found, runs, total_s, jobs))

@@ -11,10 +11,15 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from normlab.launch.report.theory import (  # noqa: E402
-    Check,
     TheoryResult,
     ffn_gain,
     lemma2_prediction,
+)
+from normlab.launch.report.theory_checks import (  # noqa: E402
+    BOOT_REPS,
+    MIN_SEEDS,
+    Check,
+    check_table,
 )
 
 STYLE = {
@@ -115,16 +120,27 @@ def _ms(values: np.ndarray) -> list[str]:
     return [f"{m:.3g} +- {sd:.2g}" for m, sd in zip(values.mean(0), values.std(0), strict=True)]
 
 
-def markdown(res: TheoryResult, found: list[Check], pngs: list[Path], seconds: float) -> str:
+def markdown(
+    res: TheoryResult,
+    found: list[Check],
+    pngs: list[Path],
+    seconds: float,
+    cpu: float | None = None,
+    command: str = "normlab theory",
+) -> str:
     s = res.setup
+    took = f"{seconds:.1f} s wall" + (f", {cpu:.1f} s CPU" if cpu is not None else "")
     lines = [
         "# Xiong et al. (2020) at initialisation, measured",
         "",
-        f"Setting: {caption(res)}. Took {seconds:.1f} s.",
+        f"Setting: {caption(res)}. Command: `{command}` ({took}).",
         "",
-        "| prediction | rule | measured | held |",
-        "|---|---|---|---|",
-        *(f"| {c.claim} | {c.rule} | {c.measured} | {'yes' if c.held else 'NO'} |" for c in found),
+        *check_table(found),
+        "",
+        f"Each verdict over the {s.seeds} seeds: the statistic of the mean over seeds and its 95 % "
+        f"bootstrap interval ({BOOT_REPS} resamples of the seeds); 'held' when the interval "
+        "clears the rule's boundary, 'NO' when it lies wholly on the wrong side, 'undecided' "
+        f"when it straddles it (more seeds decide it) or with fewer than {MIN_SEEDS} seeds.",
         "",
         f"Lemma 2, E||x_l||^2 / d by block (L = {s.lemma_depth}):",
         "",

@@ -7,8 +7,10 @@ warm-up at its stability limit); knowing the number makes a stalled run recognis
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from normlab.data.errors import DataError
 from normlab.data.prepare import read_meta
 
 
@@ -30,3 +32,17 @@ def dataset_unigram_loss(data_dir: str | Path) -> float:
     train = np.memmap(path / "train.bin", dtype=dtype, mode="r")
     val = np.memmap(path / "val.bin", dtype=dtype, mode="r")
     return unigram_loss(np.asarray(train), np.asarray(val), int(meta["vocab_size"]))
+
+
+def runs_plateau(configs: list[dict[str, Any]]) -> float:
+    """The unigram plateau of the data the runs (their config.yaml, as dicts) trained on.
+
+    Runs on different data have no one plateau: that is an error, not an average."""
+    from normlab.launch.config import from_dict
+    from normlab.launch.training.datasets import resolve_dataset
+
+    dirs = {resolve_dataset(from_dict(c).data, quiet=True) for c in configs}
+    if len(dirs) != 1:
+        names = ", ".join(sorted(str(d) for d in dirs))
+        raise DataError(f"runs on {len(dirs)} datasets have no single unigram plateau: {names}")
+    return dataset_unigram_loss(dirs.pop())
