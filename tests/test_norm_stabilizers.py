@@ -256,3 +256,47 @@ def test_hf_family_refuses_in_one_line(kw: dict) -> None:
     with pytest.raises(ValueError) as err:
         hf_family(_config(**kw))
     assert "\n" not in str(err.value)
+
+
+# --- optimizers -----------------------------------------------------------------------------
+NEW_1D = ("scale.weight", ".alpha", ".shift", "embed_scale.scale", "v_norm.weight")
+
+
+@pytest.mark.parametrize("case", ["dyt_layerscale_qknorm_gqa", "derf", "hybrid_star", "keel"])
+def test_new_parameters_go_to_adamw_without_decay(case: str) -> None:
+    """λ, α, s, the embedding scalar and N_v are 1-D: AdamW, no weight decay, under AdamW and
+    Muon alike (SCIENCE.md 15-17); the matrices stay with Muon."""
+    from normlab.launch.optim import param_groups
+    from normlab.launch.optim.muon import split_for_muon
+
+    model = Transformer(_config(**CASES[case]))
+    names = {id(p): n for n, p in model.named_parameters()}
+    for groups in (param_groups(model, 0.1), split_for_muon(model, 0.1)):
+        where = {names[id(p)]: g["group"] for g in groups for p in g["params"]}
+        assert set(where) == set(names.values())
+        for name, group in where.items():
+            if name.endswith(NEW_1D) or model.get_parameter(name).ndim == 1:
+                assert group == "no_decay", name
+    assert where["blocks.0.attn.branch.q_proj.weight"] == "muon"
+
+
+@pytest.mark.parametrize("recipe", ["hybrid", "dyt", "layerscale"])
+def test_muonclip_and_z_loss_train_with_them(recipe: str, tiny_data, tmp_path) -> None:
+    """Muon + QK-Clip (tau low enough to clip: with QK-norm it scales the q/k gains) and z-loss
+    on each: the run finishes with finite losses."""
+    import json
+
+    from normlab.launch.config import load_config
+    from normlab.launch.training.trainer import Trainer
+
+    from tests.conftest import REPO, tiny_overrides
+
+    over = tiny_overrides(tiny_data, tmp_path, **{"training.steps": 4})
+    over += ["optim.name=muon", "optim.muon_scale=match_rms_adamw", "optim.muon_ns_dtype=fp32",
+             "optim.qk_clip={tau: 1.0, alpha: 0.5}", "optim.z_loss=1e-4",
+             "training.threads=1", "model.qk_norm=head"]
+    assert Trainer(load_config(REPO / "recipes" / f"{recipe}.yaml", over)).run() == 0
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in rows if "loss" in r)
+    assert sum(r.get("qk_clip_events", 0) for r in rows) > 0  # tau 1 binds: the clip acts
+    assert any("z_loss" in r for r in rows)
