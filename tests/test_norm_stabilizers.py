@@ -300,3 +300,28 @@ def test_muonclip_and_z_loss_train_with_them(recipe: str, tiny_data, tmp_path) -
     assert all(math.isfinite(r["loss"]) for r in rows if "loss" in r)
     assert sum(r.get("qk_clip_events", 0) for r in rows) > 0  # tau 1 binds: the clip acts
     assert any("z_loss" in r for r in rows)
+
+
+# --- normlab export -------------------------------------------------------------------------
+@pytest.mark.parametrize("recipe", ["dyt", "hybrid", "keel"])
+def test_export_refuses_in_one_line_unless_native_only(
+    recipe: str, tiny_data, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("transformers")
+    from normlab.launch.cli import main
+    from normlab.launch.config import load_config
+    from normlab.launch.training.trainer import Trainer
+
+    from tests.conftest import REPO, tiny_overrides
+
+    run = tmp_path / "run"
+    over = tiny_overrides(tiny_data, run, training__steps=2, checkpoint__every=2)
+    over += ["training.eval_every=0", "instruments={}", "training.threads=1"]
+    assert Trainer(load_config(REPO / "recipes" / f"{recipe}.yaml", over)).run() == 0
+    capsys.readouterr()
+    code = main(["export", str(run), "--out", str(tmp_path / "hf")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "no HF family has" in err and "--no-hf" in err
+    assert not (tmp_path / "hf").exists()  # refused before anything is written
+    assert main(["export", str(run), "--out", str(tmp_path / "native"), "--no-hf"]) == 0
+    assert (tmp_path / "native" / "normlab").is_dir()
