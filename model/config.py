@@ -192,6 +192,17 @@ class ModelConfig:
                 f"model.keel_alpha belongs to placement 'keel', got placement {self.placement!r}"
             )
 
+    def notes(self) -> list[str]:
+        """What a user should know about a valid combination (printed by `normlab validate`)."""
+        out = []
+        if self.residual_scale != "none" and self.init in ("gpt2", "megatron_small"):
+            out.append(
+                f"model.residual_scale {self.residual_scale} (init {self.residual_scale_init:g}) "
+                f"and init {self.init}'s 1/sqrt(2L) output projections both shrink the branch "
+                "(SCIENCE.md 15); init: normal keeps only the scale"
+            )
+        return out
+
     @property
     def keel_alpha_value(self) -> float:
         """Keel's residual weight α: the number of sub-layers (2L), of blocks (L), or as given."""

@@ -325,3 +325,15 @@ def test_export_refuses_in_one_line_unless_native_only(
     assert not (tmp_path / "hf").exists()  # refused before anything is written
     assert main(["export", str(run), "--out", str(tmp_path / "native"), "--no-hf"]) == 0
     assert (tmp_path / "native" / "normlab").is_dir()
+
+
+def test_validate_notes_the_double_shrink_and_refuses_in_one_line(capsys) -> None:
+    from normlab.launch.cli import main
+
+    assert _config(residual_scale="layerscale").notes()[0].startswith("model.residual_scale")
+    assert _config(residual_scale="layerscale", init="normal").notes() == []
+    assert main(["validate", "--quiet", "layerscale"]) == 0
+    assert "both shrink the branch" in capsys.readouterr().out
+    assert main(["validate", "--quiet", "dyt", "model.placement=post"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.norm 'dyt'" in err
