@@ -337,3 +337,20 @@ def test_validate_notes_the_double_shrink_and_refuses_in_one_line(capsys) -> Non
     assert main(["validate", "--quiet", "dyt", "model.placement=post"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "model.norm 'dyt'" in err
+
+
+@pytest.mark.parametrize("init", ["gpt2", "normal", "olmo2", "xavier", "megatron_small"])
+@pytest.mark.parametrize("case", ["dyt_layerscale_qknorm_gqa", "derf", "hybrid_gqa", "keel"])
+def test_every_init_scheme_keeps_the_constant_inits(init: str, case: str) -> None:
+    model = Transformer(_config(**CASES[case], init=init))
+    for name, p in model.named_parameters():
+        if name.endswith("scale.weight"):
+            assert torch.all(p == 0.1), name  # CaiT's ε at 2 blocks
+        elif name.endswith(".alpha"):
+            assert torch.all(p == 0.5), name
+        elif name.endswith(".shift") or name.endswith(".bias"):
+            assert torch.all(p == 0), name
+        elif name == "embed_scale.scale":
+            assert p.item() == pytest.approx(math.sqrt(D))
+        elif p.ndim == 1:
+            assert torch.all(p == 1), name  # norm and DyT gains
