@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # GPU check of the Triton norm kernels (issue 5): the GPU-marked and CPU-shaped kernel tests on
 # CUDA, then the benchmark (SCIENCE.md section 10 targets). About 7-8 minutes on an H200.
+# Then the throughput checks (issue 21, about 3-4 minutes): the MFU peak lookup of this GPU and
+# compiled against eager step time (inductor, bf16, QK-Clip and the instruments on) with the
+# MFU each reaches on the 125m preset.
 # Usage: benchmarks/gpu_check.sh [OUT_DIR]   (default: $OUT if set, else gpu_check_out)
-# Writes OUT_DIR/{env.txt,tests.txt,bench.txt,bench.jsonl,table.txt,summary.txt}.
+#        PARTS="throughput" benchmarks/gpu_check.sh   runs only the named parts (kernels, throughput)
+# Writes OUT_DIR/{env.txt,tests.txt,bench.txt,bench.jsonl,table.txt,mfu.txt,compile.txt,
+# compile.json,summary.txt}.
 set -u
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-gpu_check_out}}"
@@ -22,6 +27,8 @@ fi
     "$py" -c "import liger_kernel; print('liger-kernel present')" 2>/dev/null || echo "no liger-kernel"
 } > "$out/env.txt" 2>&1
 
+parts="${PARTS:-kernels throughput}"
+if [[ " $parts " == *" kernels "* ]]; then
 start=$SECONDS
 timeout 210 "$py" -m pytest tests/test_kernels.py tests/test_kernels_gpu.py -q -p no:cacheprovider \
     --durations=10 > "$out/tests.txt" 2>&1
@@ -35,3 +42,21 @@ echo "benchmark: exit $? in $((SECONDS - start)) s (124 = timed out; rows kept)"
 # The table again from the rows written so far, so a timeout still leaves a summary.
 "$py" benchmarks/bench_norm_kernels.py --from-jsonl "$out/bench.jsonl" > "$out/table.txt" 2>&1
 tail -n 1 "$out/table.txt" | tee -a "$summary"
+fi
+
+if [[ " $parts " == *" throughput "* ]]; then
+"$py" - > "$out/mfu.txt" 2>&1 <<'PY'
+import torch
+from normlab.launch.training.mfu import compute_dtype, peak_tflops
+name = torch.cuda.get_device_name()
+for dtype in ("bf16", "fp16", "fp32", "tf32"):
+    print(f"{name}: {dtype} dense peak {peak_tflops(name, dtype)} TFLOP/s")
+print("fp32 runs use", compute_dtype("fp32", torch.get_float32_matmul_precision()))
+PY
+head -n 1 "$out/mfu.txt" | tee -a "$summary"
+start=$SECONDS
+timeout 240 "$py" benchmarks/bench_compile.py --device cuda --dtype bf16 --size 125m --steps 20 \
+    --warmup 5 --json "$out/compile.json" > "$out/compile.txt" 2>&1
+echo "compile benchmark: exit $? in $((SECONDS - start)) s" | tee -a "$summary"
+grep -E "^(eager|compiled|compiled vs)" "$out/compile.txt" | tee -a "$summary"
+fi

@@ -51,8 +51,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-mb",
         type=float,
-        default=4.0,
-        help="MB of text per tokenizer batch; memory is about (2 x num-proc + 1) batches",
+        default=1.0,
+        help="MB of text per tokenizer batch: memory grows with it (a worker holds ~30x its "
+        "batch while encoding), not with the corpus",
     )
     p.add_argument("--seed", type=int, default=0, help="train/val split seed")
     p.add_argument("--overwrite", action="store_true", help="replace a differently prepared --out")

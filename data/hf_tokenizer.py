@@ -52,6 +52,7 @@ def hf_info(path: Path, names: dict[str, str]) -> TokenizerInfo:
         except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
             raise DataError(f"{path} is not a tokenizers tokenizer.json: {exc}") from None
     vocab = backend.get_vocab(with_added_tokens=True)
+    added = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.special}
     special: dict[str, int | None] = {}
     for name in SPECIALS:
         token = names.get(name)
@@ -62,7 +63,7 @@ def hf_info(path: Path, names: dict[str, str]) -> TokenizerInfo:
         elif name in given:
             special[name] = given[name]
         else:
-            special[name] = _by_name(backend, name) if not path.is_dir() else None
+            special[name] = _by_name(added, vocab, name) if not path.is_dir() else None
     if special["eos"] is None:
         listed = ", ".join(t.content for t in backend.get_added_tokens_decoder().values())
         raise DataError(
@@ -75,10 +76,8 @@ def hf_info(path: Path, names: dict[str, str]) -> TokenizerInfo:
     return TokenizerInfo("hf", path, size, special, hashlib.sha256(content).hexdigest(), content)
 
 
-def _by_name(backend: Any, name: str) -> int | None:
+def _by_name(added: dict[str, int], vocab: dict[str, int], name: str) -> int | None:
     """The id of the first NAMES[name] token the tokenizer has (special tokens first)."""
-    added = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.special}
-    vocab = backend.get_vocab(with_added_tokens=True)
     for table in (added, vocab):
         for token in NAMES[name]:
             if token in table:

@@ -17,13 +17,14 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from normlab.data.errors import DataError
 from normlab.data.prepare_build import build
-from normlab.data.prepare_inputs import FORMATS, describe, expand_inputs, scan_source
+from normlab.data.prepare_inputs import FORMATS, HIDDEN, describe, expand_inputs, scan_source
 from normlab.data.prepare_meta import (
     META,
     check_existing,
@@ -34,7 +35,8 @@ from normlab.data.prepare_meta import (
     tokenizer_spec,
 )
 from normlab.data.prepare_split import assign_split, eos_after
-from normlab.data.tokenizer import MODEL_TYPES, resolve_tokenizer
+from normlab.data.tokenizer import MODEL_TYPES
+from normlab.data.tokenizer_select import resolve_tokenizer
 
 CHUNK_LINES = 128  # lines per document for .txt inputs (the split unit)
 # re-exported: the loader, preflight and reports read prepared directories through this module
@@ -87,13 +89,7 @@ def scan_inputs(
 
             inputs = [str(bundled_corpus_path())]
         files, skipped = expand_inputs(inputs)
-        if skipped:
-            names = ", ".join(str(f) for f in skipped[:10]) + (" ..." * (len(skipped) > 10))
-            print(
-                f"skipping {len(skipped)} file(s) of types prepare does not read "
-                f"(it reads {', '.join(FORMATS)}): {names}",
-                file=sys.stderr,
-            )
+        _report_skipped(skipped)
         plan = [describe(f) for f in files]
     scanned = [scan_source(src, settings, skip_undecodable) for src in plan]
     srcs = [desc for desc, _ in scanned]
@@ -109,6 +105,20 @@ def scan_inputs(
                 file=sys.stderr,
             )
     return srcs, np.concatenate([sizes for _, sizes in scanned])
+
+
+def _report_skipped(skipped: list[Path]) -> None:
+    hidden = sum(str(f) == HIDDEN for f in skipped)
+    other = [f for f in skipped if str(f) != HIDDEN]
+    if other:
+        names = ", ".join(str(f) for f in other[:10]) + (" ..." * (len(other) > 10))
+        print(
+            f"skipping {len(other)} file(s) of types prepare does not read "
+            f"(it reads {', '.join(FORMATS)}): {names}",
+            file=sys.stderr,
+        )
+    if hidden:
+        print(f"skipping {hidden} hidden file(s) (a name starting with '.')", file=sys.stderr)
 
 
 def _check_val_split(srcs: list[dict[str, Any]], settings: dict[str, Any]) -> None:
@@ -135,7 +145,7 @@ def prepare(
     val_fraction: float = 0.005,
     text_field: str = "text",
     num_proc: int = 2,
-    batch_mb: float = 4.0,
+    batch_mb: float = 1.0,
     seed: int = 0,
     dataset_name: str | None = None,
     dataset_split: str = "train",
@@ -159,7 +169,9 @@ def prepare(
         "text_field": text_field,
         "chunk_lines": chunk_lines,
     }
+    t0 = time.perf_counter()
     srcs, sizes = scan_inputs(inputs, dataset_name, dataset_split, settings, skip_undecodable)
+    scan_s = time.perf_counter() - t0
     _check_val_split(srcs, settings)
     spec = None if given else tokenizer_spec(vocab_size, model_type)
     fingerprint = data_fingerprint(srcs, settings)
@@ -180,6 +192,8 @@ def prepare(
                 "more text or a larger --val-fraction"
             )
         meta["fingerprint"] = fingerprint
+        t = meta["timings_s"]
+        meta["timings_s"] = {"scan": round(scan_s, 2), **t, "total": round(t["total"] + scan_s, 2)}
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
         _finalize(tmp, out)
     except OSError as exc:  # a full disk or a file that vanished: one line, nothing left behind
@@ -190,10 +204,12 @@ def prepare(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    n = meta["tokens"]
+    n, t = meta["tokens"], meta["timings_s"]
+    rate = (n["train"] + n["val"]) / max(t["tokenize"], 1e-9)
     print(
         f"prepared {out}: {n['train']:,} train + {n['val']:,} val tokens, vocab "
-        f"{meta['vocab_size']} ({meta['dtype']}) in {meta['timings_s']['total']} s"
+        f"{meta['vocab_size']} ({meta['dtype']}) in {t['total']} s ({rate:,.0f} tokens/s "
+        f"tokenizing with {num_proc} process{'es' * (num_proc > 1)})"
     )
     _warn_small_val(n, val_fraction)
     print(f"train on it: normlab train pre data.dataset={shlex.quote(str(out))}")

@@ -3,14 +3,16 @@
 Documents are grouped into batches of about `batch_mb` MB of text; each batch is encoded by one
 process (the tokenizer's own batch encode, one thread) and comes back as the two splits' token
 arrays, EOS already in place; batches are written in input order as they finish. At most
-2 x num_proc batches are in flight, so memory is bounded by batch_mb x (2 num_proc + 1) plus the
-tokenizers, whatever the size of the corpus. Progress (rich, on a terminal) shows the input bytes
-done, tokens/s and the time left.
+2 x num_proc batches are in flight, so memory is bounded by the batch size (a worker holds about
+30x its batch of text while encoding: the tokenizer's encodings and the id lists) times the
+processes, plus the tokenizers, whatever the size of the corpus. Progress (rich, on a terminal)
+shows the input bytes done, tokens/s and the time left.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import sys
 import time
 from collections import deque
@@ -48,6 +50,12 @@ def batches(
 
 def init_worker(kind: Kind, path: str, eos_id: int, dtype: str) -> None:
     _STATE.update(encode=encoder(kind, path), eos_id=eos_id, dtype=np.dtype(dtype))
+
+
+def _pool_worker(*init: Any) -> None:
+    """A pool worker: Ctrl-C goes to the parent, which stops the pool (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    init_worker(*init)
 
 
 def encode_batch(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
@@ -90,36 +98,49 @@ def encode_all(
 ) -> float:
     """Encode every batch of `work` into `writer`; returns the seconds taken."""
     t0 = time.perf_counter()
-    with _progress(total_bytes) as bar:
-        task = bar.add_task("tokenizing", total=total_bytes, rate="")
-        tokens = 0
+    pool = _pool(init, num_proc) if num_proc > 1 else None  # forked before any display thread
+    try:
+        with _progress(total_bytes) as bar:
+            task = bar.add_task("tokenizing", total=total_bytes, rate="")
+            tokens = 0
 
-        def done(result: tuple[np.ndarray, np.ndarray], nbytes: int) -> None:
-            nonlocal tokens
-            tokens += writer.append(*result)
-            rate = tokens / max(time.perf_counter() - t0, 1e-9)
-            bar.update(task, advance=nbytes, rate=f"{tokens:,} tok  {rate:,.0f} tok/s")
+            def done(result: tuple[np.ndarray, np.ndarray], nbytes: int) -> None:
+                nonlocal tokens
+                tokens += writer.append(*result)
+                rate = tokens / max(time.perf_counter() - t0, 1e-9)
+                bar.update(task, advance=nbytes, rate=f"{tokens:,} tok  {rate:,.0f} tok/s")
 
-        if num_proc <= 1:
-            init_worker(*init)
-            for b in work:
-                done(encode_batch(b), b[3])
-        else:
-            _parallel(work, init, num_proc, done)
+            if pool is None:
+                init_worker(*init)
+                for b in work:
+                    done(encode_batch(b), b[3])
+            else:
+                _ordered(pool, work, num_proc, done)
+        if pool is not None:
+            pool.close()
+    finally:
+        if pool is not None:
+            pool.terminate()  # after close: waits for nothing; on an error: stops the workers
+            pool.join()
     return time.perf_counter() - t0
 
 
-def _parallel(work: Iterator[Batch], init: tuple, num_proc: int, done: Any) -> None:
-    """Ordered, bounded: submit until 2 x num_proc batches are pending, then wait on the oldest."""
-    ctx = mp.get_context("spawn")  # no fork of a parent that may hold threads (torch, rayon)
+def _pool(init: tuple, num_proc: int) -> Any:
+    # fork: no re-import of the caller's __main__ (spawn would re-run an unguarded script) and
+    # no interpreter start per worker; the workers only run the tokenizer and numpy
+    ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+    return ctx.Pool(num_proc, initializer=_pool_worker, initargs=init)
+
+
+def _ordered(pool: Any, work: Iterator[Batch], num_proc: int, done: Any) -> None:
+    """In input order, bounded: submit until 2 x num_proc batches are pending, then wait on the
+    oldest."""
     pending: deque[tuple[Any, int]] = deque()
-    with ctx.Pool(num_proc, initializer=init_worker, initargs=init) as pool:
-        for b in work:
-            pending.append((pool.apply_async(encode_batch, (b,)), b[3]))
-            while len(pending) >= 2 * num_proc:
-                result, nbytes = pending.popleft()
-                done(result.get(), nbytes)
-        while pending:
+    for b in work:
+        pending.append((pool.apply_async(encode_batch, (b,)), b[3]))
+        while len(pending) >= 2 * num_proc:
             result, nbytes = pending.popleft()
             done(result.get(), nbytes)
-    sys.stderr.flush()
+    while pending:
+        result, nbytes = pending.popleft()
+        done(result.get(), nbytes)

@@ -12,35 +12,37 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from normlab.data.errors import DataError
+from normlab.data.prepare_text import lines, scan_text, text_chunks
 
 TEXT = ("txt", "text", "md", "markdown", "rst")  # read as plain text, by lines
 FORMATS = {f".{s}": "text" for s in TEXT} | {".jsonl": "json", ".json": "json"}
 FORMATS[".parquet"] = "parquet"
 READ_BYTES = 1 << 20
 ROW_BATCH = 4096  # parquet/Hub rows read at a time
+HIDDEN = "<hidden>"  # a file under a name starting with '.', counted among the skipped
 
 
 def expand_inputs(inputs: list[str]) -> tuple[list[Path], list[Path]]:
     """(files to read, files skipped). Files given by name must have a supported type; a directory
     contributes its supported files (recursively, sorted, hidden ones left out) and the others
-    are returned as skipped so `prepare` can name them."""
+    are returned as skipped so `prepare` can name them (hidden ones as HIDDEN, counted)."""
     out: list[Path] = []
     skipped: list[Path] = []
     for s in inputs:
         p = Path(s).expanduser()
         if p.is_dir():
-            files = sorted(
-                f for f in p.rglob("*")
-                if f.is_file() and not any(x.startswith(".") for x in f.relative_to(p).parts)
-            )  # fmt: skip
+            every = sorted(f for f in p.rglob("*") if f.is_file())
+            files = [f for f in every if not any(x.startswith(".") for x in f.relative_to(p).parts)]
             found = [f for f in files if f.suffix.lower() in FORMATS]
             skipped += [f for f in files if f.suffix.lower() not in FORMATS]
+            skipped += [Path(HIDDEN)] * (len(every) - len(files))
             if not found:
                 raise DataError(f"directory {s} holds no {', '.join(FORMATS)} files")
             out += found
@@ -53,16 +55,6 @@ def expand_inputs(inputs: list[str]) -> tuple[list[Path], list[Path]]:
         else:
             raise DataError(f"input file not found: {s}")
     return out, skipped
-
-
-def _lines(path: Path) -> Iterator[tuple[int, bytes, str | None]]:
-    """(line number, raw bytes, decoded text or None when not UTF-8) of a file, by b'\\n'."""
-    with path.open("rb") as fh:
-        for number, raw in enumerate(fh, 1):
-            try:
-                yield number, raw, raw.decode("utf-8")
-            except UnicodeDecodeError:
-                yield number, raw, None
 
 
 def _row_text(row: Any, field: str) -> str | None:
@@ -87,7 +79,7 @@ def _json_rows(path: Path) -> Iterator[tuple[int, Any]]:
             raise DataError(f"{path} is not valid JSON: {e}") from None
         yield from enumerate(rows, 1)
         return
-    for number, _, text in _lines(path):
+    for number, _, text in lines(path):
         if text is None:
             raise DataError(f"{path}:{number} is not UTF-8")
         if not text.strip():
@@ -165,27 +157,9 @@ def _texts(src: dict[str, Any], settings: dict[str, Any]) -> Iterator[tuple[str 
         for _, row in _json_rows(Path(src["path"])):
             yield _row_text(row, field), False
     else:
-        yield from _text_chunks(Path(src["path"]), settings["chunk_lines"])
-
-
-def _text_chunks(path: Path, chunk_lines: int) -> Iterator[tuple[str, bool]]:
-    """Chunks of `chunk_lines` UTF-8 lines (undecodable lines left out, see scan_source)."""
-    chunk: list[str] = []
-    pending: str | None = None
-    for _, _, text in _lines(path):
-        if text is None:
-            continue
-        chunk.append(text)
-        if len(chunk) == chunk_lines:
-            if pending is not None:
-                yield pending, True
-            pending, chunk = "".join(chunk), []
-    if chunk:
-        if pending is not None:
-            yield pending, True
-        pending = "".join(chunk)
-    if pending is not None:
-        yield pending, False
+        yield from text_chunks(
+            Path(src["path"]), settings["chunk_lines"], src.get("skipped_lines", 0) == 0
+        )
 
 
 def iter_documents(
@@ -205,8 +179,8 @@ def scan_source(
     document). Refuses an empty, binary or non-UTF-8 file (unless skip_undecodable) and a
     record file of which no row has the text field."""
     if "dataset" in src:
-        sizes = [len(t.encode()) for t, _ in _texts(src, settings) if t is not None]
-        return src | {"documents": len(sizes)}, np.asarray(sizes, dtype=np.int64)
+        sizes = array("q", (len(t.encode()) for t, _ in _texts(src, settings) if t is not None))
+        return src | {"documents": len(sizes)}, np.frombuffer(sizes, dtype=np.int64)
     path = Path(src["path"])
     if src["bytes"] == 0:
         raise DataError(f"{path} is empty")
@@ -214,8 +188,8 @@ def scan_source(
         if src["format"] != "parquet" and b"\x00" in fh.read(1 << 16):
             raise DataError(f"{path} looks binary (NUL bytes), not a text file")
     if src["format"] == "text":
-        return _scan_text(src, settings["chunk_lines"], skip_undecodable)
-    sizes, dropped = [], 0
+        return scan_text(src, settings["chunk_lines"], skip_undecodable)
+    sizes, dropped = array("q"), 0  # 8 bytes a document, not a Python int each
     for text, _ in _texts(src, settings):
         if text is None:
             dropped += 1
@@ -227,7 +201,7 @@ def scan_source(
             f"first has {_first_row(src, settings['text_field'])}); set --text-field"
         )
     desc = src | {"sha256": file_sha256(path), "documents": len(sizes), "dropped_rows": dropped}
-    return desc, np.asarray(sizes, dtype=np.int64)
+    return desc, np.frombuffer(sizes, dtype=np.int64)
 
 
 def _first_row(src: dict[str, Any], field: str) -> str:
@@ -241,32 +215,6 @@ def _first_row(src: dict[str, Any], field: str) -> str:
             return f"the fields {sorted(row)}"
         return f"{field!r}: {type(row[field]).__name__}"
     return "nothing"
-
-
-def _scan_text(
-    src: dict[str, Any], chunk_lines: int, skip_undecodable: bool
-) -> tuple[dict[str, Any], np.ndarray]:
-    path, digest = Path(src["path"]), hashlib.sha256()
-    bad = first = kept = 0
-    sizes: list[int] = []
-    for number, raw, text in _lines(path):
-        digest.update(raw)
-        if text is None:
-            bad, first = bad + 1, first or number
-            continue
-        if kept % chunk_lines == 0:
-            sizes.append(0)
-        sizes[-1] += len(raw)
-        kept += 1
-    if not kept:
-        raise DataError(f"{path} holds no UTF-8 text (all {bad} lines are undecodable)")
-    if bad and not skip_undecodable:
-        raise DataError(
-            f"{path} is not UTF-8 text ({bad} undecodable lines, the first is line {first}); "
-            "convert it (iconv -f latin1 -t utf-8) or pass --skip-undecodable to leave them out"
-        )
-    desc = src | {"sha256": digest.hexdigest(), "documents": len(sizes), "skipped_lines": bad}
-    return desc, np.asarray(sizes, dtype=np.int64)
 
 
 def describe(path: Path) -> dict[str, Any]:

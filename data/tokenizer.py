@@ -1,6 +1,7 @@
 """Tokenizers of a prepared directory: a SentencePiece model trained here (Kudo & Richardson, 2018,
 arXiv:1808.06226) or given, or a Hugging Face `tokenizers` tokenizer (a tokenizer.json, or a folder
-that transformers.AutoTokenizer loads, imported by data.hf_tokenizer). `TokenizerInfo` is what
+that transformers.AutoTokenizer loads, read by data.hf_tokenizer; data.tokenizer_select picks
+the kind). `TokenizerInfo` is what
 prepare and export need of either kind: the file, its vocabulary size and its special-token ids.
 
 Settings follow the Llama tokenizer (Touvron et al., 2023): identity normalisation, whitespace kept
@@ -74,21 +75,6 @@ def spm_info(path: str | Path) -> TokenizerInfo:
     ids = {"bos": sp.bos_id(), "eos": sp.eos_id(), "pad": sp.pad_id(), "unk": sp.unk_id()}
     special = {k: (i if 0 <= i < sp.vocab_size() else None) for k, i in ids.items()}
     return TokenizerInfo("sentencepiece", Path(path), sp.vocab_size(), special, file_sha256(path))
-
-
-def resolve_tokenizer(path: str | Path, names: dict[str, str] | None = None) -> TokenizerInfo:
-    """Any tokenizer `prepare --tokenizer` accepts: a SentencePiece model, a tokenizer.json or a
-    transformers tokenizer folder. names: bos/eos/pad token strings that override (hf only)."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise DataError(f"tokenizer not found: {p}")
-    if p.is_dir() or p.suffix.lower() == ".json":
-        from normlab.data.hf_tokenizer import hf_info
-
-        return hf_info(p, names or {})
-    if any(names.values() if names else ()):
-        raise DataError("--bos-token/--eos-token/--pad-token apply to HF tokenizers only")
-    return spm_info(p)
 
 
 def encoder(kind: Kind, path: str | Path) -> Callable[[list[str]], list[list[int]]]:

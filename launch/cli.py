@@ -7,6 +7,7 @@ A module joins the CLI by defining `register(subparsers)`, which adds its parser
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.util
 import os
@@ -60,11 +61,31 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_closed()
     except USER_ERRORS as exc:
-        print(f"normlab {args.command}: error: {exc}", file=sys.stderr)
+        from normlab.launch.training.launched import report_to_launcher
+
+        if not report_to_launcher(str(exc)):  # a rank of `normlab launch`: its launcher prints
+            print(f"normlab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        print(f"normlab {args.command}: error: {write_failure(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"normlab {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+# A place normlab reads or writes can be read-only, not permitted or full: one line, exit 2
+# (writers write a temporary file and rename it, so nothing half-written is left behind).
+WRITE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+
+
+def write_failure(exc: OSError) -> str:
+    where = exc.filename or "a file"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on device while writing {where}: free space or write elsewhere"
+    return f"{where}: {exc.strerror} (read-only, or owned by another user?)"
 
 
 def _stdout_closed() -> int:

@@ -11,6 +11,7 @@ from normlab.launch.errors import NormlabError
 EXTRAS = {
     "deepspeed": ("DeepSpeed", "distributed"),
     "transformers": ("HF transformers", "hf"),
+    "wandb": ("Weights & Biases (wandb)", "wandb"),
 }
 
 

@@ -61,13 +61,25 @@ def _fused_attention_lse(
     """(output, lse) from the fused kernel SDPA picks for these inputs, called as SDPA calls it;
     None when SDPA would pick a kernel this does not mirror."""
     aten = torch.ops.aten
-    choice = SDPBackend(torch._fused_sdp_choice(q, k, v, None, dropout_p, True, enable_gqa=gqa))
-    if choice == SDPBackend.FLASH_ATTENTION and q.device.type == "cpu":
+    choice = _sdp_choice(q, k, v, dropout_p, gqa)
+    if choice == _FLASH and q.device.type == "cpu":
         return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, True)[:2]
-    if choice == SDPBackend.FLASH_ATTENTION and q.shape[-1] % 8 == 0:  # SDPA pads other sizes
+    if choice == _FLASH and q.shape[-1] % 8 == 0:  # SDPA pads other sizes
         return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, True)[:2]
-    if choice == SDPBackend.EFFICIENT_ATTENTION and not gqa:
+    if choice == _EFFICIENT and not gqa:
         return aten._scaled_dot_product_efficient_attention(q, k, v, None, True, dropout_p, True)[
             :2
         ]
     return None
+
+
+_FLASH, _EFFICIENT = int(SDPBackend.FLASH_ATTENTION), int(SDPBackend.EFFICIENT_ATTENTION)
+
+
+@torch.compiler.assume_constant_result
+def _sdp_choice(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, gqa: bool
+) -> int:
+    """The kernel SDPA would pick: fixed by shapes, dtypes and device, so torch.compile takes it
+    as a constant instead of breaking the graph of a compiled block at this call."""
+    return int(torch._fused_sdp_choice(q, k, v, None, dropout_p, True, enable_gqa=gqa))

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without CUDA the Triton kernel tests run through the interpreter, which must be on before triton
+# is first imported: once torch.compile's inductor has imported it, kernels can no longer be
+# interpreted (tests/test_kernels.py after tests/test_compile.py in one worker). The `auto`
+# norm backend still picks torch on CPU; tests of the CPU refusal unset the variable.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SLICE_LINES = 20000
@@ -71,3 +80,30 @@ def tiny_overrides(data_dir: Path, run_dir: Path, **extra: object) -> list[str]:
     }
     values.update({k.replace("__", "."): v for k, v in extra.items()})
     return [f"{k}={v}" for k, v in values.items()]
+
+
+def arithmetic_lines(n: int, seed: int = 0) -> str:
+    """A second domain generated in code: `a + b = c` lines (sums checked by construction)."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randrange(1000), rng.randrange(1000)
+        op = rng.choice("+-")
+        out.append(f"{a} {op} {b} = {a + b if op == '+' else a - b}\n")
+    return "".join(out)
+
+
+@pytest.fixture(scope="session")
+def arith_data(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The arithmetic domain prepared with tiny_data's tokenizer (a two-source mixture)."""
+    from normlab.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("arith_data")
+    src = root / "arith.txt"
+    src.write_text(arithmetic_lines(1500))  # ~370 windows of 64: a few steps wrap it
+    out = root / "prepared"
+    tokenizer = str(tiny_data / "tokenizer.model")
+    prepare([str(src)], out, tokenizer=tokenizer, val_fraction=0.1, num_proc=1)
+    return out

@@ -38,7 +38,8 @@ def train(cfg, steps: int):
     for _ in range(steps):
         x = torch.randint(0, cfg.data.vocab_size, (per, cfg.data.seq_len + 1), generator=gen)
         engine.zero_grad()
-        engine.forward_backward(x[:, :-1], x[:, 1:])
+        for _ in range(cfg.training.grad_accum):
+            engine.forward_backward(x[:, :-1], x[:, 1:])
         engine.clip_and_step(cfg.optim.grad_clip)
     return engine
 

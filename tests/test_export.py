@@ -19,9 +19,11 @@ from dist_helpers import (
     prepare_tiny,
     write_recipe,
 )
-from normlab.launch.commands.export import save_hf
+from normlab.launch.commands.export import check_hf_family
 from normlab.model import ModelConfig, Transformer
 from safetensors.torch import load_file
+
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.distributed
 # weights of 2-rank and 1-rank runs after 8 AdamW steps differ by ~1e-5 (reduction order)
@@ -88,13 +90,13 @@ def test_sharded_exports_match_the_single_run(
     assert diff < 1e-4
 
 
-def test_an_architecture_without_hf_counterpart_exports_safetensors_only(tmp_path: Path) -> None:
-    cfg = ModelConfig(
-        n_layers=1, d_model=32, n_heads=2, d_ff=64, vocab_size=64, max_seq_len=16, placement="post"
-    )
-    line = save_hf(Transformer(cfg), tmp_path)
-    assert line.startswith("no HF model: no HF transformers architecture for placement='post'")
-    assert not (tmp_path / "config.json").exists()
+def test_an_architecture_without_hf_counterpart_is_refused_pointing_at_no_hf() -> None:
+    from normlab.launch.config import load_config
+    from normlab.launch.errors import RunDirError
+
+    cfg = load_config(REPO / "recipes" / "post_warmup.yaml")
+    with pytest.raises(RunDirError, match=r"placement='post'.*export with --no-hf"):
+        check_hf_family(cfg)
 
 
 def test_export_errors_leave_existing_directories_alone(runs: dict[str, Path]) -> None:

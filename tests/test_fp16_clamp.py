@@ -145,3 +145,30 @@ def test_fp16_training_run_installs_and_logs(
     cfg32 = load_config(REPO / "recipes" / "pre.yaml", tiny_overrides(tiny_data, fp32))
     assert Trainer(cfg32).run() == 0
     assert FP16_CLAMPS not in read_jsonl(fp32 / "metrics.jsonl")[0]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+def test_each_overflow_counts_once_with_activation_checkpointing(checkpointing: bool) -> None:
+    """The backward's recomputation of a checkpointed block re-fires its hooks up to the last
+    tensor it saved (7 instead of 4 in block 1 before the fix); the counts after forward +
+    backward equal those of the forward alone, with and without checkpointing (and the
+    recomputed forward is still clamped: no NaN gradient)."""
+    from normlab.launch.engines.recompute import apply_activation_checkpointing
+
+    model, tokens = overflowing_pre_ln()
+    with torch.no_grad():  # block 1 also overflows inside its MLP, in tensors saved for backward
+        model.blocks[1].mlp.branch.up_proj.weight.mul_(3000)
+    model = model.half()
+    forward_only = ClampHooks(model)
+    with torch.no_grad():
+        model(tokens)
+    expected = forward_only.counts.tolist()
+    forward_only.remove()
+    assert expected[1] >= 3  # up_proj, the product into down_proj, the branch output...
+    if checkpointing:
+        apply_activation_checkpointing(model)
+    hooks = ClampHooks(model)
+    model(tokens).float().logsumexp(-1).mean().backward()
+    assert hooks.counts.tolist() == expected
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(not torch.isnan(g).any() for g in grads)

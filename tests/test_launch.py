@@ -1,9 +1,11 @@
-"""`normlab launch`: the torchrun command it builds, the errors it raises before any rank starts,
+"""`normlab launch`: the torchrun command it builds, the errors it raises before any rank starts
+(a changed config on an existing run among them), a refusal only the ranks find printed once,
 a simulated 2-node job (two torchrun agents on 127.0.0.1, node ranks 0 and 1) that reproduces
 the single-process curve, and nodes started with mismatched world sizes."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -15,11 +17,15 @@ from dist_helpers import (
     check_ok,
     env,
     free_port,
+    launch,
     losses,
     normlab,
     prepare_tiny,
     write_recipe,
 )
+from normlab.launch.cli import main
+from normlab.launch.config import load_config
+from normlab.launch.training.rundir import write_config
 
 pytestmark = pytest.mark.distributed
 
@@ -51,12 +57,15 @@ def test_dry_run_prints_the_torchrun_command(tiny: dict[str, Path]) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     cmd = proc.stdout.split()
-    assert cmd[1:3] == ["-m", "torch.distributed.run"]
-    pairs = dict(zip(cmd[3::2], cmd[4::2], strict=False))
+    assert cmd[1:4] == ["-P", "-m", "normlab.launch.cluster.agent"]  # torchrun, quiet at exit
+    pairs = dict(zip(cmd[4::2], cmd[5::2], strict=False))
     assert pairs["--nnodes"] == "2" and pairs["--nproc-per-node"] == "4"
     assert pairs["--rdzv-backend"] == "c10d" and pairs["--rdzv-endpoint"] == "10.0.0.5:29400"
     assert pairs["--rdzv-conf"] == "is_host=0,join_timeout=600"
-    tail = cmd[cmd.index("normlab.launch.cli") + 1 :]
+    # the ranks run the entry point next to this Python, not `-m` from the working directory
+    at = cmd.index("--no-python")
+    assert cmd[at + 1] == str(Path(sys.executable).parent / "normlab")
+    tail = cmd[at + 2 :]
     assert tail == ["train", str(tiny["recipe"]), "engine.name=fsdp", "optim.lr=1e-3"] + [
         "--run-dir",
         "runs/x",
@@ -88,6 +97,52 @@ def test_bad_launch_arguments_fail_before_torchrun(
     proc = normlab("launch", str(tiny["recipe"]), *args, "--run-dir", str(run), "--dry-run")
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not run.exists()
+
+
+def test_a_changed_config_is_refused_before_torchrun(tiny: dict[str, Path], capsys) -> None:
+    """No dry run: torchrun would start if the launcher did not refuse first (in-process)."""
+    run = tiny["root"] / "changed"
+    cfg = load_config(tiny["recipe"], ["engine.name=fsdp", f"run_dir={run}"])
+    write_config(run, cfg, replaced=False)
+    before = (run / "config.yaml").read_bytes()
+    argv = ["launch", str(tiny["recipe"]), "engine.name=fsdp", "optim.lr=1e-3"]
+    assert main([*argv, "--nproc-per-node", "2", "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("normlab launch: error: run_dir") and "optim.lr: 0.003 -> 0.001" in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert (run / "config.yaml").read_bytes() == before and sorted(os.listdir(run)) == [
+        "config.yaml"
+    ]
+
+
+def test_a_broken_latest_pointer_is_refused_before_torchrun(tiny: dict[str, Path], capsys) -> None:
+    run = tiny["root"] / "pointer"
+    write_config(run, load_config(tiny["recipe"], ["engine.name=fsdp", f"run_dir={run}"]), False)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest").write_text("step_00000009\n")
+    argv = ["launch", str(tiny["recipe"]), "engine.name=fsdp", "--nproc-per-node", "2"]
+    assert main([*argv, "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "names 'step_00000009', which is not a checkpoint directory" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.slow
+def test_a_refusal_inside_the_ranks_is_printed_once(tiny: dict[str, Path]) -> None:
+    """A damaged checkpoint is found only when the ranks load it: one line, exit 2, neither
+    torchrun's traceback nor its failure report."""
+    run = tiny["root"] / "damaged"
+    check_ok(normlab("train", str(tiny["recipe"]), "engine.name=fsdp", "--run-dir", str(run)))
+    shard = sorted((run / "checkpoints" / "step_00000008" / "dcp").glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    proc = launch(tiny["recipe"], run, 2, "engine.name=fsdp", "data.batch_size=2",
+                  "training.steps=12", extra=("--force",))  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("normlab launch: error: checkpoint"), lines
+    assert "is damaged" in lines[0] and "Traceback" not in proc.stdout + proc.stderr
 
 
 def test_unreachable_rendezvous_is_a_clear_error(tiny: dict[str, Path]) -> None:

@@ -47,7 +47,6 @@ def test_recipes_select_muon_and_qk_clip() -> None:
         (["optim.muon_momentum=1.0"], "optim.muon_momentum must lie in [0, 1)"),
         (["optim.muon_ns_dtype=fp16"], "optim.muon_ns_dtype must be one of 'bf16', 'fp32'"),
         (["optim.name=muonn"], "did you mean 'muon'?"),
-        ([CLIP, "engine.compile=true"], "optim.qk_clip needs each attention's per-head max"),
     ],
 )
 def test_bad_muonclip_settings_fail_on_one_line(

@@ -114,3 +114,82 @@ def test_unwritable_out_and_full_disk_are_one_line(
     last = err.strip().splitlines()[-1]
     assert code == 2 and "no space left on device while writing" in last and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "file"]  # no temp folder
+
+
+def _words(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=5)) for _ in range(n)]
+
+
+def test_directory_reads_text_like_files_and_names_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = tmp_path / "in"
+    (d / "sub").mkdir(parents=True)
+    words = _words(4000)
+    (d / "a.txt").write_text(
+        "".join(" ".join(words[i : i + 10]) + "\n" for i in range(0, 2000, 10))
+    )
+    (d / "sub" / "notes.md").write_text("# notes\n" + " ".join(words[2000:]) + "\n")
+    (d / "sub" / "tool.py").write_text("print('code')\n")
+    (d / "logo.png").write_bytes(b"\x89PNG\r\n")
+    (d / ".git").mkdir()
+    (d / ".git" / "HEAD.txt").write_text("ref: main\n")  # hidden: counted, not read
+    code, _, err = _prepare(capsys, str(d), "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "skipping 2 file(s) of types prepare does not read" in err
+    assert f"{d / 'logo.png'}, {d / 'sub' / 'tool.py'}" in err
+    assert "skipping 1 hidden file(s)" in err
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert [s["name"] for s in meta["sources"]] == ["a.txt", "notes.md"]
+
+
+def test_jsonl_rows_without_text_are_counted_and_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    words = _words(3000)
+    rows: list[object] = [{"text": " ".join(words[i : i + 100])} for i in range(0, 3000, 100)]
+    rows[3], rows[7], rows[11] = {"body": "x"}, {"text": None}, {"text": 12}
+    rows.append(["not", "an", "object"])
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")  # a blank line is no row
+    code, _, err = _prepare(
+        capsys, str(src), "--out", str(tmp_path / "out"), "--val-fraction", "0.1"
+    )
+    assert code == 0, err
+    assert "dropping 4 of 31 rows of rows.jsonl: no string under --text-field 'text'" in err
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["sources"][0]["dropped_rows"] == 4 and meta["sources"][0]["documents"] == 27
+    assert meta["documents"] == {"train": 24, "val": 3}
+
+
+def test_single_document_input_cannot_give_a_validation_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "one_line.txt"
+    line = " ".join(_words(1_000_000))  # 6 MB on one line: one document
+    src.write_text(line + "\n")
+    assert src.stat().st_size == 6_000_000
+    code, _, err = _prepare(capsys, str(src), "--out", str(tmp_path / "out"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert "the inputs give 1 document" in err and "no validation split" in err
+    assert "--val-fraction 0" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one_line.txt"]
+
+
+def test_progress_shows_tokens_per_second_and_eta(tmp_path: Path) -> None:
+    """On a terminal (TTY_COMPATIBLE forces rich to treat stderr as one) prepare draws its
+    progress: input bytes done of the total, tokens, tokens/s and the time left."""
+    import os
+    import subprocess
+    import sys
+
+    src = tmp_path / "a.txt"
+    src.write_text("".join(" ".join(_words(12, i)) + "\n" for i in range(3000)))
+    cmd = [sys.executable, "-m", "normlab.data.cli", "prepare", str(src), "--out",
+           str(tmp_path / "out"), "--vocab-size", "300", "--num-proc", "1"]  # fmt: skip
+    env = os.environ | {"TTY_COMPATIBLE": "1", "COLUMNS": "160"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "tokenizing" in proc.stderr and "tok/s" in proc.stderr and "ETA" in proc.stderr
+    assert "tokens/s tokenizing with 1 process" in proc.stdout

@@ -15,7 +15,7 @@ import pytest
 from normlab.data import DataError
 from normlab.data.corpus import bundled_corpus_path
 from normlab.data.prepare import assign_split, prepare
-from normlab.data.tokenizer import resolve_tokenizer
+from normlab.data.tokenizer_select import resolve_tokenizer
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 CHUNK, LINES = 16, 1200

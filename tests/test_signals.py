@@ -2,8 +2,10 @@
 
 SIGTERM / SIGINT to `normlab train` finish the step, write one checkpoint, mark summary.json
 ("preempted" / "interrupted") and name the checkpoint in the exit line; the resumed run ends with
-per-step losses bit-identical to an uninterrupted one. A second signal exits at once. SIGTERM to
-`normlab launch` reaches torchrun and every rank; SIGKILL of the launcher alone leaves no rank.
+per-step losses bit-identical to an uninterrupted one. More signals, of any kind and in any
+order, change nothing: one checkpoint, a clean exit. Ctrl-C (and more) to `normlab launch`
+reaches torchrun and every rank and ends on the checkpoint line; SIGKILL of the launcher alone
+leaves no rank; SIGKILL of torchrun still gives the checkpoint, trial after trial.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 from dist_helpers import check_ok, env, free_port, losses, normlab, prepare_tiny, write_recipe
+from normlab.launch.training.signals import GracefulStop
 
 LONG = 100_000  # steps: a run that is still training whenever the signal comes
 
@@ -74,19 +77,49 @@ def test_signal_checkpoints_and_marks_summary(tiny: dict[str, Path], sig: int, s
     assert str(ckpt) in err.strip().splitlines()[-1]  # the exit line names the checkpoint
 
 
-def test_second_signal_exits_at_once(tiny: dict[str, Path]) -> None:
-    run = tiny["root"] / "twice"
+ORDERS = [
+    (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGTERM),
+    (signal.SIGUSR1, signal.SIGUSR1, signal.SIGUSR1),
+    (signal.SIGINT, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGINT),
+]
+
+
+@pytest.mark.parametrize("order", ORDERS, ids=lambda o: "-".join(signal.Signals(s).name for s in o))
+def test_repeated_signals_change_nothing_in_process(order: tuple[int, ...]) -> None:
+    """The first stop signal is the one the run stops for; any number of others, of any kind,
+    are counted and change nothing (this process survives them all)."""
+    before = {sig: signal.getsignal(sig) for sig in set(order)}
+    try:
+        with GracefulStop() as stop:
+            for sig in order:
+                os.kill(os.getpid(), sig)
+                time.sleep(0.01)  # Python runs the handler between bytecodes
+            assert stop.received == order[0] and stop.repeats == len(order) - 1
+            assert stop.agreed() == order[0]  # one process: its own signal
+        for sig in order:  # after the stop, late repeats stay absorbed (the process is exiting)
+            assert signal.getsignal(sig) == signal.SIG_IGN
+            os.kill(os.getpid(), sig)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_repeated_signals_give_one_checkpoint(tiny: dict[str, Path]) -> None:
+    run = tiny["root"] / "repeated"
     proc = start("train", str(tiny["long"]), "--run-dir", str(run))
     wait_for_step(proc, run, 3)
-    # two signal numbers (Python runs a repeated pending one once), SIGINT first because
-    # Python runs pending handlers in signal-number order
-    proc.send_signal(signal.SIGINT)
-    proc.send_signal(signal.SIGTERM)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGTERM):
+        proc.send_signal(sig)
+        time.sleep(0.02)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     s = summary(run)
-    assert s["status"] == "interrupted" and "second signal" in s["message"], s
-    assert not (run / "checkpoints").exists()  # no periodic checkpoint, and none at the stop
+    step = s["steps"]
+    assert s["status"] == "interrupted" and latest(run) == f"step_{step:08d}", s
+    saved = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_"))
+    assert saved == [f"step_{step:08d}"]  # one checkpoint, of the step it stopped after
+    assert err.count("checkpoint /") == 1 and "Traceback" not in err, err[-3000:]
+    assert str(run / "checkpoints" / f"step_{step:08d}") in err.strip().splitlines()[-1]
 
 
 def test_resume_after_sigterm_is_bit_identical(tiny: dict[str, Path]) -> None:
@@ -124,16 +157,50 @@ def launch_long(tiny: dict[str, Path], run: Path) -> subprocess.Popen:
 
 
 @pytest.mark.distributed
-def test_sigterm_to_launcher_reaches_every_rank(tiny: dict[str, Path]) -> None:
-    run = tiny["root"] / "launch_term"
+def test_ctrl_c_and_more_signals_to_launcher_give_one_checkpoint(tiny: dict[str, Path]) -> None:
+    """Ctrl-C, then TERM, USR1 and INT again: every rank stops after the same step with one
+    checkpoint; the output ends with the checkpoint line, without torchrun's traceback."""
+    run = tiny["root"] / "launch_int"
     proc = launch_long(tiny, run)
     wait_for_step(proc, run, 3)
-    proc.send_signal(signal.SIGTERM)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        proc.send_signal(sig)
+        time.sleep(0.05)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err[-3000:]
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     s = summary(run)
-    assert s["status"] == "preempted" and latest(run) == f"step_{s['steps']:08d}"
+    assert s["status"] == "interrupted" and latest(run) == f"step_{s['steps']:08d}"
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("normlab: interrupted by SIGINT") and s["message"] in last, last
+    assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
     assert not survivors(run)
+
+
+TRIALS = 3
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sigkilled_torchrun_gives_one_checkpoint_every_time(tiny: dict[str, Path]) -> None:
+    """torchrun SIGKILLed (the launcher lives on): its ranks get the parent-death signal, at
+    times more than once, and each trial still ends with the stop step's checkpoint, a
+    "preempted" summary and no process left. Each trial resumes the previous one's checkpoint."""
+    run, stopped = tiny["root"] / "torchrun_kill", 0
+    for trial in range(TRIALS):
+        proc = launch_long(tiny, run)
+        wait_for_step(proc, run, stopped + 3)
+        launcher = psutil.Process(proc.pid)
+        (torchrun,) = launcher.children()
+        torchrun.kill()
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + signal.SIGKILL, f"trial {trial}: {err[-3000:]}"
+        s = summary(run)
+        assert s["status"] == "preempted", f"trial {trial}: {s} {err[-3000:]}"
+        assert s["steps"] > stopped and latest(run) == f"step_{s['steps']:08d}", (trial, s)
+        assert max(losses(run)) == s["steps"], trial  # nothing trained past the checkpoint
+        assert "Traceback" not in err, f"trial {trial}: {err[-3000:]}"
+        assert not survivors(run), trial
+        stopped = s["steps"]
 
 
 @pytest.mark.distributed

@@ -86,8 +86,11 @@ def log(run: Path, job: str) -> str:
 
 
 def test_submitted_tiny_recipe_completes(tiny: dict[str, Path]) -> None:
+    """With the CPUs and memory given to srun again (Slurm 22.05 does not pass them on)."""
     run = tiny["root"] / "one"
-    job = submit(tiny["short"], run)
+    job = submit(tiny["short"], run, "--cpus-per-task", "2", "--mem", "1000M")
+    srun = [ln for ln in (run / "submit.sbatch").read_text().splitlines() if ln.startswith("srun")]
+    assert "--cpus-per-task=2 --mem=1000M" in srun[0], srun
     wait_done(job, run)
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
     assert sorted(losses(run)) == list(range(1, 9))
@@ -117,6 +120,10 @@ def test_preempted_job_requeues_and_resumes_bit_identically(tiny: dict[str, Path
     assert taken.returncode == 2 and f"belongs to SLURM job {job}" in taken.stderr
     assert len(taken.stderr.strip().splitlines()) == 1
     assert json.loads((run / "slurm.json").read_text())["jobs"][-1]["job_id"] == job
+    for command in ("train", "launch"):  # nor does a local trainer get it meanwhile
+        extra = ["--nproc-per-node", "1"] if command == "launch" else []
+        local = normlab(command, str(run), *extra)
+        assert local.returncode == 2 and f"belongs to SLURM job {job}" in local.stderr, local.stderr
     assert all((run / name).stat().st_mtime_ns == t for name, t in before.items()
                if name in ("slurm.json", "submit.sbatch"))  # fmt: skip
     wait_done(job, run, timeout=180)

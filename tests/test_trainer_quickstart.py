@@ -41,7 +41,7 @@ def test_quickstart_trains_each_recipe_and_reports(
     assert "normlab quickstart: 2 runs" in text  # trained side by side (--jobs 2 by default)
     plateau = dataset_unigram_loss(tiny_data)
     assert f"{plateau:.3f} is this data's unigram plateau" in text
-    assert "Next: `normlab theory`" in text
+    assert "Next: `normlab study lr12`" in " ".join(text.split())  # recipes/studies/lr12.yaml
 
 
 def test_unigram_loss_by_hand() -> None:

@@ -11,21 +11,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from normlab.launch.cluster import slurm
+from normlab.launch.cluster.owner import (
+    RECORD,
+    check_not_owned,
+    read_record,
+)
 from normlab.launch.cluster.script import SCRIPT_NAME, render_script
-from normlab.launch.cluster.spec import ClusterSpec
+from normlab.launch.cluster.spec import ClusterSpec, resource_warning
 from normlab.launch.errors import RunDirError
 
 if TYPE_CHECKING:
     from normlab.launch.config import RunConfig
-
-RECORD = "slurm.json"
-
 
 @dataclass
 class Submission:
@@ -34,45 +37,22 @@ class Submission:
     job_id: str | None  # None for a dry run
 
 
-def read_record(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / RECORD
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {"jobs": []}
-    return data if isinstance(data, dict) and isinstance(data.get("jobs"), list) else {"jobs": []}
-
-
-def last_job_id(run_dir: Path) -> str | None:
-    jobs = read_record(run_dir)["jobs"]
-    return str(jobs[-1]["job_id"]) if jobs else None
-
-
-def check_not_owned(run_dir: Path) -> None:
-    job = last_job_id(run_dir)
-    if job is None:
-        return
-    state = slurm.job_state(job)
-    if state in slurm.LIVE_STATES:
-        raise RunDirError(
-            f"run_dir {run_dir} belongs to SLURM job {job}, which is {state}: wait for it, "
-            f"`scancel {job}`, or choose another run_dir"
-        )
-
-
 def prepare(cfgs: list[RunConfig], spec: ClusterSpec, force: bool) -> list[Submission]:
     """Render every run's script and check everything that can be checked (writes nothing)."""
-    from normlab.launch.commands.launch import check_world
+    from normlab.launch.training.preflight import preflight
     from normlab.launch.training.rundir import check_run_dir
 
     workdir = Path.cwd()
     out = []
     for cfg in cfgs:
-        check_world(cfg, spec.procs_per_node * spec.nodes)
+        preflight(cfg, spec.procs_per_node * spec.nodes, local=False)  # as every rank would
         run_dir = Path(cfg.run_dir or f"runs/{cfg.name}").resolve()
         check_run_dir(run_dir, cfg, force)
         script = render_script(spec, f"normlab-{cfg.name or 'run'}", run_dir, workdir)
         out.append(Submission(run_dir, script, None))
+    warning = resource_warning(spec)  # once everything that refuses has passed
+    if warning:
+        print(f"normlab: {warning}", file=sys.stderr)
     return out
 
 

@@ -1,5 +1,11 @@
 """The sbatch script of one run: one srun task per node, each running `normlab launch`.
 
+The job runs the `normlab` entry point installed next to the cluster's Python (`$NORMLAB`), never
+`python -m ...` from the submit directory, where a user's `model.py` or `data/` could shadow a
+module. srun is given the job's --cpus-per-task and --mem again: since Slurm 22.05 a job step
+no longer inherits --cpus-per-task from sbatch, so torchrun and all its ranks would share one
+core on a site that constrains cores.
+
 `normlab launch` runs torchrun with c10d rendezvous on the first host of the allocation
 (`scontrol show hostnames "$SLURM_JOB_NODELIST"`), on a port derived from the job id so that two
 jobs sharing a node do not collide and a requeued job finds the same port.
@@ -62,6 +68,10 @@ def environment_lines(spec: ClusterSpec) -> list[str]:
 
 def srun_prefix(spec: ClusterSpec) -> str:
     words = ["srun", "--nodes", str(spec.nodes), "--ntasks-per-node=1"]
+    if spec.cpus_per_task is not None:  # not inherited from sbatch since Slurm 22.05
+        words.append(f"--cpus-per-task={spec.cpus_per_task}")
+    if spec.mem is not None:
+        words.append(f"--mem={spec.mem}")  # 0: all of the job's memory on each node
     if spec.container is not None:
         words.append(f"--container-image={spec.container.image}")
         if spec.container.mounts:
@@ -73,7 +83,7 @@ def render_script(spec: ClusterSpec, job_name: str, run_dir: Path, workdir: Path
     """The batch script; `run_dir` holds the run's config.yaml, so every (re)start resumes it."""
     python = spec.python or sys.executable
     launch = (
-        f'"$PYTHON" -m normlab.launch.cli launch "$RUN_DIR" --nnodes {spec.nodes} '
+        f'"$NORMLAB" launch "$RUN_DIR" --nnodes {spec.nodes} '
         f'--nproc-per-node {spec.procs_per_node} --master-addr "$head_addr" --master-port "$port"'
     )
     return "\n".join(
@@ -88,6 +98,10 @@ def render_script(spec: ClusterSpec, job_name: str, run_dir: Path, workdir: Path
             "",
             f"RUN_DIR={shlex.quote(str(run_dir))}",
             f"PYTHON={shlex.quote(python)}",
+            '# the entry point next to that Python (a name such as python3 is looked up on PATH)',
+            'NORMLAB=$(dirname "$(command -v "$PYTHON" || echo "$PYTHON")")/normlab',
+            '[ -x "$NORMLAB" ] || { echo "normlab: no normlab entry point at $NORMLAB (next to '
+            '$PYTHON): install normlab there or set python in the cluster file" >&2; exit 2; }',
             'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             "head_addr=$(scontrol show node \"$head\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
             "head_addr=${head_addr:-$head}",
@@ -108,7 +122,8 @@ def render_script(spec: ClusterSpec, job_name: str, run_dir: Path, workdir: Path
             'wait "$step"; code=$?',
             'while kill -0 "$step" 2>/dev/null; do wait "$step"; code=$?; done',
             "",
-            '"$PYTHON" -m normlab.launch.cluster.requeue "$RUN_DIR" '
+            "# -P: the submit directory is not put on sys.path (nothing there shadows normlab)",
+            '"$PYTHON" -P -m normlab.launch.cluster.requeue "$RUN_DIR" '
             '--stopped-by "${stopped_by:-none}" --exit-code "$code"',
             "",
         ]

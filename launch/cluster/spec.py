@@ -126,6 +126,24 @@ def validate(spec: ClusterSpec) -> None:
         raise ConfigError("cluster.container.image must not be empty")
 
 
+def resource_warning(spec: ClusterSpec) -> str | None:
+    """A GPU job that leaves its CPUs or memory to the site's defaults (often one core, shared
+    by torchrun and every rank), or None."""
+    if not spec.gpus_per_node:
+        return None
+    defaults = {"cpus_per_task": "CPUs (often one core)", "mem": "memory"}
+    missing = [key for key in defaults if getattr(spec, key) is None]
+    if not missing:
+        return None
+    keys = " and ".join(f"{key} (--{key.replace('_', '-')})" for key in missing)
+    what = " and ".join(defaults[key] for key in missing)
+    return (
+        f"warning: a GPU job without {keys}: torchrun and its {spec.procs_per_node} ranks get "
+        f"the site's default {what}; set it in the cluster file or on the command line"
+        + (" (mem 0: all of a node's memory)" if "mem" in missing else "")
+    )
+
+
 def _word(key: str, value: str | None) -> None:
     if value is not None and not WORD.match(value):
         raise ConfigError(

@@ -1,7 +1,11 @@
-"""`normlab study ... --submit`: one SLURM job per recipe, all runs in one study directory.
+"""`normlab study ... --submit`: one requeueable SLURM job per run, all in one study directory.
 
-Every run is checked (configs, run directories, sbatch, partition, live owners) before the first
-job is submitted. `normlab compare DIR/runs/*` reads the runs while they train.
+Resumable: a run that is finished (summary 'completed' or 'diverged') or owned by a live SLURM job
+(pending, running, requeued) is left alone; only the others are submitted. Every one of those is
+checked (configs, run directories, sbatch, partition, live local owners) before the first job is
+submitted; if sbatch refuses one part-way, the jobs already queued stay queued and recorded, and
+the same command again submits the rest. DIR/plan.json lists every run (`normlab status DIR`);
+DIR/study.json the jobs.
 """
 
 from __future__ import annotations
@@ -10,24 +14,88 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from normlab.launch.cluster import jobs
+from normlab.launch.cluster import jobs, owner, slurm
+from normlab.launch.errors import NormlabError
 
 if TYPE_CHECKING:
     from normlab.launch.cluster.spec import ClusterSpec
-    from normlab.launch.config import RunConfig
+    from normlab.launch.commands.study_plan import Planned
+    from normlab.launch.config.study import StudySpec
+
+FINISHED = ("completed", "diverged")
 
 
-def submit_study(cfgs: list[RunConfig], out: Path, spec: ClusterSpec) -> list[dict[str, Any]]:
-    """Submit every run; write DIR/study.json listing the jobs; return its entries."""
-    subs = jobs.prepare(cfgs, spec, force=False)
-    jobs.check_cluster(subs, spec)
-    entries = []
-    for cfg, sub in zip(cfgs, subs, strict=True):
-        jobs.submit(cfg, sub)
-        entries.append({"recipe": cfg.name, "run_dir": str(sub.run_dir), "job_id": sub.job_id})
-        print(f"submitted job {sub.job_id}: {cfg.name} -> {sub.run_dir}", flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "study.json").write_text(json.dumps({"submitted": entries}, indent=2) + "\n")
-    runs = " ".join(e["run_dir"] for e in entries)
-    print(f"follow with: normlab status {runs}\ncompare with: normlab compare {runs} --out {out}")
-    return entries
+def where_it_stands(run_dir: Path) -> tuple[str, str | None]:
+    """('finished' | 'queued' | 'to submit', the live job id when queued)."""
+    from normlab.launch.training.rundir import read_summary
+
+    summary = read_summary(run_dir) or {}
+    if summary.get("status") in FINISHED:
+        return "finished", None
+    job = owner.last_job_id(run_dir)
+    if job is not None and slurm.job_state(job) in slurm.LIVE_STATES:
+        return "queued", job
+    return "to submit", None
+
+
+def _write_jobs(out: Path, entries: dict[str, dict[str, Any]]) -> None:
+    body = json.dumps({"submitted": list(entries.values())}, indent=2) + "\n"
+    tmp = out / ".study.json.tmp"
+    tmp.write_text(body)
+    tmp.replace(out / "study.json")
+
+
+def _previous(out: Path) -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads((out / "study.json").read_text())
+        entries = data.get("submitted", []) if isinstance(data, dict) else []
+        return {str(e["run_dir"]): e for e in entries if isinstance(e, dict) and "run_dir" in e}
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}
+
+
+def submit_study(planned: list[Planned], spec: StudySpec, out: Path, cluster: ClusterSpec) -> int:
+    """Submit what is missing; 0 when every run is finished, queued or submitted now."""
+    from normlab.launch.commands.study_plan import write_plan
+
+    standing = [where_it_stands(Path(p.cfg.run_dir or "").resolve()) for p in planned]
+    todo = [p for p, (state, _) in zip(planned, standing, strict=True) if state == "to submit"]
+    subs = jobs.prepare([p.cfg for p in todo], cluster, force=False)
+    if subs:
+        jobs.check_cluster(subs, cluster)
+    write_plan(spec, planned, out)
+    entries = _previous(out)
+    done = 0
+    for p, sub in zip(todo, subs, strict=True):
+        try:
+            jobs.submit(p.cfg, sub)
+        except NormlabError as exc:
+            _write_jobs(out, entries)
+            raise type(exc)(
+                f"{exc} ({done} of {len(todo)} jobs submitted and kept; run the same command "
+                "again to submit the rest)"
+            ) from None
+        done += 1
+        entries[str(sub.run_dir)] = {
+            "recipe": p.recipe,
+            "size": p.size,
+            "lr": p.lr,
+            "seed": p.seed,
+            "run_dir": str(sub.run_dir),
+            "job_id": sub.job_id,
+        }
+        _write_jobs(out, entries)
+        print(f"submitted job {sub.job_id}: {p.cfg.name} -> {sub.run_dir}", flush=True)
+    finished = sum(s == "finished" for s, _ in standing)
+    queued = [job for s, job in standing if s == "queued"]
+    print(
+        f"study {spec.name}: {done} submitted now, {len(queued)} already queued or running"
+        + (f" (jobs {', '.join(str(j) for j in queued)})" if queued else "")
+        + f", {finished} finished, of {len(planned)} runs",
+        flush=True,
+    )
+    print(
+        f"follow with: normlab status {out}\nreport when done: the same command without --submit "
+        "(it reuses the finished runs)"
+    )
+    return 0

@@ -31,6 +31,7 @@ import yaml
 from normlab.data.errors import DataError
 from normlab.data.tokenizer import TokenizerInfo
 from normlab.launch.config import RunConfig, load_config
+from normlab.launch.config.paths import saved_form
 from normlab.launch.engines.fsdp import read_meta
 from normlab.launch.errors import CheckpointError, ConfigError, RunDirError
 from normlab.launch.extras import require
@@ -72,6 +73,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="native format only (the tokenizer file and normlab/); needs no transformers",
     )
+    p.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="export a checkpoint that has no manifest.json (its files cannot be verified)",
+    )
     p.set_defaults(func=run)
 
 
@@ -84,14 +90,22 @@ def save_safetensors(model: Transformer, path: Path) -> None:
     save_file(tensors, str(path), metadata=meta)
 
 
-def save_hf(model: Transformer, out: Path, token_ids: dict[str, int | None] | None = None) -> str:
-    """Write the HF model into `out` when a family matches; return a line saying what happened."""
-    from normlab.model.hf import hf_family, to_hf
+def check_hf_family(cfg: RunConfig) -> str:
+    """The HF family the run's model maps to; a model no transformers architecture matches is
+    refused before anything is written, pointing at --no-hf for normlab's own files alone."""
+    from normlab.model.hf import hf_family
 
     try:
-        family = hf_family(model.config)
+        return hf_family(cfg.model_config())
     except ValueError as exc:
-        return f"no HF model: {exc}"
+        raise RunDirError(f"{exc}; export with --no-hf for normlab's own files") from None
+
+
+def save_hf(model: Transformer, out: Path, token_ids: dict[str, int | None] | None = None) -> str:
+    """Write the HF model into `out` (its family checked by check_hf_family); return a line."""
+    from normlab.model.hf import hf_family, to_hf
+
+    family = hf_family(model.config)
     to_hf(model, token_ids).save_pretrained(str(out))
     return f"HF {family} model -> {out}"
 
@@ -113,6 +127,12 @@ def check_out(out: Path, run_dir: Path, overwrite: bool) -> None:
     target, run = out.resolve(), run_dir.resolve()
     if target == run or target in run.parents:
         raise RunDirError(f"--out {out} would replace the run directory {run_dir}")
+    ckpts = run / "checkpoints"
+    if target == ckpts or ckpts in target.parents:
+        raise RunDirError(
+            f"--out {out} lies in the run's own {ckpts}, which the next checkpoint prunes or "
+            "replaces; export elsewhere"
+        )
     if not out.exists() and not out.is_symlink():
         return
     if not overwrite:
@@ -131,7 +151,7 @@ def run_tokenizer(cfg: RunConfig, given: str | None) -> TokenizerInfo:
     """The tokenizer the run trained on (the one its data.dataset stores, with the special ids
     its meta.json records), or --tokenizer (any kind prepare accepts), checked against the size
     the run trained with."""
-    from normlab.data.tokenizer import resolve_tokenizer
+    from normlab.data.tokenizer_select import resolve_tokenizer
 
     if given:
         if not Path(given).expanduser().exists():
@@ -150,7 +170,8 @@ def run_tokenizer(cfg: RunConfig, given: str | None) -> TokenizerInfo:
 
 def dataset_tokenizer(cfg: RunConfig) -> TokenizerInfo:
     from normlab.data.prepare_meta import read_meta
-    from normlab.data.tokenizer import SPECIALS, resolve_tokenizer
+    from normlab.data.tokenizer import SPECIALS
+    from normlab.data.tokenizer_select import resolve_tokenizer
 
     if cfg.data.dataset == "bundled":
         from normlab.launch.training.datasets import (
@@ -182,7 +203,7 @@ def write_export(
     native = tmp / NATIVE_DIR
     native.mkdir()
     save_safetensors(model, native / WEIGHTS)
-    (native / CONFIG).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    (native / CONFIG).write_text(yaml.safe_dump(saved_form(cfg), sort_keys=False))
     (native / MODEL_CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
     if not hf:
         tok.write(tmp)
@@ -221,6 +242,7 @@ def export(
     hf: bool = True,
     overwrite: bool = False,
     tokenizer: str | None = None,
+    allow_unverified: bool = False,
 ) -> list[str]:
     """Export one checkpoint of `run_dir` into `out`; return report lines. Every check (output
     folder, optional packages, checkpoint, tokenizer) runs before anything is written."""
@@ -237,9 +259,11 @@ def export(
     if read_meta(ckpt).get("format") == "deepspeed":
         require("deepspeed", f"exporting the DeepSpeed checkpoint {ckpt}")
     tok = run_tokenizer(cfg, tokenizer)
-    damage = find_damage(ckpt)
+    damage = find_damage(ckpt, allow_unverified)
     if damage is not None:
         raise CheckpointError(f"checkpoint {ckpt.name} is damaged: {damage}; export another --step")
+    if hf:
+        check_hf_family(cfg)
     model = Transformer(cfg.model_config())
     model.load_state_dict(read_weights(ckpt, model))
     tmp = temp_dir(out)
@@ -282,7 +306,13 @@ def temp_dir(out: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     run_dir = resolve_run_dir(args.run_dir)
     lines = export(
-        run_dir, Path(args.out), args.step, not args.no_hf, args.overwrite, args.tokenizer
+        run_dir,
+        Path(args.out),
+        args.step,
+        not args.no_hf,
+        args.overwrite,
+        args.tokenizer,
+        args.allow_unverified,
     )
     for line in lines:
         print(line)

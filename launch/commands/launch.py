@@ -8,9 +8,15 @@ config, and (on nodes other than 0) that node 0's rendezvous endpoint is reachab
 size every node expects travels in NORMLAB_EXPECTED_WORLD_SIZE; ranks refuse to train in a world
 of another size (nodes started with different --nnodes or --nproc-per-node).
 
-The launcher supervises torchrun (see `supervise`): SIGTERM, SIGINT, SIGUSR1 or SIGHUP sent to it
-reach every rank once (the ranks checkpoint and stop), and torchrun, then its ranks, get SIGTERM
-from the kernel when their parent dies, so killing the launcher leaves nothing training.
+Refusals come before torchrun wherever they can (the run directory's config, its owner, the
+checkpoint `--from` or `latest` names); one only the ranks can find (a damaged checkpoint, a
+world of another size) is left by every rank in $NORMLAB_LAUNCH_ERRORS and printed once here
+(once per node), exit 2, without torchrun's traceback (launch.cluster.agent).
+
+The launcher supervises torchrun (launch.cluster.supervise): the first SIGTERM, SIGINT, SIGUSR1
+or SIGHUP sent to it reaches every rank (the ranks checkpoint once and stop), torchrun, then its
+ranks, get SIGTERM from the kernel when their parent dies, so killing the launcher leaves nothing
+training, and the ranks of a killed torchrun are waited for while they checkpoint.
 """
 
 from __future__ import annotations
@@ -21,16 +27,17 @@ import os
 import shlex
 import signal
 import socket
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from normlab.launch.commands.train import add_recipe_args, resolve
+from normlab.launch.cluster.supervise import SHUTDOWN_TIMEOUT_S, supervise
+from normlab.launch.commands.train import add_recipe_args, add_unverified_arg, resolve
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.dist import EXPECTED_WORLD_ENV
 from normlab.launch.errors import NormlabError
-from normlab.launch.training.signals import set_parent_death_signal, under_slurm
+from normlab.launch.training.launched import ERRORS_ENV, first_report
 
 
 class LaunchError(NormlabError):
@@ -68,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seconds the rendezvous waits for every node to join (default 600)",
     )  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="print the torchrun command only")
+    add_unverified_arg(p)
     p.set_defaults(func=run)
 
 
@@ -119,14 +127,21 @@ def wait_for_endpoint(host: str, port: int, timeout: float) -> None:
         time.sleep(0.5)
 
 
+def entry_point() -> list[str]:
+    """How a rank runs `normlab`: the entry point next to this Python (the working directory,
+    which may hold a `model.py` or `data/`, stays off sys.path), else `-m` as torchrun does."""
+    script = Path(sys.executable).parent / "normlab"
+    if script.is_file() and os.access(script, os.X_OK):
+        return ["--no-python", str(script)]
+    return ["-m", "normlab.launch.cli"]
+
+
 def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> list[str]:
     # c10d ignores --node-rank (ranks follow the join order); node 0 serves the store
     is_host = int(args.node_rank == 0)
-    train = [
-        "-m", "normlab.launch.cli", "train", args.recipe, *args.overrides, "--run-dir", cfg.run_dir
-    ]
+    train = [*entry_point(), "train", args.recipe, *args.overrides, "--run-dir", cfg.run_dir]
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-P", "-m", "normlab.launch.cluster.agent",  # torchrun, quiet at exit
         "--nnodes", str(args.nnodes),
         "--nproc-per-node", str(args.nproc_per_node),
         "--rdzv-backend", "c10d",
@@ -137,17 +152,43 @@ def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> lis
         "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",  # passed on to the ranks
         *train, *(["--force"] if args.force else []),
         *(["--from", str(args.from_step)] if args.from_step else []),
+        *(["--allow-unverified"] if args.allow_unverified else []),
     ]  # fmt: skip
+
+
+def check_run(args: argparse.Namespace, cfg: RunConfig, world: int) -> None:
+    """What every rank would refuse about the run directory, once, before torchrun: another
+    config without --force, a live SLURM job owning it, a --from that names no checkpoint, a
+    `latest` pointer naming none, another global batch than the checkpoint's. (A checkpoint's
+    bytes are verified by the ranks as they load it: hashing them here too would read every
+    checkpoint twice.)"""
+    from normlab.launch.cluster.owner import check_owner_job
+    from normlab.launch.engines.fsdp import trainer_file
+    from normlab.launch.engines.single import TRAINER_FILE, read_file
+    from normlab.launch.training.checkpoint import CheckpointManager
+    from normlab.launch.training.resume import check_global_batch, global_batch
+    from normlab.launch.training.rundir import check_run_dir
+
+    run_dir = Path(cfg.run_dir or "runs/run")
+    check_run_dir(run_dir, cfg, args.force)  # read-only
+    check_owner_job(run_dir)
+    manager = CheckpointManager(run_dir, keep_last=1)
+    # a `latest` that names no checkpoint directory raises
+    ckpt = manager.find(args.from_step) if args.from_step else manager.latest()
+    if ckpt is None:
+        return
+    files = (ckpt / trainer_file(0), ckpt / TRAINER_FILE)  # FSDP2/DeepSpeed rank 0, or single
+    trainer_state = next((p for p in files if p.is_file()), None)
+    if trainer_state is not None:
+        saved = read_file(trainer_state, weights_only=False)
+        check_global_batch(saved, global_batch(cfg, world), args.force)
 
 
 def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
     cfg = resolve(args.recipe, overrides)
     world = check_topology(args, cfg)
-    if args.from_step:  # a missing checkpoint is one line here, not one per rank
-        from normlab.launch.training.checkpoint import CheckpointManager
-
-        CheckpointManager(Path(cfg.run_dir or "runs/run"), keep_last=1).find(args.from_step)
+    check_run(args, cfg, world)
     port = args.master_port or (free_port() if args.nnodes == 1 else 29500)
     cmd = torchrun_command(args, cfg, port)
     if args.dry_run:
@@ -160,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     resolve_dataset(cfg.data)
     if args.node_rank > 0:
         wait_for_endpoint(args.master_addr, port, args.connect_timeout)
-    env = {**os.environ, EXPECTED_WORLD_ENV: str(world)}
+    env = {**os.environ, EXPECTED_WORLD_ENV: str(world), "PYTHONUNBUFFERED": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")
     # seconds torchrun gives signalled ranks to checkpoint before it SIGKILLs them
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
@@ -168,15 +209,27 @@ def run(args: argparse.Namespace) -> int:
 
     # node 0 owns the run directory for the whole job; its rank 0 inherits the lock by token
     owner = RunDirLock(Path(cfg.run_dir or "runs/run"), "normlab launch")
-    with owner if args.node_rank == 0 else contextlib.nullcontext():
+    with (
+        owner if args.node_rank == 0 else contextlib.nullcontext(),
+        tempfile.TemporaryDirectory(prefix="normlab-launch-") as errors,
+    ):
         if owner.owner is not None:
             env[TOKEN_ENV] = owner.owner.token
+        env[ERRORS_ENV] = errors
         code, received = supervise(cmd, env)
-    if received:
-        name = signal.Signals(received).name
-        print(f"normlab launch: stopped by {name} (the ranks' checkpoint is named above)",
-              file=sys.stderr)  # fmt: skip
+        refusal = first_report(Path(errors))
+    if refusal is not None:  # the ranks refused (each left its line): print it once
+        raise LaunchError(refusal)
+    if received:  # the ranks printed their checkpoint line; torchrun ended quietly
         return 128 + received
+    if code < 0:
+        name = signal.Signals(-code).name
+        print(
+            f"normlab launch: torchrun was killed by {name}; its ranks got SIGTERM and stopped "
+            f"(see {Path(cfg.run_dir or 'runs/run') / 'summary.json'})",
+            file=sys.stderr,
+        )
+        return 128 - code
     if code != 0:
         print(
             f"normlab launch: torchrun exited with status {code} (the failing rank's error is "
@@ -184,41 +237,3 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return code
-
-
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
-SHUTDOWN_TIMEOUT_S = 600
-
-
-def supervise(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
-    """Run torchrun and stay responsible for it; return (its exit status, signal received or 0).
-
-    Outside SLURM torchrun gets its own session, so a terminal's Ctrl-C reaches only this process,
-    which passes each signal on once: torchrun hands it to every rank, whose handlers checkpoint.
-    Under SLURM slurmstepd already signals every process of the step, so nothing is passed on
-    (a rank would otherwise see the same preemption three times). Either way the kernel sends
-    torchrun SIGTERM if this process dies, even by SIGKILL (PR_SET_PDEATHSIG), and torchrun stops
-    its ranks the same way; the ranks arm the same death signal against torchrun.
-    """
-    parent, forward = os.getpid(), not under_slurm()
-
-    def child_setup() -> None:  # runs between fork and exec
-        set_parent_death_signal(signal.SIGTERM)
-        if os.getppid() != parent:  # the launcher died before the death signal was armed
-            os._exit(1)
-
-    proc = subprocess.Popen(cmd, env=env, start_new_session=forward, preexec_fn=child_setup)
-    received = 0
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal received
-        received = received or signum
-        if forward and proc.poll() is None:
-            proc.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
-    try:
-        return proc.wait(), received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

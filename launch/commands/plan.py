@@ -61,23 +61,24 @@ def layouts(cfg: RunConfig, world: int, nodes: int) -> list[tuple[str, Layout]]:
         dtype=cfg.precision.dtype,
         optimizer=cfg.optim.name,
         cuda=cfg.training.device != "cpu",
+        grad_accum=cfg.training.grad_accum,
     )
     out = [("single", base)] if world == 1 else []
-    out.append(("fsdp", replace(base, engine="fsdp", world=world)))
+    fsdp = replace(base, engine="fsdp", world=world)
     replicas = sorted({cfg.engine.replicate, nodes} - {1})
-    out += [
-        (f"fsdp replicate={r}", replace(base, engine="fsdp", world=world, replicate=r))
+    shardings = [("fsdp", fsdp)] + [
+        (f"fsdp replicate={r}", replace(fsdp, replicate=r))
         for r in replicas
         if world % r == 0 and r < world
     ]
-    if cfg.optim.name != "muon":  # Muon runs on single and fsdp only (launch/optim)
-        out += [
-            (
-                f"deepspeed zero_stage={s}",
-                replace(base, engine="deepspeed", world=world, zero_stage=s),
-            )
-            for s in (1, 2, 3)
-        ]
+    for name, lay in shardings:
+        out.append((name, lay))
+        if base.grad_accum > 1:  # where the gradients accumulate matters only then
+            out.append((f"{name} grad_sync=step", replace(lay, grad_sync="step")))
+    out += [  # Muon included: it runs on ZeRO 1-3 (launch/engines/deepspeed_muon.py)
+        (f"deepspeed zero_stage={s}", replace(base, engine="deepspeed", world=world, zero_stage=s))
+        for s in (1, 2, 3)
+    ]
     return out
 
 
@@ -85,9 +86,10 @@ def configured(cfg: RunConfig, world: int) -> str:
     e = cfg.engine
     if e.name == "deepspeed":
         return f"deepspeed zero_stage={e.zero_stage}"
-    if e.name == "fsdp" and e.replicate > 1:
-        return f"fsdp replicate={e.replicate}"
-    return "fsdp" if e.name == "single" and world > 1 else e.name
+    name = f"fsdp replicate={e.replicate}" if e.name == "fsdp" and e.replicate > 1 else "fsdp"
+    if e.name == "fsdp" and e.grad_sync == "step" and cfg.training.grad_accum > 1:
+        name += " grad_sync=step"
+    return name if e.name == "fsdp" or world > 1 else e.name
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
     rows = layouts(cfg, world, args.nodes)
     mc = cfg.model_config()
     print(
-        f"{'GiB per GPU':<26}{'params':>8}{'grads':>8}{'optim':>8}{'gather':>8}"
-        f"{'activ':>8}{'peak':>8}{'act+AC':>8}{'peak+AC':>9}"
+        f"{'GiB per GPU':<34}{'params':>8}{'grads':>8}{'optim':>8}{'gather':>8}"
+        f"{'activ':>8}{'accum':>8}{'peak':>8}{'act+AC':>8}{'peak+AC':>9}"
     )
     for name, lay in rows:
         print(table_line(name, lay, mc))
@@ -119,11 +121,11 @@ def table_line(name: str, lay: Layout, mc: ModelConfig) -> str:
     """GiB per kind, the peak, and activations and peak with activation checkpointing."""
     plain = estimate(mc, lay)
     cells = [plain.params, plain.grads, plain.optimizer, plain.working, plain.activations]
-    line = "".join(f"{v / GIB:8.1f}" for v in [*cells, plain.total])
+    line = "".join(f"{v / GIB:8.1f}" for v in [*cells, plain.held, plain.total])
     if lay.engine == "single":  # activation checkpointing is an fsdp/deepspeed option
-        return f"{name:<26}{line}{'-':>8}{'-':>9}"
+        return f"{name:<34}{line}{'-':>8}{'-':>9}"
     ac = estimate(mc, replace(lay, checkpointing=True))
-    return f"{name:<26}{line}{ac.activations / GIB:8.1f}{ac.total / GIB:9.1f}"
+    return f"{name:<34}{line}{ac.activations / GIB:8.1f}{ac.total / GIB:9.1f}"
 
 
 def header(cfg: RunConfig, args: argparse.Namespace, capacity: float, world: int) -> str:
@@ -131,7 +133,8 @@ def header(cfg: RunConfig, args: argparse.Namespace, capacity: float, world: int
     return (
         f"{cfg.name}: {count_params(mc) / 1e9:.2f}B parameters, {cfg.precision.dtype}, "
         f"{cfg.optim.name}, micro-batch {cfg.data.batch_size} x {cfg.data.seq_len} tokens per "
-        f"rank; {args.nodes} node(s) x {args.gpus_per_node} GPU(s) of {capacity / GIB:.0f} GiB "
+        f"rank, grad_accum {cfg.training.grad_accum}; {args.nodes} node(s) x "
+        f"{args.gpus_per_node} GPU(s) of {capacity / GIB:.0f} GiB "
         f"({HEADROOM:.0%} usable: {capacity * HEADROOM / GIB:.1f} GiB)"
     )
 
@@ -161,18 +164,23 @@ def verdict(cfg: RunConfig, rows: dict[str, Layout], mine: str, usable: float) -
 
 
 def smaller_batch(cfg: RunConfig, rows: dict[str, Layout], usable: float) -> str:
-    """The largest micro-batch that fits on some layout with checkpointing, or more GPUs."""
+    """The largest micro-batch that fits on some layout with checkpointing, with the gradient
+    accumulation that keeps the global batch (estimated with that accumulation: the gradients
+    it holds between micro-batches count), or more GPUs."""
     mc = cfg.model_config()
+    per_rank = cfg.data.batch_size * cfg.training.grad_accum  # sequences per rank and step
     for batch in range(cfg.data.batch_size - 1, 0, -1):
+        if per_rank % batch:
+            continue  # the global batch would change
+        accum = per_rank // batch
         for name, lay in rows.items():
             if lay.engine == "single":
                 continue
-            est = estimate(mc, replace(lay, checkpointing=True, batch=batch))
+            est = estimate(mc, replace(lay, checkpointing=True, batch=batch, grad_accum=accum))
             if est.total <= usable:
-                accum = cfg.training.grad_accum * cfg.data.batch_size / batch
                 return (
                     f"use {describe(name, True)} with data.batch_size={batch} and "
-                    f"training.grad_accum={accum:g} to keep the global batch ({gib(est)})"
+                    f"training.grad_accum={accum} to keep the global batch ({gib(est)})"
                 )
     return "nothing fits even at micro-batch 1 with ZeRO-3 and checkpointing: add GPUs"
 

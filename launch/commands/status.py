@@ -1,7 +1,8 @@
 """`normlab status RUN_DIR...`: where each run stands, local or on SLURM.
 
 Per run: the SLURM job and its state (from slurm.json, asking squeue, then sacct), the run's
-own status (summary.json), step of total, last checkpoint, last loss, tokens/s, an ETA from the
+own status (summary.json), step of total, last checkpoint, last loss, tokens/s, TFLOP/s per GPU
+and MFU (launch/training/mfu.py; '-' where no peak is known), an ETA from the
 recent step time, and the last lines of the job's log (or the last metrics rows of a local run).
 """
 
@@ -9,28 +10,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-import yaml
 from normlab.launch.errors import RunDirError
 
 TAIL = 5
 
 
 def _last_rows(path: Path, n: int) -> list[dict[str, Any]]:
-    rows: deque[dict[str, Any]] = deque(maxlen=n)
-    if path.is_file():
-        with path.open() as fh:
-            for line in fh:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict) and "loss" in row:
-                    rows.append(row)
-    return list(rows)
+    """The last n train rows (with a loss) of metrics.jsonl, every row checked for damage."""
+    from normlab.launch.report.runfiles import read_metrics
+
+    return [row for row in read_metrics(path) if "loss" in row][-n:]
+
+
+def _number(value: Any) -> float | None:
+    """A logged value as a float ('nan' strings included), None where absent."""
+    return None if value is None else float(value)
 
 
 def _tail(path: Path, n: int) -> list[str]:
@@ -45,28 +44,32 @@ def _duration(seconds: float) -> str:
 
 def run_status(run_dir: Path) -> dict[str, Any]:
     """Everything `normlab status` prints about one run, as a dict."""
-    from normlab.launch.cluster.jobs import last_job_id
+    from normlab.launch.cluster.owner import last_job_id
     from normlab.launch.cluster.slurm import job_state
+    from normlab.launch.report.runfiles import read_config, read_summary
     from normlab.launch.training.checkpoint import CheckpointManager
-    from normlab.launch.training.rundir import CONFIG, read_summary
+    from normlab.launch.training.rundir import CONFIG, SUMMARY
 
     if not (run_dir / CONFIG).is_file():
         raise RunDirError(f"{run_dir} is not a run directory (no {CONFIG})")
-    cfg = yaml.safe_load((run_dir / CONFIG).read_text()) or {}
-    total = int(cfg.get("training", {}).get("steps", 0))
+    cfg = read_config(run_dir / CONFIG)
+    total = int((cfg.get("training") or {}).get("steps", 0))
     info: dict[str, Any] = {"run_dir": str(run_dir), "name": cfg.get("name"), "total": total}
     info["job_id"] = last_job_id(run_dir)
     info["job_state"] = job_state(info["job_id"]) if info["job_id"] else None
-    summary = read_summary(run_dir) or {}
+    summary = read_summary(run_dir / SUMMARY)
     info["status"] = summary.get("status", "not started")
-    rows = _last_rows(run_dir / "metrics.jsonl", TAIL)
+    rows = _last_rows(run_dir / "metrics.jsonl", TAIL)  # damage is one line, not skipped
     last = rows[-1] if rows else {}
     info["step"] = int(last.get("step", summary.get("steps", 0)))
-    info["loss"] = last.get("loss")
-    info["tokens_per_s"] = last.get("tokens_per_s")
-    step_time = last.get("step_time")
+    info["loss"] = _number(last.get("loss"))
+    info["tokens_per_s"] = _number(last.get("tokens_per_s"))
+    info["tflops_per_gpu"] = _number(last.get("tflops_per_gpu"))
+    info["mfu"] = _number(last.get("mfu"))  # absent where no peak is known (CPU, an unknown GPU)
+    step_time = _number(last.get("step_time"))
     remaining = max(0, total - info["step"])
-    info["eta_s"] = remaining * step_time if step_time and info["status"] != "completed" else None
+    timed = step_time is not None and math.isfinite(step_time) and step_time > 0
+    info["eta_s"] = remaining * step_time if timed and info["status"] != "completed" else None
     try:
         latest = CheckpointManager(run_dir, 1).latest()
     except Exception:  # noqa: BLE001 (a broken pointer is reported, not raised)
@@ -95,9 +98,13 @@ def format_status(info: dict[str, Any]) -> str:
     loss = f"{info['loss']:.4f}" if isinstance(info["loss"], float) else "-"
     tps = f"{info['tokens_per_s']:,.0f}" if info["tokens_per_s"] else "-"
     eta = _duration(info["eta_s"]) if info["eta_s"] is not None else "-"
+    mfu = f"{100 * info['mfu']:.1f}%" if isinstance(info.get("mfu"), float) else "-"
+    flops = info.get("tflops_per_gpu")
+    tflops = f"{flops:.3g}" if isinstance(flops, float) else "-"
     lines = [
         f"{info['run_dir']} ({info['name']}): {info['status']}, {job}",
-        f"  step {info['step']}/{info['total']}  loss {loss}  tokens/s {tps}  ETA {eta}",
+        f"  step {info['step']}/{info['total']}  loss {loss}  tokens/s {tps}  "
+        f"TFLOP/s/GPU {tflops}  MFU {mfu}  ETA {eta}",
         f"  last checkpoint: {info['checkpoint'] or 'none'}",
     ]
     if info["log_lines"]:
@@ -107,14 +114,22 @@ def format_status(info: dict[str, Any]) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("status", help="progress of runs (local or SLURM jobs)")
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
+    p = subparsers.add_parser("status", help="progress of runs or studies (local or SLURM jobs)")
+    p.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="run directories, or study directories"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    infos = [run_status(Path(r)) for r in args.runs]  # every directory checked before printing
-    for info in infos:
-        print(json.dumps(info) if args.json else format_status(info))
+    from normlab.launch.report.study_status import format_study_status, is_study_dir, study_status
+
+    infos = [  # every directory checked before printing; a study directory is summarised
+        (study_status(Path(r)), format_study_status) if is_study_dir(Path(r))
+        else (run_status(Path(r)), format_status)
+        for r in args.runs
+    ]  # fmt: skip
+    for info, formatter in infos:
+        print(json.dumps(info) if args.json else formatter(info))
     return 0

@@ -1,11 +1,13 @@
-"""`normlab study [RECIPES...] [--lrs A,B] [--seeds 0,1] [--jobs N] [--out DIR]`: claims decided.
+"""`normlab study [STUDY | RECIPES...] [--lrs A,B] [--seeds 0,1] [--jobs N] [--out DIR]`.
 
-Trains every recipe at every learning rate and seed (default: the recipes the claims need, at
-lr 1e-3 and 3e-3, seeds 0 and 1, on the bundled corpus at the tiny size) with every observational
-instrument on, then writes the compare report of all runs, a table of mean and spread per
-(recipe, lr), and one verdict per claim by the rule printed beside it (launch.report.claims).
-Runs live in DIR/runs/<recipe>_lr<lr>_s<seed>; running the study again reuses finished runs.
---jobs N trains N runs at once, each in its own process.
+A study file (recipes/studies/NAME.yaml, or the bare NAME; launch.config.study) names recipes,
+a grid over dotted keys (learning rate, a size axis, ...), seeds, steps and the protocol; the
+flags override it. Without a file: the recipes the claims need at lr 1e-3 and 3e-3, seeds 0 and 1.
+Every run trains with every observational instrument on (and l_0 measured before step 0), then
+the report: the compare table, mean and spread per (recipe, size, lr), the LR-sensitivity
+protocol (SCIENCE.md 19; sensitivity.csv, figures) and the claims' verdicts.
+Runs live in DIR/runs/<name>; DIR/plan.json lists them before training starts (`normlab status
+DIR`). Started again, a study reuses finished runs and resumes stopped or killed ones.
 """
 
 from __future__ import annotations
@@ -17,103 +19,61 @@ import time
 from pathlib import Path
 from typing import Any
 
-from normlab.launch.commands.compare import compare
+from normlab.launch.commands.study_plan import (
+    DEFAULT_LRS,
+    DEFAULT_RECIPES,
+    DEFAULT_SEEDS,
+    OBSERVERS,
+    Planned,
+    plan,
+    run_label,
+    spec_from_flags,
+    spike_window,
+    study_configs,
+    write_plan,
+)
 from normlab.launch.commands.submit import add_submit_options, job_spec
-from normlab.launch.config import RunConfig, load_config
-from normlab.launch.config.loader import find_recipe
+from normlab.launch.config.study import LR, StudySpec, check_spec, is_study, load_study
 from normlab.launch.errors import ConfigError
 from normlab.launch.training.parallel import train_all
 from rich.console import Console
 
-DEFAULT_RECIPES = [
-    "post_warmup",
-    "post_nowarmup",
-    "pre",
-    "pre_nowarmup",
-    "deepnorm",
-    "peri",
-    "ln_scaling",
+__all__ = [
+    "DEFAULT_LRS",
+    "DEFAULT_RECIPES",
+    "DEFAULT_SEEDS",
+    "OBSERVERS",
+    "Planned",
+    "plan",
+    "run_label",
+    "run_spec",
+    "run_study",
+    "spec_from_flags",
+    "spike_window",
+    "study_configs",
 ]
-DEFAULT_LRS = (1e-3, 3e-3)
-DEFAULT_SEEDS = (0, 1)
-OBSERVERS = ["activations", "gradients", "attention_logits", "qk_gains"]
 
 
-def spike_window(steps: int, asked: int | None) -> int:
-    """OLMo 2's 1000-value window, shortened for short studies so points get scored."""
-    return asked if asked is not None else min(1000, max(10, steps // 5))
-
-
-def run_label(recipe: str, lr: float | None, seed: int | None) -> str:
-    """Run directory name: the recipe alone, or with its learning rate and seed."""
-    label = recipe
-    if lr is not None:
-        label += f"_lr{lr:g}"
-    if seed is not None:
-        label += f"_s{seed}"
-    return label
-
-
-def study_configs(
-    recipes: list[str],
-    out: Path,
-    overrides: list[str],
-    steps: int | None,
-    window: int | None,
-    lrs: list[float] | None = None,
-    seeds: list[int] | None = None,
-) -> list[RunConfig]:
-    """Every run's validated config (all checked before any training starts).
-
-    lrs / seeds None: each recipe's own value, in DIR/runs/<recipe>."""
-    cfgs = []
-    for name in recipes:
-        path = find_recipe(name)
-        for lr in lrs or [None]:
-            for seed in seeds or [None]:
-                extra = [f"training.steps={steps}"] if steps is not None else []
-                extra += [f"optim.lr={lr!r}"] if lr is not None else []
-                extra += [f"training.seed={seed}"] if seed is not None else []
-                run_dir = out / "runs" / run_label(path.stem, lr, seed)
-                cfg = load_config(path, [*overrides, *extra, f"run_dir={run_dir}"])
-                cfgs.append(_observe(cfg, window))
-    dirs = [c.run_dir for c in cfgs]
-    if len(set(dirs)) != len(dirs):
-        raise ConfigError(f"recipes, learning rates or seeds given twice: {recipes}")
-    return cfgs
-
-
-def _observe(cfg: RunConfig, window: int | None) -> RunConfig:
-    """Every observational instrument on; the spike window fitted to the run length."""
-    for instrument in OBSERVERS:
-        cfg.instruments.setdefault(instrument, True)
-    score = cfg.instruments.get("spike_score")
-    settings = dict(score) if isinstance(score, dict) else {}
-    settings["window"] = spike_window(cfg.training.steps, window)  # the study's choice
-    cfg.instruments["spike_score"] = settings
-    return cfg
-
-
-def run_study(
-    recipes: list[str],
+def run_spec(
+    spec: StudySpec,
     out: str | Path,
-    overrides: list[str] | None = None,
-    steps: int | None = None,
-    window: int | None = None,
     console: Console | None = None,
-    lrs: list[float] | None = None,
-    seeds: list[int] | None = None,
-    jobs: int = 1,
+    jobs: int | None = None,
+    window: int | None = None,
 ) -> dict[str, Any]:
     """Train every run (`jobs` at a time), then report.
 
-    Returns {'runs', 'total_s', 'stopped', 'rows', 'files', 'verdicts'}; a study stopped by a
-    signal returns only the first three (no report over unfinished runs)."""
+    Returns {'runs', 'total_s', 'stopped', 'rows', 'files', 'verdicts', 'curves'}; a study
+    stopped by a signal returns only the first three (no report over unfinished runs)."""
+    from normlab.launch.commands.compare import compare
     from normlab.launch.report.study import write_study_report
 
     out = Path(out)
+    jobs = jobs or spec.jobs
     console = console or Console(width=None if sys.stdout.isatty() else 240)
-    cfgs = study_configs(recipes, out, overrides or [], steps, window, lrs, seeds)
+    planned = plan(spec, out, window if window is not None else spec.spike_window)
+    write_plan(spec, planned, out)
+    cfgs = [p.cfg for p in planned]
     start = time.perf_counter()
     timings = train_all(cfgs, console, jobs)
     total = round(time.perf_counter() - start, 1)
@@ -127,11 +87,27 @@ def run_study(
     quiet = Console(file=open("/dev/null", "w"), width=240)  # noqa: SIM115 (table goes to compare.md)
     report = compare([c.run_dir for c in cfgs if c.run_dir], out, quiet)
     (out / "study.json").write_text(
-        json.dumps({"total_s": total, "jobs": jobs, "runs": timings}, indent=2)
+        json.dumps({"study": spec.name, "total_s": total, "jobs": jobs, "runs": timings}, indent=2)
     )
-    found = write_study_report([c.run_dir for c in cfgs if c.run_dir], out, total, console, jobs)
+    found = write_study_report(planned, spec, out, total, console, jobs)
     console.print(f"study: {len(cfgs)} runs in {total:.0f} s; report in {out}", highlight=False)
-    return {"runs": timings, "total_s": total, "stopped": False, **report, "verdicts": found}
+    return {"runs": timings, "total_s": total, "stopped": False, **report, **found}
+
+
+def run_study(
+    recipes: list[str],
+    out: str | Path,
+    overrides: list[str] | None = None,
+    steps: int | None = None,
+    window: int | None = None,
+    console: Console | None = None,
+    lrs: list[float] | None = None,
+    seeds: list[int] | None = None,
+    jobs: int = 1,
+) -> dict[str, Any]:
+    """A flags-only study (recipes x lrs x seeds), trained and reported by run_spec."""
+    spec = spec_from_flags(recipes, lrs, seeds, steps, overrides)
+    return run_spec(spec, out, console, jobs, window)
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -156,25 +132,31 @@ def _ints(text: str, what: str) -> list[int]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "study", help="train recipes over learning rates and seeds; decide the claims"
+        "study",
+        help="a study file, or recipes over learning rates and seeds: the LR-sensitivity "
+        "protocol and the claims",
     )
     p.add_argument(
         "recipes",
         nargs="*",
-        metavar="RECIPE",
-        help=f"recipe files or names in recipes/ (default: {' '.join(DEFAULT_RECIPES)})",
+        metavar="STUDY|RECIPE",
+        help="a study file or name in recipes/studies/, or recipe files or names (default: "
+        f"{' '.join(DEFAULT_RECIPES)})",
     )
-    p.add_argument("--out", default="study", help="report and runs directory (default: ./study)")
+    p.add_argument(
+        "--out",
+        help="report and runs directory (default: ./study, or ./studies/NAME for a study file)",
+    )
     p.add_argument("--steps", type=int, help="training.steps for every run")
     p.add_argument(
         "--lrs",
-        default=",".join(f"{v:g}" for v in DEFAULT_LRS),
-        help="comma-separated learning rates (default: %(default)s); 'recipe' keeps each one's",
+        help="comma-separated learning rates (default: the study's grid, or "
+        f"{','.join(f'{v:g}' for v in DEFAULT_LRS)}); 'recipe' keeps each one's",
     )
     p.add_argument(
         "--seeds",
-        default=",".join(str(v) for v in DEFAULT_SEEDS),
-        help="comma-separated seeds (default: %(default)s)",
+        help="comma-separated seeds (default: the study's, or "
+        f"{','.join(str(v) for v in DEFAULT_SEEDS)})",
     )
     p.add_argument(
         "--set",
@@ -191,11 +173,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--jobs",
         type=int,
-        default=1,
-        help="runs trained at once, each in its own process (default: 1; on a CPU give each "
-        "--set training.threads=N so that jobs x N fits the cores)",
+        help="runs trained at once, each in its own process (default: the study's, or 1; on a "
+        "CPU give each --set training.threads=N so that jobs x N fits the cores)",
     )
-    p.add_argument("--submit", action="store_true", help="one SLURM job per recipe instead")
+    p.add_argument(
+        "--submit",
+        action="store_true",
+        help="one requeueable SLURM job per run instead; the same command again submits only "
+        "what is missing",
+    )
     add_submit_options(p)
     p.set_defaults(func=run)
 
@@ -214,33 +200,44 @@ def _refuse_replaced_sets(sets: list[str], lrs: bool, steps: bool) -> None:
             )
 
 
+def spec_from_args(args: argparse.Namespace) -> StudySpec:
+    """The study file (when the one positional is one) with the flags over it, else the flags."""
+    lrs = None if args.lrs == "recipe" else (_floats(args.lrs, "--lrs") if args.lrs else None)
+    seeds = _ints(args.seeds, "--seeds") if args.seeds is not None else None
+    if len(args.recipes) == 1 and is_study(args.recipes[0]):
+        spec = load_study(args.recipes[0])
+        if args.lrs == "recipe":
+            spec.grid.pop(LR, None)
+            spec.protocol["lr_sensitivity"] = False
+        elif lrs:
+            spec.grid[LR] = lrs
+        spec.seeds = seeds if seeds is not None else spec.seeds
+        spec.steps = args.steps if args.steps is not None else spec.steps
+        _refuse_replaced_sets(args.set, LR in spec.grid, spec.steps is not None)
+        spec.overrides += args.set
+        check_spec(spec)
+        return spec
+    if args.lrs is None:
+        lrs = list(DEFAULT_LRS)
+    _refuse_replaced_sets(args.set, lrs is not None, args.steps is not None)
+    recipes = args.recipes or DEFAULT_RECIPES
+    seeds = seeds if seeds is not None else list(DEFAULT_SEEDS)
+    return spec_from_flags(recipes, lrs, seeds, args.steps, args.set)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
-    lrs = None if args.lrs == "recipe" else _floats(args.lrs, "--lrs")
-    seeds = _ints(args.seeds, "--seeds")
-    _refuse_replaced_sets(args.set, lrs is not None, args.steps is not None)
+    spec = spec_from_args(args)
+    out = Path(args.out or ("study" if spec.path is None else f"studies/{spec.name}"))
     if args.submit:
         from normlab.launch.cluster.study import submit_study
 
-        recipes = args.recipes or DEFAULT_RECIPES
-        cfgs = study_configs(
-            recipes, Path(args.out), args.set, args.steps, args.spike_window, lrs, seeds
-        )
-        submit_study(cfgs, Path(args.out), job_spec(args))
-        return 0
-    result = run_study(
-        args.recipes or DEFAULT_RECIPES,
-        args.out,
-        args.set,
-        args.steps,
-        args.spike_window,
-        lrs=lrs,
-        seeds=seeds,
-        jobs=args.jobs,
-    )
+        planned = plan(spec, out, args.spike_window or spec.spike_window)
+        return submit_study(planned, spec, out, job_spec(args))
+    result = run_spec(spec, out, jobs=args.jobs, window=args.spike_window)
     if result["stopped"]:
         return 1
     return 0 if all(r["status"] in ("completed", "diverged") for r in result["runs"]) else 1

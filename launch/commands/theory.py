@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from normlab.launch.errors import ConfigError
+from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
 from rich.console import Console
 from rich.table import Table
 
@@ -76,18 +77,20 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} exists and is not a directory")
+    check_out_dir(out)  # before the measurement, not after it
     torch.set_num_threads(args.threads)
     start, cpu = time.perf_counter(), time.process_time()
     res = measure(setup)
     found = checks(res)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    out.mkdir(parents=True, exist_ok=True)
-    pngs = write_plots(res, out)
-    (out / "theory.md").write_text(markdown(res, found, pngs, seconds, cpu, command_line(args)))
+    make_out_dir(out)
+    try:
+        pngs = write_plots(res, out)
+    except OSError as exc:
+        raise OutDirError(f"cannot write the figures into {out}: {exc.strerror or exc}") from None
+    write_text(out / "theory.md", markdown(res, found, pngs, seconds, cpu, command_line(args)))
     data = _as_json(res, found, seconds) | {"cpu_s": round(cpu, 2), "command": command_line(args)}
-    (out / "theory.json").write_text(json.dumps(data, indent=2))
+    write_text(out / "theory.json", json.dumps(data, indent=2))
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(_table(found, seconds))
     console.print(f"wrote {out / 'theory.md'}, theory.json, {', '.join(p.name for p in pngs)}")

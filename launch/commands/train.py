@@ -57,7 +57,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="resume from this checkpoint (step_00000400, or 400) instead of the latest, e.g. "
         "the previous verified one when the latest is damaged",
     )
+    add_unverified_arg(p)
     p.set_defaults(func=run)
+
+
+def add_unverified_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="load a checkpoint that has no manifest.json (its files cannot be verified)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
         Trainer,  # heavy imports only once the config is valid
     )
 
-    trainer = Trainer(cfg, force=args.force, from_step=args.from_step)
+    trainer = Trainer(
+        cfg, force=args.force, from_step=args.from_step, allow_unverified=args.allow_unverified
+    )
     status = trainer.run()
     s = trainer.summary
     if trainer.engine.is_main and s.get("status") == "completed":

@@ -15,11 +15,19 @@ import torch
 import yaml
 from normlab.launch.commands.train import add_recipe_args, resolve
 from normlab.launch.config import RunConfig
+from normlab.launch.errors import ConfigError
 from normlab.model import Transformer, count_params
+
+META_BUILD_LAYERS = 1024  # deeper models are counted analytically (building is per layer)
 
 
 def count_model(cfg: RunConfig) -> tuple[int, int]:
-    """(total, embedding-excluded) parameters of the built model, on the meta device."""
+    """(total, embedding-excluded) parameters of the built model, on the meta device (for a
+    model deeper than META_BUILD_LAYERS, from the analytic count, so validate stays instant)."""
+    mc = cfg.model_config()
+    if mc.n_layers > META_BUILD_LAYERS:
+        total = count_params(mc)
+        return total, total - mc.vocab_size * mc.d_model
     with torch.device("meta"):
         model = Transformer(cfg.model_config())
     total = sum(p.numel() for p in model.parameters())
@@ -38,14 +46,39 @@ def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
+def print_epochs(cfg: RunConfig, world: int) -> None:
+    """How much of each source the run reads; a warning for every source it repeats."""
+    from normlab.launch.training.datasets import epoch_plan
+
+    for s in epoch_plan(cfg, world):
+        if s["epochs"] is None:
+            print(f"data {s['name']}: p {s['p']:.3f}; prepared on first use (epochs unknown)")
+            continue
+        print(
+            f"data {s['name']}: p {s['p']:.3f}, {s['windows']:,} training sequences of "
+            f"{cfg.data.seq_len + 1} tokens; the run takes {s['epochs']:.2f} epochs of it"
+        )
+        if s["epochs"] > 1:
+            print(
+                f"warning: data source {s['name']!r} repeats ({s['epochs']:.2f} epochs over "
+                f"{cfg.training.steps} steps on {world} process(es)): lower its weight or add data"
+            )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("validate", help="check a recipe; print its config and size")
     add_recipe_args(p)
     p.add_argument("--quiet", action="store_true", help="print only the parameter count")
+    p.add_argument(
+        "--world-size", type=int, default=1,
+        help="processes the run will use (for the epochs of each data source; default 1)",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size must be >= 1, got {args.world_size}")
     cfg = resolve(args.recipe, list(args.overrides))
     from normlab.launch.training.preflight import preflight
 
@@ -62,4 +95,5 @@ def run(args: argparse.Namespace) -> int:
         f"{cfg.name}: valid; {total:,} parameters ({total / 1e6:,.1f} M; "
         f"{non_embed:,} without the input embedding; analytic {analytic:,})"
     )
+    print_epochs(cfg, args.world_size)
     return 0

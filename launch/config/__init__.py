@@ -19,6 +19,7 @@ from normlab.launch.config.schema import (
     RunConfig,
     ScheduleSection,
     TrainingSection,
+    WandbSection,
 )
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "RunConfig",
     "ScheduleSection",
     "TrainingSection",
+    "WandbSection",
     "from_dict",
     "load_config",
     "validate",

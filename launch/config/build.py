@@ -18,7 +18,8 @@ from normlab.model.presets import PRESETS
 def load_config(recipe: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Recipe file + dotted overrides -> a validated RunConfig."""
     data = apply_overrides(load_yaml(recipe), overrides or [])
-    data.setdefault("name", Path(recipe).stem)
+    if data.get("name") is None:  # absent or null: the recipe file's stem
+        data["name"] = Path(recipe).stem
     return from_dict(data)
 
 
@@ -45,7 +46,7 @@ def expand_preset(model: Any) -> Any:
     preset = model.get("preset")
     if preset is None:
         return model
-    if preset not in PRESETS:
+    if not isinstance(preset, str) or preset not in PRESETS:
         raise ConfigError(f"unknown model.preset {preset!r}{suggest(str(preset), list(PRESETS))}")
     # a preset's vocabulary is only an example: the model follows the data's tokenizer
     sizes = {k: v for k, v in PRESETS[preset].items() if k != "vocab_size"}
@@ -56,11 +57,12 @@ def resolve_vocab(cfg: RunConfig) -> None:
     """Fill data.vocab_size from the prepared directory (or 4096 for the bundled corpus) and
     model.vocab_size from data.vocab_size when the recipe leaves them unset."""
     d = cfg.data
-    prepared = prepared_vocab_size(d.dataset)
+    first = d.sources[0].path if d.sources else d.dataset  # every source shares one tokenizer
+    prepared = prepared_vocab_size(first)
     if prepared is not None:
         if d.vocab_size not in (None, prepared):
             raise ConfigError(
-                f"data.vocab_size is {d.vocab_size} but data.dataset {d.dataset} was prepared "
+                f"data.vocab_size is {d.vocab_size} but {first} was prepared "
                 f"with a {prepared}-piece tokenizer: remove data.vocab_size (the prepared "
                 f"directory decides), or prepare it again with --vocab-size {d.vocab_size}"
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from normlab.launch.config.loader import find_non_finite, suggest
@@ -13,11 +14,13 @@ from normlab.launch.registry import ENGINES, INSTRUMENTS, OPTIMIZERS
 
 def validate(cfg: RunConfig) -> None:
     """Cross-field checks; each names the keys involved and what is allowed."""
+    _names(cfg)
+    # data first: model.vocab_size defaults to data.vocab_size, so a bad one is named here
+    _positive(cfg, ["data.vocab_size", "data.seq_len", "data.batch_size", "data.num_proc"])
     try:
         mc = cfg.model_config()
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    _positive(cfg, ["data.vocab_size", "data.seq_len", "data.batch_size", "data.num_proc"])
     _positive(cfg, ["training.steps", "training.grad_accum", "training.log_every"])
     _positive(cfg, ["training.eval_batches", "checkpoint.keep_last"])
     _non_negative(cfg, ["training.eval_every", "checkpoint.every", "schedule.warmup_steps"])
@@ -25,8 +28,15 @@ def validate(cfg: RunConfig) -> None:
     _positive(cfg, ["precision.loss_scale_init", "precision.loss_scale_growth_interval"])
     if cfg.training.threads is not None:
         _positive(cfg, ["training.threads"])
+    if not 0 <= cfg.training.seed <= SEED_MAX:  # numpy's and Python's seeders take 32 bits
+        raise ConfigError(
+            f"training.seed must lie in [0, {SEED_MAX}] (2**32 - 1), got {cfg.training.seed}"
+        )
+    if cfg.logging.peak_tflops is not None:
+        _positive(cfg, ["logging.peak_tflops"])
     if not 0.0 < cfg.data.val_fraction < 1.0:  # every run evaluates, at least at the end
         raise ConfigError(f"data.val_fraction must lie in (0, 1), got {cfg.data.val_fraction}")
+    _validate_sources(cfg)
     if cfg.data.seq_len > mc.max_seq_len:
         raise ConfigError(
             f"data.seq_len ({cfg.data.seq_len}) exceeds model.max_seq_len ({mc.max_seq_len})"
@@ -45,6 +55,57 @@ def validate(cfg: RunConfig) -> None:
     _validate_schedule(cfg)
     _validate_engine(cfg)
     _validate_instruments(cfg)
+
+
+SEED_MAX = 2**32 - 1
+
+
+def _names(cfg: RunConfig) -> None:
+    """Names and paths are never blank: an empty run_dir (or name, which makes runs/<name>)
+    would put the run into the working directory or into runs/ itself."""
+    values = {
+        "name": cfg.name,
+        "run_dir": cfg.run_dir,
+        "data.dataset": cfg.data.dataset,
+        "engine.deepspeed_config": cfg.engine.deepspeed_config,
+    }
+    wandb = getattr(cfg.logging, "wandb", None)
+    if wandb is not None:  # W&B refuses a blank project or team name only once it starts
+        values |= {"logging.wandb.project": wandb.project, "logging.wandb.entity": wandb.entity}
+    for key, value in values.items():
+        if value is not None and not value.strip():
+            raise ConfigError(f"{key} must not be empty, got {value!r}")
+    if cfg.name in (".", "..") or "/" in (cfg.name or "") or "\\" in (cfg.name or ""):
+        raise ConfigError(
+            f"name must be a plain name (no '/', not '.' or '..'; run_dir sets the location), "
+            f"got {cfg.name!r}"
+        )
+SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a metric key: eval/<name>
+
+
+def _validate_sources(cfg: RunConfig) -> None:
+    sources = cfg.data.sources
+    if sources is None:
+        return
+    if not sources:
+        raise ConfigError("data.sources must list at least one {name, path, weight} (or be null)")
+    if cfg.data.dataset != "bundled":
+        raise ConfigError(
+            "data.dataset and data.sources are both set: give one directory as data.dataset or "
+            "a mixture as data.sources, not both"
+        )
+    seen: set[str] = set()
+    for i, s in enumerate(sources):
+        if not SOURCE_NAME.match(s.name) or s.name in seen:
+            raise ConfigError(
+                f"data.sources[{i}].name {s.name!r} must be unique and of letters, digits, '_', "
+                "'.', '-' (it names the metrics eval/<name> and tokens/<name>)"
+            )
+        seen.add(s.name)
+        if not (math.isfinite(s.weight) and s.weight > 0):
+            raise ConfigError(
+                f"data.sources[{i}].weight must be a finite number > 0, got {s.weight}"
+            )
 
 
 def _lookup(data: Any, dotted: str) -> Any:
@@ -85,11 +146,6 @@ def _validate_qk_clip(cfg: RunConfig) -> None:
         raise ConfigError(f"optim.qk_clip.tau must be a finite number > 0, got {q.tau}")
     if not 0.0 <= q.alpha <= 1.0:
         raise ConfigError(f"optim.qk_clip.alpha must lie in [0, 1], got {q.alpha}")
-    if cfg.engine.compile:
-        raise ConfigError(
-            "optim.qk_clip needs each attention's per-head max logit, which a compiled block "
-            "does not hand back: set engine.compile: false"
-        )
 
 
 def _validate_schedule(cfg: RunConfig) -> None:
@@ -128,6 +184,11 @@ def _validate_engine(cfg: RunConfig) -> None:
         raise ConfigError(
             f"engine.replicate must be >= 1 and above 1 only with engine.name: fsdp (HSDP), got "
             f"{e.replicate} with engine {e.name!r}"
+        )
+    if e.grad_sync != "micro_batch" and e.name != "fsdp":
+        raise ConfigError(
+            f"engine.grad_sync {e.grad_sync!r} is an engine fsdp setting (engine {e.name!r}); "
+            "allowed: micro_batch with any engine, step with engine.name: fsdp"
         )
     if cfg.checkpoint.async_ and e.name != "fsdp":
         raise ConfigError(

@@ -118,15 +118,27 @@ def _coerce_scalar(value: Any, hint: type, key: str) -> Any:
         raise ConfigError(f"{key} must be a number, got {value!r}")
     if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if hint is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise ConfigError(f"{key} must fit in 64 bits (|value| <= 2**63 - 1), got {value}")
     if not isinstance(value, hint):
         raise ConfigError(f"{key} must be of type {hint.__name__}, got {value!r}")
     return value
 
 
+INT64_MAX = 2**63 - 1  # torch keeps steps, seeds and sizes as int64
+FLOAT32_MAX = 3.4028234663852886e38  # a larger float is inf once it meets a float32 tensor
+
+
 def _finite(value: float, key: str) -> float:
-    """NaN and infinity are never a setting: they reach the optimizer or init as silent garbage."""
+    """NaN and infinity are never a setting: they reach the optimizer or init as silent garbage,
+    and so does a float beyond the float32 range (it turns into inf in the first tensor)."""
     if not math.isfinite(value):
         raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    if abs(value) > FLOAT32_MAX:
+        raise ConfigError(
+            f"{key} must be a finite number within the float32 range (|value| <= 3.4e38), "
+            f"got {value!r}"
+        )
     return value
 
 
@@ -194,22 +206,78 @@ def load_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]
         raise ConfigError(f"circular 'base:' inheritance: {cycle}")
     if not path.is_file():
         raise ConfigError(f"recipe not found: {path}")
+    data = read_strict_yaml(path, "recipe")
+    if data is None:
+        raise ConfigError(
+            f"{path}: the recipe is empty (write the sections it changes, or `base: FILE`)"
+        )
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: a recipe must be a mapping at the top level, got {type(data).__name__}"
+        )
+    merged: dict[str, Any] = {}
+    for base in _bases(path, data.pop("base")) if "base" in data else []:
+        if not (path.parent / base).expanduser().is_file():
+            raise ConfigError(f"{path}: base {base!r} not found ({path.parent / base})")
+        merged = deep_merge(merged, load_yaml(path.parent / base, (*_chain, path)))
+    return deep_merge(merged, data)
+
+
+def _bases(path: Path, bases: Any) -> list[str]:
+    """`base:` as a list of non-empty path strings, or one line naming what it holds instead."""
+    items = [bases] if isinstance(bases, str) else bases
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"{path}: 'base' must be a path or a list of paths, got {bases!r}")
+    for base in items:
+        if not isinstance(base, str) or not base.strip():
+            raise ConfigError(f"{path}: 'base' must be a path or a list of paths, got {base!r}")
+    return items
+
+
+class StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (a section written twice
+    would otherwise silently keep only its second copy)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+                seen.setdefault(key, line)
+            except TypeError:
+                continue  # an unhashable key: the base class names it
+            if first is not None:
+                problem = f"duplicate key {key!r} (first given on line {first})"
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_strict_yaml(path: Path, what: str) -> Any:
+    """The YAML document in `path` (None when it holds nothing), refusing duplicate keys; any
+    read or parse failure is one ConfigError line naming the file."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 (a SafeLoader subclass)
     except UnicodeDecodeError as exc:
         where = f"{exc.reason} at byte {exc.start}"
         raise ConfigError(f"{path}: not a UTF-8 text file ({where})") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a recipe must be a mapping at the top level")
-    bases = data.pop("base", None) or []
-    merged: dict[str, Any] = {}
-    for base in [bases] if isinstance(bases, str) else bases:
-        if not isinstance(base, str):
-            raise ConfigError(f"{path}: 'base' must be a path or a list of paths, got {base!r}")
-        merged = deep_merge(merged, load_yaml(path.parent / base, (*_chain, path)))
-    return deep_merge(merged, data)
+        raise ConfigError(f"{path}: invalid YAML: {yaml_problem(exc)}") from None
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A parse error on one line: what is wrong and where (line, column), without the snippet."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(exc).split())
+    context = getattr(exc, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    return f"{problem} at {where}" + (f" ({' '.join(context.split())})" if context else "")
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -220,7 +288,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} must look like section.key=value")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = yaml.load(raw, Loader=StrictLoader) if raw.strip() else None  # noqa: S506
         except yaml.YAMLError:
             raise ConfigError(f"override {item!r}: value is not valid YAML") from None
         node = out

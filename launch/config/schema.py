@@ -37,8 +37,17 @@ ModelSection = _model_section()
 
 
 @dataclass
+class SourceSection:
+    name: str  # a metric key: eval/<name>, tokens/<name>
+    path: str  # a `normlab prepare` directory, or 'bundled'
+    weight: float = 1.0  # sampling probability per sequence (weights are normalised)
+
+
+@dataclass
 class DataSection:
     dataset: str = "bundled"  # 'bundled' (the shipped corpus) or a `normlab prepare` directory
+    # a weighted mixture of prepared directories sharing one tokenizer (replaces data.dataset)
+    sources: list[SourceSection] | None = None
     # tokenizer size. bundled: the size trained for it (None: 4096). A prepared directory:
     # None reads its meta.json; another value than the directory's is an error.
     vocab_size: int | None = None
@@ -99,10 +108,25 @@ class PrecisionSection:
 
 
 @dataclass
+class WandbSection:
+    """Weights & Biases beside TensorBoard (training/wandb_logger.py; extra normlab[wandb])."""
+
+    project: str = "normlab"
+    entity: str | None = None  # W&B team or user; None: the logged-in default
+    # offline: write <run>/wandb/ only, upload later with `wandb sync`; disabled: no W&B at all
+    mode: Literal["online", "offline", "disabled"] = "online"
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
 class LoggingSection:
     tensorboard: bool = True
     jsonl: bool = True
     progress: bool = True  # live display; off automatically when stdout is not a terminal
+    # dense peak TFLOP/s of one device for MFU (launch/training/mfu.py); None: looked up for
+    # A100/H100/H200, and no MFU on a CPU or an unknown GPU
+    peak_tflops: float | None = None
+    wandb: WandbSection | None = None  # a mapping turns W&B on ({} takes every default)
 
 
 @dataclass
@@ -119,6 +143,13 @@ class EngineSection:
     zero_stage: Literal[0, 1, 2, 3] = 0
     activation_checkpointing: bool = False
     compile: bool = False
+    # torch.compile backend: inductor (the speed-up), aot_eager or eager (debugging: dynamo
+    # and autograd tracing without code generation)
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    # fsdp with grad_accum > 1: reduce-scatter gradients after every micro-batch ("micro_batch":
+    # torchtitan's default, each rank keeps only its gradient shard) or once per step ("step":
+    # one reduce-scatter, but every rank holds the whole unsharded fp32 gradient meanwhile)
+    grad_sync: Literal["micro_batch", "step"] = "micro_batch"
     deepspeed_config: str | None = None
     replicate: int = 1  # fsdp: HSDP, shard within world/replicate ranks, replicate across groups
 

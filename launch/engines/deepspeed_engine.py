@@ -30,6 +30,7 @@ from normlab.launch.engines.deepspeed_muon import (
     probe_step,
     register_flat_layouts,
 )
+from normlab.launch.engines.deepspeed_universal import universal_dir, universal_load
 from normlab.launch.engines.dist import DistributedEngine
 from normlab.launch.engines.fsdp import (
     META_FILE,
@@ -144,10 +145,10 @@ class DeepSpeedEngine(DistributedEngine):
         self._config = config
         module = self._build(model_cfg, config)
         if self.cfg.engine.activation_checkpointing:
-            apply_activation_checkpointing(module)
+            apply_activation_checkpointing(module, compiled=self.cfg.engine.compile)
         if self.cfg.engine.compile:
             for block in module.blocks:
-                block.compile()
+                block.compile(backend=self.cfg.engine.compile_backend)
         self._module = module
         self._optimizer = build_optimizer(module)
         self._gate_optimizer(self._optimizer)
@@ -289,18 +290,24 @@ class DeepSpeedEngine(DistributedEngine):
                 f"{meta.get('engine', 'single')!r}); resume it with that engine, or start from "
                 "its weights via `normlab export`"
             )
-        same = (meta.get("world_size"), meta.get("zero_stage"))
-        if same != (self._world, self.cfg.engine.zero_stage):
+        if meta.get("zero_stage") != self.cfg.engine.zero_stage:
             raise CheckpointError(
-                f"checkpoint {ckpt_dir} holds ZeRO-{meta.get('zero_stage')} shards of "
-                f"{meta.get('world_size')} ranks; this run has ZeRO-{self.cfg.engine.zero_stage} "
-                f"on {self._world}: resume with the same world size and stage (or export it)"
+                f"checkpoint {ckpt_dir} holds ZeRO-{meta.get('zero_stage')} shards; this run has "
+                f"ZeRO-{self.cfg.engine.zero_stage}: resume with engine.zero_stage="
+                f"{meta.get('zero_stage')} (or export it)"
             )
-        path, _ = self._ds.load_checkpoint(
-            str(ckpt_dir), tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
-        )
+        load_dir, universal = ckpt_dir, meta.get("world_size") != self._world
+        if universal:  # another number of ranks: through DeepSpeed's universal checkpoint
+            load_dir = universal_dir(ckpt_dir, DS_TAG, self.is_main, self.barrier)
+        with universal_load(self._ds, self._optimizer, universal):
+            path, _ = self._ds.load_checkpoint(
+                str(load_dir),
+                tag=DS_TAG,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=False,
+            )
         if path is None:
-            raise CheckpointError(f"DeepSpeed found no checkpoint under {ckpt_dir / DS_TAG}")
+            raise CheckpointError(f"DeepSpeed found no checkpoint under {load_dir / DS_TAG}")
         return read_extra(ckpt_dir, self._rank)
 
     def release(self) -> None:

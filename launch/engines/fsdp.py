@@ -25,6 +25,7 @@ import torch.distributed.checkpoint as dcp
 from normlab.launch.engines.base import OptimizerFactory, StepVeto
 from normlab.launch.engines.construct import build_on_meta, materialize
 from normlab.launch.engines.dist import DistributedEngine
+from normlab.launch.engines.recompute import apply_activation_checkpointing
 from normlab.launch.engines.single import read_file
 from normlab.launch.errors import CheckpointError, ConfigError
 from normlab.model import ModelConfig, Transformer
@@ -59,14 +60,6 @@ def read_extra(ckpt_dir: Path, rank: int) -> dict[str, Any]:
     return read_file(path if path.is_file() else ckpt_dir / trainer_file(0), weights_only=False)
 
 
-def apply_activation_checkpointing(model: Transformer) -> None:
-    """Recompute each block in backward (torch.utils.checkpoint, non-reentrant)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-    for i, block in enumerate(model.blocks):
-        model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=True)
-
-
 def device_mesh(device_type: str, world: int, replicate: int) -> DeviceMesh:
     """1-D mesh of all ranks (FSDP), or (replicate, shard) for HSDP."""
     if replicate < 1 or world % replicate:
@@ -88,10 +81,10 @@ class FSDPEngine(DistributedEngine):
         self._mesh = device_mesh(self._device.type, self._world, self.cfg.engine.replicate)
         module, plan = build_on_meta(model_cfg)
         if self.cfg.engine.activation_checkpointing:
-            apply_activation_checkpointing(module)
+            apply_activation_checkpointing(module, compiled=self.cfg.engine.compile)
         if self.cfg.engine.compile:
             for block in module.blocks:
-                block.compile()
+                block.compile(backend=self.cfg.engine.compile_backend)
         self._shard(module)
         materialize(module, plan, self.cfg.training.seed, self._device)
         # asynchronous saves talk over their own CPU group (a collective call on every rank)
@@ -132,8 +125,10 @@ class FSDPEngine(DistributedEngine):
         accum = self.cfg.training.grad_accum
         self._micro += 1
         assert isinstance(self._module, FSDPModule)
-        # reduce-scatter the gradients once, after the last micro-batch
-        self._module.set_requires_gradient_sync(self._micro >= accum)
+        # engine.grad_sync: reduce-scatter after every micro-batch (each rank keeps only its fp32
+        # gradient shard) or once, after the last (the whole unsharded gradient meanwhile)
+        every = self.cfg.engine.grad_sync == "micro_batch"
+        self._module.set_requires_gradient_sync(every or self._micro >= accum)
         loss = self._loss(inputs, targets)
         self._scaler.scale(loss / accum).backward()
         return self.all_reduce(loss.detach(), "mean")  # the global-batch loss, as one process

@@ -15,8 +15,15 @@ Every term is bytes on one rank (model states as in Rajbhandari et al. 2020, ZeR
   the 16-bit weight copies single-process autocast keeps from forward to backward.
 - step temporaries: the foreach AdamW/Muon step on CUDA allocates one fp32 intermediate per
   parameter shard; on the CPU it updates one tensor at a time.
-The peak of a steady step is static state + max(activations at the start of the backward,
-gradients + step temporaries): the two are never alive together.
+- gradient accumulation (training.grad_accum > 1): the gradients a rank keeps between
+  micro-batches are alive with the next micro-batch's activations. single and DeepSpeed keep their
+  gradients (ZeRO-1 the module's whole 16-bit gradient, ZeRO-2/3 the partitions); FSDP2 keeps its
+  fp32 shard when it reduce-scatters every micro-batch (engine.grad_sync micro_batch) and the
+  whole unsharded fp32 gradient when it reduces once per step (grad_sync step).
+- Muon on DeepSpeed gathers each matrix whole to its owner rank for Newton-Schulz: fp32 copies of
+  the largest block matrix (the gathered update, X, X X^T and the polynomial) in the step.
+The peak of a steady step is static state + max(activations at the start of the backward plus
+the gradients held from earlier micro-batches, gradients + step temporaries).
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ class Layout:
     checkpointing: bool = False
     optimizer: str = "adamw"
     cuda: bool = True
+    grad_accum: int = 1  # micro-batches per step
+    grad_sync: str = "micro_batch"  # fsdp: reduce-scatter every micro-batch, or once per "step"
 
 
 @dataclass(frozen=True)
@@ -59,11 +68,12 @@ class Estimate:
     activations: float
     working: float
     step_temp: float
+    held: float = 0.0  # gradients kept between micro-batches (0 without accumulation)
 
     @property
     def total(self) -> float:
         static = self.params + self.optimizer + self.working
-        return static + max(self.activations, self.grads + self.step_temp)
+        return static + max(self.activations + self.held, self.grads + self.step_temp)
 
 
 def root_params(cfg: ModelConfig) -> int:
@@ -151,7 +161,24 @@ def estimate(cfg: ModelConfig, lay: Layout) -> Estimate:
         working = p * width if mixed else 0.0
     largest = max(blk, cfg.vocab_size * cfg.d_model)
     step_temp = p / o_sh * 4 if lay.cuda else 2 * 4 * largest
-    return Estimate(params, grads, optim, activation_bytes(cfg, lay), working, step_temp)
+    if lay.engine == "deepspeed" and lay.optimizer == "muon":
+        step_temp += 4 * 4 * largest_matrix(cfg)
+    held = held_gradients(p, grads, lay) if lay.grad_accum > 1 else 0.0
+    return Estimate(params, grads, optim, activation_bytes(cfg, lay), working, step_temp, held)
+
+
+def largest_matrix(cfg: ModelConfig) -> int:
+    """Elements of the largest block matrix (what Muon orthogonalises whole)."""
+    return max(cfg.d_model * cfg.d_ff, cfg.d_model * cfg.d_model)
+
+
+def held_gradients(p: float, grads: float, lay: Layout) -> float:
+    """Bytes of gradient a rank keeps from one micro-batch to the next (see the docstring)."""
+    if lay.engine == "fsdp" and lay.grad_sync == "step":
+        return p * 4  # unsharded, accumulated in fp32 (the reduce dtype) on every rank
+    if lay.engine == "deepspeed" and lay.zero_stage == 1:
+        return p * WIDTH[lay.dtype]  # the module's .grad, reduced only at the boundary
+    return grads
 
 
 def _deepspeed(p: float, blk: float, root: float, lay: Layout) -> tuple[float, float, float]:

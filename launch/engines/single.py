@@ -42,7 +42,10 @@ class SingleEngine(Engine):
         module, plan = build_on_meta(model_cfg)  # allocated once, on the device
         materialize(module, plan, self.cfg.training.seed, self._device)
         self._module = module
-        self._model: nn.Module = torch.compile(module) if self.cfg.engine.compile else module
+        e = self.cfg.engine
+        self._model: nn.Module = (
+            torch.compile(module, backend=e.compile_backend) if e.compile else module
+        )
         self._optimizer = build_optimizer(module)
         prec = self.cfg.precision
         self._amp_dtype = AMP_DTYPES.get(prec.dtype)

@@ -51,7 +51,7 @@ class ActivationStats(Callback):
         settings_of(settings, {}, self.name)
         self._handles: list[RemovableHandle] = []
         self._sumsq: torch.Tensor | None = None
-        self._count: list[list[int]] = []
+        self._count: torch.Tensor | None = None
         self._tapped: list[int] = []  # blocks with a pre-norm tap
 
     def on_train_start(self, trainer: TrainerView) -> None:
@@ -62,7 +62,8 @@ class ActivationStats(Callback):
         mods = blocks(trainer)
         device = next(mods.parameters()).device
         self._sumsq = torch.zeros(len(KINDS), len(mods), device=device)
-        self._count = [[0] * len(mods) for _ in KINDS]
+        # float64: element counts pass 2^24 exactly (fp32 would round them)
+        self._count = torch.zeros(len(KINDS), len(mods), device=device, dtype=torch.float64)
         self._tapped = []
         for i, block in enumerate(mods):
             watched = [block, block.attn.branch, block.mlp.branch]
@@ -71,15 +72,20 @@ class ActivationStats(Callback):
                 watched.append(tap)
                 self._tapped.append(i)
             for k, module in enumerate(watched):
-                self._handles.append(module.register_forward_hook(self._hook(k, i)))
+                hook = self._hook(self._sumsq[k, i], self._count[k, i])
+                self._handles.append(module.register_forward_hook(hook))
 
-    def _hook(self, k: int, i: int):  # noqa: ANN202 (a forward hook)
+    @staticmethod
+    def _hook(sumsq: torch.Tensor, count: torch.Tensor):  # noqa: ANN205 (a forward hook)
+        """Add one output's sum of squares and size into its 0-d cells (tensors, not indices:
+        per-block compiled blocks then share one graph)."""
+
         def hook(module: torch.nn.Module, args: Any, out: Any) -> None:
-            if not module.training or self._sumsq is None:
+            if not module.training:
                 return  # an evaluation between two steps is not the training step's statistic
             x = _sum(module, args, out)
-            self._sumsq[k, i] += x.square().sum()
-            self._count[k][i] += x.numel()
+            sumsq.add_(x.square().sum())
+            count.add_(x.numel())
 
         return hook
 
@@ -92,9 +98,9 @@ class ActivationStats(Callback):
         if self._handles:
             self._disarm()
             sumsq = trainer.engine.all_reduce(self._sumsq, "sum")
-            count = torch.tensor(self._count, dtype=torch.float32, device=sumsq.device)
+            count = self._count.clone()
             count = trainer.engine.all_reduce(count, "sum")
-            rms = (sumsq / count.clamp_min(1)).sqrt()
+            rms = (sumsq / count.clamp_min(1)).sqrt().float()
             for k, kind in enumerate(KINDS):
                 for i in range(rms.shape[1]) if kind != PRE_NORM else self._tapped:
                     metrics[block_key(kind, i)] = rms[k, i]

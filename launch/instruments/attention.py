@@ -62,16 +62,20 @@ class AttentionLogits(Callback):
             setattr(
                 att, "record_lse_bound" if self.mode == "lse_bound" else "record_max_logits", True
             )
-            self._handles.append(att.register_forward_hook(self._hook(i)))
+            self._handles.append(att.register_forward_hook(self._hook(self._best[:, i])))
         self._atts = atts
 
-    def _hook(self, i: int):  # noqa: ANN202 (a forward hook)
+    def _hook(self, best: torch.Tensor):  # noqa: ANN202 (a forward hook)
+        """Fold a forward's values into `best` (kinds, heads), this block's slice: the hook holds
+        the slice, not the block index, so per-block compiled blocks share one graph."""
+        lse = self.mode == "lse_bound"
+
         def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
-            if not module.training or self._best is None:
+            if not module.training:
                 return  # evaluation passes are not the training step's logits
-            values = module.lse_bounds if self.mode == "lse_bound" else (module.max_logits,)
+            values = module.lse_bounds if lse else (module.max_logits,)
             for slot, value in enumerate(values):  # the bounds: (lower, upper)
-                self._best[slot, i] = torch.maximum(self._best[slot, i], value)
+                best[slot].copy_(torch.maximum(best[slot], value))
 
         return hook
 

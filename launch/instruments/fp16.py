@@ -16,7 +16,9 @@ A hook on a tensor that is not fp16 returns at once (a dtype test, not a data-de
 on finite fp16 values the clamp is the identity, so a run that never overflows is bit-identical
 with and without the hooks. `counts[i]` adds one for each hooked tensor of block i that held an
 inf, in training passes only (`counts[-1]`: embedding norm, final norm and head), as a device
-tensor. Clamping removes inf from an add; it cannot repair a NaN already made (inf - inf).
+tensor, once per forward: the recomputation of a checkpointed block
+(engine.activation_checkpointing) is not counted again. Clamping removes inf from an add; it
+cannot repair a NaN already made (inf - inf).
 
 This is not the loss scaler's job: the scaler guards the backward pass (an inf or NaN gradient
 skips that whole update and halves the scale); a clamp acts in the forward pass and the update
@@ -29,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from normlab.launch.engines.recompute import recomputing
 from normlab.launch.errors import ConfigError
 from normlab.launch.instruments.common import (
     FP16_CLAMPS,
@@ -89,23 +92,32 @@ class ClampHooks:
         if isinstance(module, nn.Linear):  # e.g. the SwiGLU product entering down_proj
             self.handles.append(module.register_forward_pre_hook(self._input_hook(slot)))
 
-    def _clamp(self, module: nn.Module, x: Any, slot: int) -> torch.Tensor | None:
+    @staticmethod
+    def _clamp(module: nn.Module, x: Any, count: torch.Tensor) -> torch.Tensor | None:
+        """Clamp x; add to `count`, the 0-d view of this slot's counter (a tensor rather than
+        an index, so per-block compiled blocks share one graph)."""
         if not torch.is_tensor(x) or x.dtype != torch.float16:
             return None  # a dtype test, not a data-dependent branch
         clamped, fired = clamp_fp16(x)
-        if module.training:  # evaluation passes are clamped too, but not counted
-            self.counts[slot] += fired
+        # evaluation passes are clamped too, but not counted; nor is the recomputation of a
+        # checkpointed block inside the backward (its forward already counted these tensors)
+        if module.training and not recomputing():
+            count += fired
         return clamped
 
     def _output_hook(self, slot: int):  # noqa: ANN202 (a forward hook)
+        count = self.counts[slot]
+
         def hook(module: nn.Module, args: Any, out: Any) -> Any:
-            return self._clamp(module, out, slot)
+            return self._clamp(module, out, count)
 
         return hook
 
     def _input_hook(self, slot: int):  # noqa: ANN202 (a forward pre-hook)
+        count = self.counts[slot]
+
         def hook(module: nn.Module, args: tuple[Any, ...]) -> Any:
-            clamped = self._clamp(module, args[0], slot) if args else None
+            clamped = self._clamp(module, args[0], count) if args else None
             return None if clamped is None else (clamped, *args[1:])
 
         return hook

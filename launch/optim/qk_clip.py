@@ -94,23 +94,28 @@ class QKClip(Callback):
         self._best = torch.full((len(self._atts), self._atts[0].n_heads), -torch.inf, device=device)
         self._events = torch.tensor(self.events, device=device)
         for i, att in enumerate(self._atts):
-            att.register_forward_hook(self._fold(i))
+            att.register_forward_hook(self._fold(self._best[i]))
         self._arm()
 
     def _arm(self) -> None:
         for att in self._atts:  # an instrument may have switched it off after its log step
             att.record_max_logits = True
 
-    def _fold(self, i: int):  # noqa: ANN202 (a forward hook)
+    @staticmethod
+    def _fold(best: torch.Tensor):  # noqa: ANN205 (a forward hook)
+        """Fold a forward's maxima into `best`, this block's row of S_max. The hook holds the row
+        itself, not its index: a per-block compiled model (fsdp, deepspeed) then shares one
+        graph across blocks instead of specialising on each block's index."""
+
         def hook(module: Attention, args: Any, out: torch.Tensor) -> None:
-            if module.training and module.max_logits is not None and self._best is not None:
-                self._best[i] = torch.maximum(self._best[i], module.max_logits)
+            if module.training and module.max_logits is not None:
+                best.copy_(torch.maximum(best, module.max_logits))
 
         return hook
 
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         assert self._best is not None and self._events is not None
-        s_max = trainer.engine.all_reduce(self._best, "max")
+        s_max = trainer.engine.all_reduce(self._best.clone(), "max")  # _best is reset below
         clipped = (s_max > self.tau).sum(dim=1).float()
         if metrics.get("skipped"):  # a vetoed step changed no weight: nothing to clip
             clipped = torch.zeros_like(clipped)
@@ -128,7 +133,7 @@ class QKClip(Callback):
             clipped.sum(),
             self._events,
         )
-        self._best = torch.full_like(self._best, -torch.inf)
+        self._best.fill_(-torch.inf)  # in place: the hooks hold its rows
         self._arm()
 
     def state_dict(self) -> dict[str, Any]:

@@ -239,9 +239,42 @@ def _pre_norm_line(ax: plt.Axes, run: Run, row: dict[str, float], color: str) ->
         ax.plot(blocks, values, linestyle="--", marker="x", color=color, label=label)
 
 
+def domain_figure(runs: list[Run]) -> plt.Figure | None:
+    """Each validation domain's eval loss over steps (runs on a data.sources mixture): one
+    colour per run, one line style per domain."""
+    keys = list(
+        dict.fromkeys(k for r in runs for row in r.evals for k in row if k.startswith("eval/"))
+    )
+    if not keys:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    styles = ["-", "--", ":", "-."]
+    for i, run in enumerate(runs):
+        color = curve_style(i)["color"]
+        for j, key in enumerate(keys):
+            rows = [r for r in run.evals if key in r]
+            if rows:
+                ax.plot(
+                    [int(r["step"]) for r in rows],
+                    _clean([r[key] for r in rows]),
+                    linestyle=styles[j % len(styles)],
+                    marker="o",
+                    markersize=3,
+                    color=color,
+                    label=f"{run.label}: {key.removeprefix('eval/')}",
+                )
+    ax.set(
+        title=f"eval loss per validation domain\n{setting(runs)}",
+        xlabel="step",
+        ylabel="cross-entropy (nats)",
+    )
+    return _finish(fig, ax)
+
+
 def write_plots(runs: list[Run], out: Path) -> list[Path]:
     made = [
         save(loss_figure(runs), out / "loss.png"),
+        save(domain_figure(runs), out / "eval_by_domain.png"),
         save(grad_norm_figure(runs), out / "grad_norm.png"),
         save(depth_figure(runs), out / "resid_rms_by_depth.png"),
         save(max_logit_figure(runs), out / "max_logit.png"),

@@ -4,16 +4,15 @@ progress (a half-written last line, no summary yet) or one that diverged (NaN wr
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from normlab.launch.errors import NormlabError
 from normlab.launch.instruments.common import PRE_NORM, RESID, parse_block_key
-from normlab.launch.training.metrics import JSONL, read_jsonl
+from normlab.launch.report.runfiles import read_config, read_metrics, read_summary
+from normlab.launch.training.metrics import JSONL
 from normlab.launch.training.rundir import CONFIG, SUMMARY
 
 
@@ -75,22 +74,9 @@ def load_run(path: str | Path) -> Run:
         raise NotARunError(f"{p} is not a directory")
     if not (p / CONFIG).is_file():
         raise NotARunError(f"{p} is not a normlab run (no {CONFIG}); pass run directories")
-    try:
-        config = yaml.safe_load((p / CONFIG).read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise NotARunError(f"{p / CONFIG} is not valid YAML ({exc})") from None
-    summary: dict[str, Any] = {}
-    if (p / SUMMARY).is_file():
-        try:
-            summary = json.loads((p / SUMMARY).read_text())
-        except json.JSONDecodeError:
-            summary = {}  # being rewritten right now; the metrics still tell the story
-    rows = (
-        [{k: _float(v) for k, v in r.items()} for r in read_jsonl(p / JSONL)]
-        if (p / JSONL).is_file()
-        else []
-    )
-    rows = [r for r in rows if isinstance(r.get("step"), int | float)]
+    config = read_config(p / CONFIG)  # each reader names a damaged file (summary.json is
+    summary = read_summary(p / SUMMARY)  # replaced atomically: a broken one is damage)
+    rows = [{k: _float(v) for k, v in r.items()} for r in read_metrics(p / JSONL)]
     return Run(
         path=p,
         config=config,

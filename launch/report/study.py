@@ -1,10 +1,11 @@
-"""The study's own report: mean and spread per (recipe, lr), the verdicts, study.md and figures."""
+"""The study's own report: mean and spread per (recipe, size, lr), the LR-sensitivity protocol,
+the verdicts (per size), study.md and figures."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from normlab.launch.report.claims import (
@@ -15,12 +16,24 @@ from normlab.launch.report.claims import (
     loss_of,
     point_label,
 )
+from normlab.launch.report.domains import domain_stats
 from normlab.launch.report.runs import Run, load_run
+from normlab.launch.report.sensitivity import write_csvs
+from normlab.launch.report.study_lr_plots import write_lr_plots
 from normlab.launch.report.study_plots import write_study_plots
+from normlab.launch.report.study_protocol import (
+    print_sensitivity,
+    protocol_curves,
+    sensitivity_markdown,
+)
 from normlab.launch.report.table import summarize
 from normlab.launch.report.unigram import runs_plateau
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from normlab.launch.commands.study_plan import Planned
+    from normlab.launch.config.study import StudySpec
 
 # key, header, how one value is read from a row
 STATS = [
@@ -51,14 +64,16 @@ def _spread(values: list[float]) -> str:
 
 
 def group_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells: one line per (recipe, lr) with every statistic over its seeds."""
-    head = ["recipe", "grid point", "seeds", "non-finite", *(h for _, h, _ in STATS)]
+    """Header and cells: one line per (recipe, grid point: size, lr) with every statistic over
+    its seeds."""
+    stats = STATS + domain_stats(rows)  # one column per validation domain of a mixture
+    head = ["recipe", "grid point", "seeds", "non-finite", *(h for _, h, _ in stats)]
     cells = []
     for (recipe, point), group in group_rows(rows).items():
         seeds = ",".join(str(r.get("seed")) for r in group)
         bad = sum(int(r.get("nonfinite") or 0) for r in group)
-        stats = [_spread([read(r) for r in group]) for _, _, read in STATS]
-        cells.append([recipe, point_label(point), seeds, str(bad), *stats])
+        spread = [_spread([read(r) for r in group]) for _, _, read in stats]
+        cells.append([recipe, point_label(point), seeds, str(bad), *spread])
     return head, cells
 
 
@@ -81,36 +96,50 @@ def _setting(runs: list[Run]) -> str:
 
 
 def markdown(
-    rows: list[dict[str, Any]], found: list[Verdict], runs: list[Run], total_s: float, jobs: int = 1
+    rows: list[dict[str, Any]],
+    found: list[Verdict],
+    runs: list[Run],
+    total_s: float,
+    jobs: int = 1,
+    protocol: list[str] | None = None,
+    title: str = "normlab study",
 ) -> str:
     head, cells = group_table(rows)
     lines = [
-        "# normlab study: the claims, decided",
+        f"# {title}",
         "",
         f"Setting: {_setting(runs)}; {len(runs)} runs in {total_s:.0f} s"
         + (f" ({jobs} at a time)." if jobs > 1 else "."),
         "",
-        "Per recipe and learning rate, over seeds: mean +- sd [min, max] (eval loss: the last "
-        "evaluation; 'failed': diverged or never evaluated).",
+        *(protocol or []),
+        "## Every grid point",
+        "",
+        "Over seeds: mean +- sd [min, max] (eval loss: the last evaluation; 'failed': diverged "
+        "or never evaluated).",
         "",
         *_md_table(head, cells),
         "",
-        "## Verdicts",
-        "",
-        "| claim | verdict | why | numbers | rule |",
-        "|---|---|---|---|---|",
-        *(f"| {v.claim} | **{v.word}** | {v.why} | {v.numbers} | {v.rule} |" for v in found),
-        "",
-        "Rules: launch/report/claims.py (a claim rests only on groups that trained; 'not "
-        "tested': its recipes were not run).",
-        "",
-        "![mean training loss per recipe](study_loss.png)",
-        "",
-        "![residual RMS by depth per recipe](study_depth.png)",
-        "",
-        "Every run: [compare.md](compare.md).",
-        "",
     ]
+    if found:
+        lines += [
+            "## Verdicts",
+            "",
+            "| claim | verdict | why | numbers | rule |",
+            "|---|---|---|---|---|",
+            *(f"| {v.claim} | **{v.word}** | {v.why} | {v.numbers} | {v.rule} |" for v in found),
+            "",
+            "Rules: launch/report/claims.py (a claim rests only on groups that trained; 'not "
+            "tested': its recipes were not run).",
+            "",
+        ]
+    if len({r.get("size") for r in rows}) == 1:
+        lines += [
+            "![mean training loss per recipe](study_loss.png)",
+            "",
+            "![residual RMS by depth per recipe](study_depth.png)",
+            "",
+        ]
+    lines += ["Every run: [compare.md](compare.md).", ""]
     return "\n".join(lines)
 
 
@@ -122,6 +151,8 @@ def print_verdicts(rows: list[dict[str, Any]], found: list[Verdict], console: Co
     for c in cells:
         table.add_row(*c)
     console.print(table)
+    if not found:
+        return
     claims = Table(title="claims", show_lines=True)
     for h in ("claim", "verdict", "numbers", "rule"):
         claims.add_column(h)
@@ -132,13 +163,35 @@ def print_verdicts(rows: list[dict[str, Any]], found: list[Verdict], console: Co
 
 
 def write_study_report(
-    run_dirs: list[str | Path], out: Path, total_s: float, console: Console, jobs: int = 1
-) -> list[Verdict]:
-    """Read every run, decide the claims, print them and write study.md and the two figures."""
-    runs = [load_run(p) for p in run_dirs]
-    rows = [summarize(r) for r in runs]
-    found = decide_all(rows, runs_plateau([r.config for r in runs]))
+    planned: list[Planned],
+    spec: StudySpec,
+    out: Path,
+    total_s: float,
+    console: Console,
+    jobs: int = 1,
+) -> dict[str, Any]:
+    """Read every run; the LR-sensitivity protocol, the claims (per size), study.md, figures.
+
+    Returns {'verdicts': [Verdict], 'curves': [Curve]}. Rows carry the grid point (size, lr)
+    that the claims compare within."""
+    runs = [load_run(p.cfg.run_dir) for p in planned if p.cfg.run_dir]
+    rows = []
+    for p, run in zip(planned, runs, strict=True):
+        size = None if p.size == "-" else p.size
+        rows.append({**summarize(run), "recipe": p.recipe, "size": size, "lr": p.lr})
+    found: list[Verdict] = []
+    if spec.protocol["claims"]:
+        found = decide_all(rows, runs_plateau([r.config for r in runs]))
     print_verdicts(rows, found, console)
-    write_study_plots(runs, out)
-    (out / "study.md").write_text(markdown(rows, found, runs, total_s, jobs))
-    return found
+    curves, section = [], []
+    if spec.protocol["lr_sensitivity"]:
+        curves = protocol_curves(planned, runs, spec.protocol["margin"])
+        write_csvs(curves, out)
+        write_lr_plots(curves, out)
+        print_sensitivity(curves, console)
+        section = sensitivity_markdown(curves, spec)
+    if len({r["size"] for r in rows}) == 1:
+        write_study_plots(runs, out)
+    title = f"normlab study {spec.name}" + (f": {spec.description}" if spec.description else "")
+    (out / "study.md").write_text(markdown(rows, found, runs, total_s, jobs, section, title))
+    return {"verdicts": found, "curves": curves}

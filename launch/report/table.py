@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from normlab.launch.instruments.common import (
     SPIKE_WINDOW,
 )
 from normlab.launch.optim.qk_clip import CLIP_EVENTS, S_MAX
+from normlab.launch.report.domains import domain_columns, domain_values
 from normlab.launch.report.norm_columns import NORM_COLUMNS, norm_columns, norm_label
+from normlab.launch.report.provenance import tokenizer_id
 from normlab.launch.report.runs import Run, finite
 from normlab.launch.report.stabilizer_columns import (
     STABILIZER_COLUMNS,
@@ -36,6 +39,10 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("recipe", "recipe", ""),
     ("placement", "placement", ""),
     ("dataset", "dataset", ""),
+    ("tokenizer", "tokenizer", ""),
+    ("optimizer", "optimizer", ""),
+    ("engine", "engine", ""),
+    ("global_batch", "global batch", "d"),
     ("lr", "lr", "g"),
     ("seed", "seed", "d"),
     ("warmup", "warm-up", "d"),
@@ -59,6 +66,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     *((key, label, spec) for key, (label, spec, _) in STABILIZER_COLUMNS.items()),
     *((key, label, spec) for key, (label, spec) in NORM_COLUMNS.items()),
     ("tokens_per_s", "tokens/s", ",.0f"),
+    ("mfu", "MFU %", ".1f"),
 ]
 NOTES = (
     "act. growth: RMS of the residual stream at the last block's end over the first block's, at "
@@ -69,12 +77,20 @@ NOTES = (
     "than twice that). Non-finite: steps with a non-finite loss (or gradient norm outside fp16); "
     "scaler skips: fp16 updates the loss scaler skipped. Grad-norm max/p99: over logged steps. "
     "QK-Clip events: heads clipped, summed over steps (optim.qk_clip). "
+    "MFU %: model FLOPs (6 N_mm + 12 L H d_h T per token) per second over the device's dense "
+    "peak; '-' on a CPU or GPU without a known or given peak (logging.peak_tflops). "
     "Gate mean, 1st-token share, sink mass, cap shares, massive act.: the attention_stabilizers "
     "instrument at the last logged step (SCIENCE.md 12-14; block mean, massive act. block max). "
     "Mean |λ|, DyT/Derf α, saturation (share |f| >= 0.9): the norm_stabilizers instrument at the "
     "last logged step (SCIENCE.md 15-16; mean over sub-layers and the final layer). "
     "'-': not measured (instrument off or no full window yet)."
 )
+
+
+def columns_for(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """COLUMNS with one `eval <name>` column per validation domain after the eval loss."""
+    at = next(i for i, (key, _, _) in enumerate(COLUMNS) if key == "eval_loss") + 1
+    return COLUMNS[:at] + domain_columns(rows) + COLUMNS[at:]
 
 
 def placement_label(config: dict[str, Any]) -> str:
@@ -90,9 +106,36 @@ def placement_label(config: dict[str, Any]) -> str:
 
 
 def dataset_label(config: dict[str, Any]) -> str:
-    """The run's data: 'bundled' (the shipped corpus) or the prepared directory's name."""
-    name = str((config.get("data") or {}).get("dataset", "?"))
+    """The run's data: 'bundled' (the shipped corpus), the prepared directory's name, or the
+    mixture's source names."""
+    data = config.get("data") or {}
+    if data.get("sources"):
+        return "+".join(str(s.get("name", "?")) for s in data["sources"])
+    name = str(data.get("dataset", "?"))
     return name if name == "bundled" else Path(name).name or name
+
+
+def optimizer_label(config: dict[str, Any]) -> str:
+    o = config.get("optim") or {}
+    return str(o.get("name", "adamw")) + ("+qk_clip" if o.get("qk_clip") else "")
+
+
+def engine_label(config: dict[str, Any]) -> str:
+    e = config.get("engine") or {}
+    name = str(e.get("name", "single"))
+    if name == "deepspeed":
+        return f"deepspeed zero-{e.get('zero_stage')}"
+    return name + (f" x{e['replicate']} replicas" if (e.get("replicate") or 1) > 1 else "")
+
+
+def global_batch(config: dict[str, Any], summary: dict[str, Any]) -> int | None:
+    """Sequences per optimizer step over every process (micro-batch x accumulation x world), from
+    the tokens per step the run recorded; None for a run that recorded none (older runs)."""
+    seq_len = (config.get("data") or {}).get("seq_len")
+    tokens = summary.get("tokens_per_step")
+    if not isinstance(tokens, int) or not isinstance(seq_len, int) or seq_len <= 0:
+        return None
+    return tokens // seq_len
 
 
 def _last(run: Run, key: str) -> float | None:
@@ -128,6 +171,10 @@ def summarize(run: Run) -> dict[str, Any]:
         "recipe": cfg.get("name") or run.label,
         "placement": placement_label(cfg),
         "dataset": dataset_label(cfg),
+        "tokenizer": tokenizer_id(cfg),
+        "optimizer": optimizer_label(cfg),
+        "engine": engine_label(cfg),
+        "global_batch": global_batch(cfg, s),
         "lr": (cfg.get("optim") or {}).get("lr"),
         "seed": (cfg.get("training") or {}).get("seed"),
         "warmup": (cfg.get("schedule") or {}).get("warmup_steps"),
@@ -151,7 +198,19 @@ def summarize(run: Run) -> dict[str, Any]:
         **stabilizer_columns(run),
         **norm_columns(run),
         "tokens_per_s": tps if tps is not None and math.isfinite(tps) else None,
+        "mfu": _mfu_percent(s, run.train),
+        **domain_values(run),
     }
+
+
+def _mfu_percent(summary: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
+    """The run's MFU in percent: summary.json's (over all training time), else the mean of the
+    logged steps'; None where no peak was known (launch/training/mfu.py)."""
+    mfu = summary.get("mfu")
+    if mfu is None:
+        logged = finite([r.get("mfu") for r in rows])
+        mfu = float(np.mean(logged)) if logged else None
+    return 100 * mfu if mfu is not None else None
 
 
 def _measured(score: float | None) -> float | None:
@@ -175,16 +234,16 @@ def fmt(value: Any, spec: str) -> str:
 
 
 def text_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
-    return [[fmt(r[key], spec) for key, _, spec in COLUMNS] for r in rows]
+    return [[fmt(r.get(key), spec) for key, _, spec in columns_for(rows)] for r in rows]
 
 
 def print_table(rows: list[dict[str, Any]], console: Console) -> None:
     """One row per run when the console is wide enough, else one row per metric."""
-    cells = text_rows(rows)
-    wide = sum(max(len(h), *(len(c[j]) for c in cells)) + 3 for j, (_, h, _) in enumerate(COLUMNS))
+    cells, columns = text_rows(rows), columns_for(rows)
+    wide = sum(max(len(h), *(len(c[j]) for c in cells)) + 3 for j, (_, h, _) in enumerate(columns))
     table = Table(title="normlab compare", caption=NOTES, caption_justify="left")
     if wide <= console.width:
-        for _, header, spec in COLUMNS:
+        for _, header, spec in columns:
             table.add_column(header, justify="left" if not spec else "right", no_wrap=True)
         for row in cells:
             table.add_row(*row)
@@ -192,14 +251,15 @@ def print_table(rows: list[dict[str, Any]], console: Console) -> None:
         table.add_column("metric", no_wrap=True)
         for r in rows:
             table.add_column(r["run"], justify="right")
-        for j, (_, header, _) in enumerate(COLUMNS[1:], start=1):
+        for j, (_, header, _) in enumerate(columns[1:], start=1):
             table.add_row(header, *(c[j] for c in cells))
     console.print(table)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = [h for _, h, _ in COLUMNS]
-    align = ["---" if not spec else "---:" for _, _, spec in COLUMNS]
+    columns = columns_for(rows)
+    head = [h for _, h, _ in columns]
+    align = ["---" if not spec else "---:" for _, _, spec in columns]
     lines = ["| " + " | ".join(cells) + " |" for cells in [head, align, *text_rows(rows)]]
     return "\n".join(lines) + "\n\n" + NOTES + "\n"
 
@@ -226,10 +286,12 @@ def depth_markdown(runs: list[Run]) -> str:
     )
 
 
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+def csv_text(rows: list[dict[str, Any]]) -> str:
     """Raw values (full precision; empty where not measured)."""
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow([key for key, _, _ in COLUMNS])
-        for r in rows:
-            writer.writerow(["" if r[key] is None else r[key] for key, _, _ in COLUMNS])
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf)
+    columns = columns_for(rows)
+    writer.writerow([key for key, _, _ in columns])
+    for r in rows:
+        writer.writerow(["" if r.get(key) is None else r[key] for key, _, _ in columns])
+    return buf.getvalue()

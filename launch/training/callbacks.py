@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from normlab.launch.config import RunConfig
     from normlab.launch.engines.base import Engine
     from normlab.launch.training.checkpoint import CheckpointManager
+    from normlab.launch.training.metrics import MetricsWriter
     from rich.console import Console
 
 
@@ -31,6 +32,12 @@ class TrainerView(Protocol):
     ckpt: CheckpointManager  # the spike policy's rollback: step_dirs() and restore()
     console: Console
     step: int  # the last completed step (on train start: 0, or the step resumed from)
+
+    metrics: MetricsWriter | None  # rank 0 writes metrics.jsonl; None on the other ranks
+
+    def measure_eval(self) -> tuple[float, list[float]]:
+        """(eval loss, per-source losses) of the model now, recording nothing (init_loss)."""
+        ...
 
 
 class Callback:

@@ -65,6 +65,7 @@ class CheckpointManager:
         self.asynchronous = asynchronous
         self._pending: tuple[Future[Any], Path, Path] | None = None
         self.recipe_changes: list[str] = []  # set by load()
+        self.allow_unverified = False  # load a checkpoint without manifest.json (--allow-...)
 
     def step_dirs(self) -> list[Path]:
         """Complete checkpoint directories, oldest first."""
@@ -185,7 +186,7 @@ class CheckpointManager:
         """Load `ckpt` into `engine` (resume, or a spike-policy rollback mid-run): the manifest is
         checked first and the recipe's optimizer hyperparameters survive the load. Returns the
         trainer state saved with it."""
-        damage = find_damage(ckpt)
+        damage = find_damage(ckpt, self.allow_unverified)
         if damage is not None:
             raise CheckpointError(f"checkpoint {ckpt.name} is damaged: {damage}{self._offer(ckpt)}")
         recipe = recipe_hyperparams(engine.optimizer)
@@ -222,10 +223,11 @@ class CheckpointManager:
         return "; no earlier verified checkpoint exists (move checkpoints/ away to start over)"
 
     def remove_stale(self) -> None:
-        """Temporary directories left by a crash mid-save (called once the resume succeeded)."""
+        """Temporary directories left by a crash mid-save, and a universal conversion already
+        loaded (called once the resume succeeded)."""
         if self.root.is_dir():
             for p in self.root.iterdir():
-                if p.name.startswith((".tmp-", ".old-")) and p.is_dir():
+                if p.name.startswith((".tmp-", ".old-", ".universal-")) and p.is_dir():
                     shutil.rmtree(p)
 
 

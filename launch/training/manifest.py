@@ -73,15 +73,24 @@ def read_manifest(ckpt_dir: Path) -> dict[str, Any] | None:
     return manifest
 
 
-def find_damage(ckpt_dir: Path) -> str | None:
-    """What is wrong with ckpt_dir ('<file>: <why>'), None when every file matches its manifest
-    (or when it has no manifest: a checkpoint of an older normlab)."""
+UNVERIFIED_FLAG = "--allow-unverified"
+
+
+def find_damage(ckpt_dir: Path, allow_unverified: bool = False) -> str | None:
+    """What is wrong with ckpt_dir ('<file>: <why>'), None when every file matches its manifest.
+    A checkpoint without manifest.json (deleted, or written by a normlab before manifests) cannot
+    be verified and counts as damaged unless `allow_unverified` (the CLI's --allow-unverified)."""
     try:
         manifest = read_manifest(ckpt_dir)
     except CheckpointError as exc:
         return str(exc)
     if manifest is None:
-        return None
+        if allow_unverified:
+            return None
+        return (
+            f"{ckpt_dir / MANIFEST} is missing, so none of its files can be verified "
+            f"({UNVERIFIED_FLAG} loads it anyway)"
+        )
     entries: dict[str, dict[str, Any]] = manifest["files"]
     paths = [ckpt_dir / name for name in entries]
     for path, entry in zip(paths, entries.values(), strict=True):

@@ -1,10 +1,12 @@
-"""Per-run metrics: metrics.jsonl (one object per log step) and TensorBoard event files."""
+"""Per-run metrics: metrics.jsonl (one object per log step), TensorBoard event files and,
+with logging.wandb, a Weights & Biases run (launch/training/wandb_logger.py)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +16,12 @@ JSONL = "metrics.jsonl"
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop lines logged after `last_step` (a killed run logs past its last checkpoint)."""
+    """Drop lines logged after `last_step` (a killed run logs past its last checkpoint), and any
+    line a crash or a full disk left unreadable (bytes that are not UTF-8 text included)."""
     if not path.is_file():
         return
-    keep = [ln for ln in path.read_text().splitlines() if _step_of(ln) <= last_step]
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    keep = [ln for ln in text.splitlines() if "\ufffd" not in ln and _step_of(ln) <= last_step]
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(ln + "\n" for ln in keep))
     os.replace(tmp, path)
@@ -28,6 +32,21 @@ def _step_of(line: str) -> int:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return 1 << 62  # a half-written last line is dropped
+
+
+def last_rows(path: Path, n: int) -> list[dict[str, Any]]:
+    """The last n training rows (those with a loss) of a metrics.jsonl; unreadable lines skipped."""
+    rows: deque[dict[str, Any]] = deque(maxlen=n)
+    if path.is_file():
+        with path.open() as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and "loss" in row:
+                    rows.append(row)
+    return list(rows)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -42,11 +61,24 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-    """Writes scalars to JSONL and TensorBoard; on resume continues after `resume_step`."""
+    """Writes scalars to JSONL, TensorBoard and (logging.wandb) Weights & Biases; on resume
+    continues after `resume_step`. `run_config` is the resolved recipe W&B records."""
 
-    def __init__(self, run_dir: Path, cfg: LoggingSection, resume_step: int | None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: LoggingSection,
+        resume_step: int | None,
+        run_config: dict[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
         self._jsonl = None
         self._tb = None
+        self.wandb = None
+        if cfg.wandb is not None and cfg.wandb.mode != "disabled":
+            from normlab.launch.training.wandb_logger import WandbLogger
+
+            self.wandb = WandbLogger(run_dir, cfg.wandb, run_config or {}, name)
         if cfg.jsonl:
             path = run_dir / JSONL
             if resume_step is not None:
@@ -64,15 +96,24 @@ class MetricsWriter:
             self._jsonl.write(json.dumps(row) + "\n")
             self._jsonl.flush()
         if self._tb is not None:
-            for key, value in scalars.items():
-                self._tb.add_scalar(f"{prefix}/{key}", value, step)
+            for key, value in scalars.items():  # a key with its own group (eval/<source>) keeps it
+                self._tb.add_scalar(key if "/" in key else f"{prefix}/{key}", value, step)
             self._tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(step, scalars, prefix)
 
-    def close(self) -> None:
+    def summary(self, summary: dict[str, Any]) -> None:
+        """summary.json's fields, for the loggers that keep a run summary (W&B)."""
+        if self.wandb is not None:
+            self.wandb.summary(summary)
+
+    def close(self, exit_code: int = 0) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+        if self.wandb is not None:
+            self.wandb.close(exit_code)
 
 
 def _json_float(v: float) -> float | str:

@@ -16,6 +16,7 @@ def summary_of(name: str, status: str, step: int, stats: dict[str, Any], **extra
         "final_loss": stats["loss"],
         "min_loss": stats["min_loss"] if math.isfinite(stats["min_loss"]) else None,
         "eval_loss": stats["eval_loss"],
+        "eval_by_source": stats.get("eval_by_source"),  # mixtures: each source's eval loss
         "tokens_per_s": stats["tokens"] / stats["train_s"] if stats["train_s"] > 0 else None,
         "train_s": round(stats["train_s"], 3),
         **extra,

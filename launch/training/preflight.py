@@ -20,6 +20,8 @@ def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:
     """Raise the ConfigError/DataError/MissingDependency that starting this run would raise.
     local=False (a job submitted to other machines) skips the checks of this host's devices."""
     build_callbacks(cfg.instruments)  # each instrument checks its own settings
+    if cfg.logging.wandb is not None and cfg.logging.wandb.mode != "disabled":
+        require("wandb", "logging.wandb")
     _check_engine(cfg, world_size, local)
     check_dataset(cfg)
 
@@ -54,25 +56,38 @@ def _check_engine(cfg: RunConfig, world_size: int, local: bool) -> None:
 
 
 def check_dataset(cfg: RunConfig) -> None:
-    """A prepared data.dataset must be complete and its tokenizer must fit model.vocab_size."""
-    if cfg.data.dataset == "bundled":
-        return  # prepared into the cache on first use
+    """Every prepared source must be complete, share one tokenizer, and fit model.vocab_size."""
+    from normlab.data.mixture import SourceSpec, check_same_tokenizer
     from normlab.data.prepare import read_meta
+    from normlab.launch.training.datasets import source_entries
 
-    path = Path(cfg.data.dataset).expanduser()
-    meta = read_meta(path)  # DataError: missing, not prepared, or sizes disagree
-    tokens = int(meta["vocab_size"])
+    entries = source_entries(cfg.data)
+    keys = (
+        [f"data.sources[{i}]" for i in range(len(entries))]
+        if cfg.data.sources
+        else ["data.dataset"]
+    )
+    # the bundled corpus is prepared into the cache on first use
+    prepared = [(n, Path(p).expanduser(), w) for n, p, w in entries if p != "bundled"]
+    keys = [k for k, e in zip(keys, entries, strict=True) if e[1] != "bundled"]
+    metas = [read_meta(path) for _, path, _ in prepared]  # DataError: missing or damaged
+    if not metas:
+        return
+    check_same_tokenizer([SourceSpec(*e) for e in prepared], metas)
+    tokens = int(metas[0]["vocab_size"])
     model_vocab = cfg.model_config().vocab_size
     if model_vocab < tokens:
         raise ConfigError(
-            f"model.vocab_size ({model_vocab}) is smaller than the tokenizer of data.dataset "
-            f"{path} ({tokens} pieces): remove model.vocab_size (it defaults to the tokenizer's "
-            f"size) or set model.vocab_size={tokens}"
+            f"model.vocab_size ({model_vocab}) is smaller than the tokenizer of {keys[0]} "
+            f"{prepared[0][1]} ({tokens} "
+            f"pieces): remove model.vocab_size (it defaults to the tokenizer's size) or set "
+            f"model.vocab_size={tokens}"
         )
-    for split, held in meta["tokens"].items():  # the loader cuts seq_len + 1 tokens per row
-        if held < cfg.data.seq_len + 1:
-            raise ConfigError(
-                f"the {split} split of data.dataset {path} holds {held} tokens, fewer than "
-                f"data.seq_len + 1 ({cfg.data.seq_len + 1}): lower data.seq_len, or prepare "
-                "more text (for val: a larger --val-fraction)"
-            )
+    for key, (_, path, _), meta in zip(keys, prepared, metas, strict=True):
+        for split, held in meta["tokens"].items():  # the loader cuts seq_len + 1 tokens per row
+            if held < cfg.data.seq_len + 1:
+                raise ConfigError(
+                    f"the {split} split of {key} {path} holds {held} tokens, fewer than "
+                    f"data.seq_len + 1 ({cfg.data.seq_len + 1}): lower data.seq_len, or prepare "
+                    "more text (for val: a larger --val-fraction)"
+                )

@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from normlab.launch.config import RunConfig
+from normlab.launch.errors import CheckpointError
 
 Snapshot = list[tuple[str, dict[str, Any]]]
 NAME_KEYS = ("group", "name")
@@ -59,3 +61,67 @@ def _same(a: Any, b: Any) -> bool:
     if torch.is_tensor(a) or torch.is_tensor(b):
         return bool(torch.as_tensor(a).eq(torch.as_tensor(b)).all())
     return a == b
+
+
+# --- the global batch across world sizes ------------------------------------------------------
+# The loader reads one global stream of sequences (data.mixture): any world size W, per-rank
+# batch B and grad_accum A with the same W * B * A take the same sequences in every step, so a
+# run may resume on another number of ranks. Another global batch would change what a step is.
+
+
+def global_batch(cfg: RunConfig, world: int) -> dict[str, int]:
+    d, t = cfg.data, cfg.training
+    return {
+        "sequences": d.batch_size * world * t.grad_accum,
+        "batch_size": d.batch_size,
+        "world_size": world,
+        "grad_accum": t.grad_accum,
+    }
+
+
+def _saved_global_batch(extra: dict[str, Any]) -> dict[str, int] | None:
+    if "global_batch" in extra:
+        return dict(extra["global_batch"])
+    loader, config = extra.get("loader", {}), extra.get("config", {})
+    accum = config.get("training", {}).get("grad_accum")
+    if "global_batch" in loader and accum:  # a checkpoint of the single-directory loader
+        batch = config.get("data", {}).get("batch_size", loader["global_batch"])
+        world = loader["global_batch"] // batch
+        sequences = loader["global_batch"] * accum
+        return {
+            "sequences": sequences,
+            "batch_size": batch,
+            "world_size": world,
+            "grad_accum": accum,
+        }
+    return None
+
+
+def _layout(g: dict[str, int]) -> str:
+    return (
+        f"{g['sequences']} sequences (data.batch_size {g['batch_size']} x {g['world_size']} "
+        f"ranks x training.grad_accum {g['grad_accum']})"
+    )
+
+
+def check_global_batch(extra: dict[str, Any], now: dict[str, int], force: bool) -> None:
+    """Refuse, on one line naming the fix, to resume with another global batch (unless force)."""
+    saved = _saved_global_batch(extra)
+    if saved is None or saved["sequences"] == now["sequences"] or force:
+        return
+    g, w = saved["sequences"], now["world_size"]
+    fixes = []
+    if g % (w * now["grad_accum"]) == 0:
+        fixes.append(f"data.batch_size={g // (w * now['grad_accum'])}")
+    if g % (w * now["batch_size"]) == 0:
+        fixes.append(f"training.grad_accum={g // (w * now['batch_size'])}")
+    keep = (
+        f"keep it on {w} ranks with {' or '.join(fixes)}"
+        if fixes
+        else f"use a number of ranks that divides {g}"
+    )
+    raise CheckpointError(
+        f"the checkpoint was trained with a global batch of {_layout(saved)}; this run has "
+        f"{_layout(now)}: {keep} to continue the same sample order, or pass --force to go on "
+        "with the new global batch"
+    )

@@ -1,10 +1,12 @@
 """Run-directory rules: resume a run with the same config, refuse a different one without --force,
-never touch a directory that is not a normlab run, and one owner at a time (RunDirLock)."""
+never touch a directory that is not a normlab run, and one owner at a time: a live local process
+(RunDirLock) or a SLURM job that is pending or running for it (cluster.owner.check_owner_job)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import socket
@@ -19,10 +21,14 @@ from typing import Any
 
 import yaml
 from normlab.launch.config import RunConfig
+from normlab.launch.config.paths import saved_form, with_absolute_paths
 from normlab.launch.errors import RunDirError
 
 CONFIG, PREVIOUS_CONFIG, SUMMARY = "config.yaml", "config.previous.yaml", "summary.json"
 IGNORED = {"run_dir", "logging"}  # settings that may change between invocations of one run
+# how a global batch is split over ranks and micro-batches: free to change on resume (another
+# number of ranks); the checkpoint's global batch is checked instead (training.resume)
+LAYOUT = {"data.batch_size", "training.grad_accum"}
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -36,13 +42,16 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """'key: old -> new' for every differing dotted key outside IGNORED."""
-    a = flatten({k: v for k, v in old.items() if k not in IGNORED})
-    b = flatten({k: v for k, v in new.items() if k not in IGNORED})
+    a, b = ({k: v for k, v in flatten(d).items() if _compared(k)} for d in (old, new))
     return [
         f"{k}: {a.get(k)!r} -> {b.get(k)!r}"
         for k in sorted(a.keys() | b.keys())
         if a.get(k) != b.get(k)
     ]
+
+
+def _compared(key: str) -> bool:
+    return key.split(".")[0] not in IGNORED and key not in LAYOUT
 
 
 def check_run_dir(run_dir: Path, cfg: RunConfig, force: bool) -> list[str]:
@@ -69,7 +78,7 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, force: bool) -> list[str]:
         raise RunDirError(
             f"{cfg_path} holds a {type(old).__name__}, not a run config mapping; fix or move it"
         )
-    diff = config_diff(old, cfg.to_dict())
+    diff = config_diff(with_absolute_paths(old), saved_form(cfg))
     if diff and not force:
         shown = "; ".join(diff[:4]) + (f"; ... {len(diff) - 4} more" if len(diff) > 4 else "")
         raise RunDirError(
@@ -80,20 +89,29 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, force: bool) -> list[str]:
 
 
 def write_config(run_dir: Path, cfg: RunConfig, replaced: bool) -> None:
-    """Save the resolved config; a config replaced under --force is kept as config.previous.yaml."""
+    """Save the resolved config, its paths absolute (config/paths.py); a config replaced under
+    --force is kept as config.previous.yaml."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG
     if replaced and path.is_file():
         shutil.copyfile(path, run_dir / PREVIOUS_CONFIG)
-    tmp = run_dir / f".{CONFIG}.tmp"
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    os.replace(tmp, path)
+    _write_whole(path, yaml.safe_dump(saved_form(cfg), sort_keys=False))
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    tmp = run_dir / f".{SUMMARY}.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, run_dir / SUMMARY)
+    _write_whole(run_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """`path` holds all of `text` or keeps what it held: a temporary sibling renamed over it; a
+    failed write (a full disk) removes the temporary file and raises."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -113,8 +131,32 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 
 LOCK = ".lock"
 LOCK_FILES = {LOCK, LOCK + ".break"}
-HEARTBEAT_S = float(os.environ.get("NORMLAB_LOCK_HEARTBEAT_S", "30"))
-STALE_S = float(os.environ.get("NORMLAB_LOCK_STALE_S", "300"))  # 10 missed heartbeats
+HEARTBEAT_S: float | None = None  # None: $NORMLAB_LOCK_HEARTBEAT_S, else 30
+STALE_S: float | None = None  # None: $NORMLAB_LOCK_STALE_S, else 300 (10 missed heartbeats)
+
+
+def _seconds(value: float | None, env: str, default: float) -> float:
+    """A lock timing: the module's setting, else $env (checked: a number of seconds > 0)."""
+    if value is not None:
+        return value
+    raw = os.environ.get(env, "").strip()
+    if not raw:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise RunDirError(f"{env} must be a number of seconds > 0, got {raw!r}")
+    return seconds
+
+
+def heartbeat_s() -> float:
+    return _seconds(HEARTBEAT_S, "NORMLAB_LOCK_HEARTBEAT_S", 30.0)
+
+
+def stale_s() -> float:
+    return _seconds(STALE_S, "NORMLAB_LOCK_STALE_S", 300.0)
 TOKEN_ENV = "NORMLAB_RUN_LOCK"  # a launcher's lock token, inherited by the ranks it starts
 
 
@@ -149,9 +191,15 @@ def read_lock(run_dir: Path) -> LockOwner | None:
     """The current owner of `run_dir` (live or stale), None when there is no readable lock."""
     try:
         data = json.loads((Path(run_dir) / LOCK).read_text())
-        return LockOwner(**data)
+        owner = LockOwner(**data)
     except (OSError, ValueError, TypeError):
         return None
+    texts = (owner.host, owner.started, owner.token, owner.command)
+    if not all(isinstance(v, str) for v in texts) or not isinstance(owner.proc_start, str | None):
+        return None  # damaged: treated like an unreadable lock
+    if isinstance(owner.pid, bool) or not isinstance(owner.pid, int) or owner.pid <= 0:
+        return None
+    return owner
 
 
 def stale_reason(run_dir: Path, owner: LockOwner) -> str | None:
@@ -170,8 +218,8 @@ def stale_reason(run_dir: Path, owner: LockOwner) -> str | None:
         age = time.time() - (Path(run_dir) / LOCK).stat().st_mtime
     except FileNotFoundError:
         return "released"
-    if age > STALE_S:
-        return f"no heartbeat for {age:.0f} s (limit {STALE_S:g} s, NORMLAB_LOCK_STALE_S)"
+    if age > stale_s():
+        return f"no heartbeat for {age:.0f} s (limit {stale_s():g} s, NORMLAB_LOCK_STALE_S)"
     return None
 
 
@@ -188,9 +236,13 @@ class RunDirLock:
         self._beat: threading.Thread | None = None
 
     def acquire(self) -> LockOwner:
+        heartbeat_s(), stale_s()  # a bad setting is one line before anything is created
         inherited = read_lock(self.run_dir)
         if inherited is not None and inherited.token == os.environ.get(TOKEN_ENV):
             return inherited  # held by our launcher: nothing to do, nothing to release
+        from normlab.launch.cluster.owner import check_owner_job
+
+        check_owner_job(self.run_dir)  # a pending job would train here too once it starts
         if not self.run_dir.exists():
             self.run_dir.mkdir(parents=True)
             self._created_dir = True
@@ -257,7 +309,7 @@ class RunDirLock:
 
     def _start_heartbeat(self) -> None:
         def beat() -> None:
-            while not self._stop.wait(HEARTBEAT_S):
+            while not self._stop.wait(heartbeat_s()):
                 with contextlib.suppress(OSError):
                     os.utime(self.path)
 

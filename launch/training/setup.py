@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from normlab.data.loader import PackedLoader
+from normlab.data.mixture import MixtureLoader
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
 from normlab.launch.errors import ConfigError
@@ -23,7 +23,8 @@ from normlab.launch.optim import build_optimizer, check_optimizer
 from normlab.launch.registry import ENGINES, resolve
 from normlab.launch.training.callbacks import Callback
 from normlab.launch.training.checkpoint import CheckpointManager
-from normlab.launch.training.datasets import resolve_dataset
+from normlab.launch.training.datasets import resolve_sources
+from normlab.launch.training.resume import check_global_batch, global_batch
 from normlab.launch.training.rng import rng_state, seed_everything, set_rng_state
 from normlab.launch.training.schedule import build_schedule, lr_change, stable_end
 
@@ -31,11 +32,11 @@ from normlab.launch.training.schedule import build_schedule, lr_change, stable_e
 @dataclass
 class RunParts:
     engine: Engine
-    loader: PackedLoader
-    val_loader: PackedLoader
+    loader: MixtureLoader  # train batches, and each source's validation batches
     lr_at: Callable[[int], float]  # the schedule's multiplier of the recipe's lr at a step
     tokens_per_step: int
     ckpt: CheckpointManager
+    global_batch: dict[str, int]  # sequences per step and how ranks and micro-batches split it
     stable_end: int | None  # WSD: the step checkpointed and kept for extending the run
 
 
@@ -57,16 +58,15 @@ def build_parts(cfg: RunConfig, run_dir: Path) -> RunParts:
         torch.set_num_threads(cfg.training.threads)
     seed_everything(cfg.training.seed)
     engine = resolve(ENGINES, cfg.engine.name)(cfg)
-    data_dir = resolve_dataset(cfg.data, quiet=True)
+    specs = resolve_sources(cfg.data, quiet=True)
     d = cfg.data
     rank, world = rank_world()
-    shape = (d.seq_len, d.batch_size, cfg.training.seed, rank, world)
-    loader, val = (PackedLoader(data_dir, split, *shape) for split in ("train", "val"))
+    loader = MixtureLoader(specs, d.seq_len, d.batch_size, cfg.training.seed, rank, world)
     model_cfg = cfg.model_config()
     if model_cfg.vocab_size < loader.vocab_size:
         raise ConfigError(
             f"model.vocab_size ({model_cfg.vocab_size}) is smaller than the tokenizer of "
-            f"{data_dir} ({loader.vocab_size})"
+            f"{specs[0].path} ({loader.vocab_size})"
         )
     factory = partial(build_optimizer, cfg=cfg.optim)
     engine.setup(model_cfg, factory)
@@ -76,25 +76,32 @@ def build_parts(cfg: RunConfig, run_dir: Path) -> RunParts:
     return RunParts(
         engine=engine,
         loader=loader,
-        val_loader=val,
         lr_at=build_schedule(cfg.schedule, cfg.training.steps, model_cfg.d_model),
         tokens_per_step=d.batch_size * d.seq_len * cfg.training.grad_accum * world,
         ckpt=CheckpointManager(
             run_dir, cfg.checkpoint.keep_last, asynchronous=cfg.checkpoint.async_, pinned=stable
         ),
+        global_batch=global_batch(cfg, world),
         stable_end=stable,
     )
 
 
 def restore(
-    cfg: RunConfig, parts: RunParts, callbacks: list[Callback], from_step: str | None
+    cfg: RunConfig,
+    parts: RunParts,
+    callbacks: list[Callback],
+    from_step: str | None,
+    force: bool = False,
 ) -> Restored | None:
     """Load `from_step` (or `latest`) into the engine, the loader, the callbacks and the RNGs;
-    None when the run has no checkpoint. The notices name what the recipe changed."""
+    None when the run has no checkpoint. The notices name what the recipe changed. Another
+    global batch than the checkpoint's is refused (unless `force`); another number of ranks with
+    the same global batch continues its sample order."""
     loaded = parts.ckpt.load(parts.engine, from_step)
     if loaded is None:
         return None
     path, extra = loaded
+    check_global_batch(extra, parts.global_batch, force)
     parts.loader.load_state_dict(extra["loader"])
     for cb in callbacks:
         if cb.name in extra.get("callbacks", {}):
@@ -111,11 +118,12 @@ def restore(
 
 
 def extra_state(
-    cfg: RunConfig, step: int, loader: PackedLoader, stats: dict, callbacks: list[Callback]
+    cfg: RunConfig, step: int, loader: MixtureLoader, stats: dict, callbacks: list[Callback]
 ) -> dict[str, Any]:
     return {
         "step": step,
         "loader": loader.state_dict(),
+        "global_batch": global_batch(cfg, loader.world_size),
         "rng": rng_state(),
         "stats": dict(stats),
         "callbacks": {cb.name: cb.state_dict() for cb in callbacks},

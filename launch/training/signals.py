@@ -4,9 +4,14 @@ The handler only records the signal. After every optimizer step the trainer asks
 which takes the maximum recorded signal over all ranks (a CPU all-reduce on a gloo group, so a
 CUDA run does not synchronise its stream for it): every rank sees the same answer after the same
 step, so all of them reach the one synchronised checkpoint together and no collective is left
-waiting. A second signal means "now": outside SLURM it marks the summary and exits at once.
-Under SLURM one preemption reaches every process of a job step directly (slurmstepd signals the
-whole step) and again through torchrun's forwarding, so repeats there are absorbed instead.
+waiting.
+
+Whatever arrives after the first signal is absorbed: a rank checkpoints once and exits, however
+many signals come and in whatever order. Repeats are common and mean nothing new: under SLURM one
+preemption reaches every process of a job step directly (slurmstepd) and again through torchrun;
+a parent-death signal can arrive more than once (torchrun has several threads); a user presses
+Ctrl-C twice. An exit without the checkpoint would lose the steps since the last one, so the
+only way to stop without it is SIGKILL.
 
 Ranks started by torchrun also ask the kernel for SIGTERM when torchrun dies (PR_SET_PDEATHSIG),
 so a killed launcher never leaves ranks training unsupervised.
@@ -16,9 +21,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shlex
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, TracebackType
 
@@ -26,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 
 
 def stop_status(signum: int) -> str:
@@ -49,19 +54,29 @@ def set_parent_death_signal(signum: int = signal.SIGTERM) -> bool:
     return _LIBC.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
 
 
+def set_child_subreaper() -> bool:
+    """Become the parent of orphaned descendants (a killed torchrun's ranks), so this process
+    can wait for them; False where unsupported."""
+    if _LIBC is None:
+        return False
+    return _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def _says(text: str) -> None:
+    """One line on stderr from rank 0 (every rank gets the signal; one saying so is enough)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(text, file=sys.stderr, flush=True)
+
+
 class GracefulStop:
     """Context manager: installs the handlers on enter and restores the previous ones on exit.
+    `received` is the first stop signal; later ones are counted in `repeats` and change nothing."""
 
-    `on_force_exit(signum)` runs on a second signal (outside SLURM) before the process exits
-    with status 128 + signum; the trainer uses it to mark summary.json.
-    """
-
-    def __init__(self, on_force_exit: Callable[[int], None] | None = None) -> None:
-        self.on_force_exit = on_force_exit
+    def __init__(self) -> None:
         self.received: int = 0
+        self.repeats = 0
         self._previous: dict[int, object] = {}
         self._group: object = None
-        self._world = 1
 
     def __enter__(self) -> GracefulStop:
         if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank of torchrun: die with it
@@ -76,33 +91,25 @@ class GracefulStop:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        # after a stop the process is on its way out (checkpoint written): a late repeat must
+        # not kill it now (SIGUSR1's default) or raise KeyboardInterrupt, so it stays absorbed
+        absorb = signal.SIG_IGN if self.received else None
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, absorb or handler)  # type: ignore[arg-type]
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if not self.received:
             self.received = signum
-            name = signal.Signals(signum).name
-            then = (
-                "repeats are ignored under SLURM" if under_slurm() else "a second one exits at once"
-            )
-            print(
-                f"normlab: {name} received: finishing this step, then checkpointing ({then})",
-                file=sys.stderr,
-                flush=True,
-            )
+            _says(f"normlab: {name} received: finishing this step, then checkpointing")
             return
-        if under_slurm():
-            return  # the same preemption, delivered again by slurmstepd or torchrun
-        if self.on_force_exit is not None:
-            self.on_force_exit(signum)
-        print(
-            f"normlab: second signal ({signal.Signals(signum).name}): exiting without a checkpoint",
-            file=sys.stderr,
-            flush=True,
-        )
-        os._exit(128 + signum)
+        self.repeats += 1
+        if self.repeats == 1:
+            _says(
+                f"normlab: {name} received as well: still stopping after this step with one "
+                "checkpoint (only SIGKILL stops without it)"
+            )
 
     def agreed(self) -> int:
         """The signal every rank stops for after this step (0: keep training). Collective."""
@@ -116,15 +123,26 @@ class GracefulStop:
         return int(flag.item())
 
 
-def stop_message(signum: int, step: int, total: int, checkpoint: Path | None, run_dir: Path) -> str:
-    """The exit line (and summary message) of a run stopped by `signum`."""
+def resume_command(run_dir: Path) -> str:
+    """The command that resumes this run as it was started: `normlab train RUN` for one process,
+    `normlab launch RUN --nproc-per-node N [--nnodes M]` for ranks started by torchrun."""
+    run = shlex.quote(str(run_dir))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if "TORCHELASTIC_RUN_ID" not in os.environ and world == 1:
+        return f"normlab train {run}"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = max(1, world // max(local, 1))
+    more = f" --nnodes {nodes} (each node with its --node-rank)" if nodes > 1 else ""
+    return f"normlab launch {run} --nproc-per-node {local}{more}"
+
+
+def stop_message(
+    signum: int, step: int, total: int, checkpoint: Path | None, resume: str
+) -> str:
+    """The exit line (and summary message) of a run stopped by `signum`; `resume` is the
+    command that continues it (resume_command)."""
     name = signal.Signals(signum).name
-    if checkpoint is None:
-        return (
-            f"second signal ({name}): exited at once without a checkpoint; resume with "
-            f"`normlab train {run_dir}` from its last checkpoint"
-        )
     return (
         f"{stop_status(signum)} by {name} after step {step}/{total}; checkpoint {checkpoint}; "
-        f"resume with `normlab train {run_dir}`"
+        f"resume with `{resume}`"
     )

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
-from normlab.launch.errors import NormlabError
 from normlab.launch.optim import optim_callbacks, set_lr
 from normlab.launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
 from normlab.launch.training.metrics import MetricsWriter
+from normlab.launch.training.mfu import run_throughput
 from normlab.launch.training.outcome import divergence_message, fresh_stats, summary_of
 from normlab.launch.training.preflight import preflight
 from normlab.launch.training.progress import ProgressDisplay
@@ -34,7 +34,12 @@ from normlab.launch.training.rundir import (
     write_summary,
 )
 from normlab.launch.training.setup import build_parts, extra_state, rank_world, restore
-from normlab.launch.training.signals import GracefulStop, stop_message, stop_status
+from normlab.launch.training.signals import (
+    GracefulStop,
+    resume_command,
+    stop_message,
+    stop_status,
+)
 from rich.console import Console
 
 
@@ -47,12 +52,14 @@ class Trainer:
         *,
         force: bool = False,
         from_step: str | None = None,
+        allow_unverified: bool = False,
         callbacks: list[Callback] | None = None,
         console: Console | None = None,
     ) -> None:
         self.cfg = cfg
         self.force = force
         self.from_step = from_step  # resume from this checkpoint instead of `latest`
+        self.allow_unverified = allow_unverified  # a checkpoint without manifest.json loads
         self.run_dir = Path(cfg.run_dir or "runs/run")
         self.console = console or Console(soft_wrap=True)  # a log line stays one line (grep)
         self.callbacks = (
@@ -68,12 +75,20 @@ class Trainer:
     def _build(self) -> None:
         parts = build_parts(self.cfg, self.run_dir)
         self.parts = parts
+        parts.ckpt.allow_unverified = self.allow_unverified
         self.engine, self.ckpt, self.lr_at = parts.engine, parts.ckpt, parts.lr_at
-        self.loader, self.val_loader = parts.loader, parts.val_loader
+        self.loader = parts.loader
         self.tokens_per_step = parts.tokens_per_step
+        cfg = self.cfg
+        self.throughput, peak_note = run_throughput(
+            cfg.model_config(), cfg.data.seq_len, self.engine.world_size, self.engine.device,
+            cfg.precision.dtype, cfg.logging.peak_tflops,
+        )  # fmt: skip
+        if self.engine.is_main:
+            self.console.print(peak_note, highlight=False)
 
     def _restore(self) -> Path | None:
-        restored = restore(self.cfg, self.parts, self.callbacks, self.from_step)
+        restored = restore(self.cfg, self.parts, self.callbacks, self.from_step, self.force)
         if restored is None:
             return None
         for notice in restored.notices if self.engine.is_main else []:
@@ -89,7 +104,7 @@ class Trainer:
         preflight(self.cfg, rank_world()[1])  # what would fail later, before anything
         owner = rank_world()[0] == 0
         lock = RunDirLock(self.run_dir, "normlab train") if owner else contextlib.nullcontext()
-        with lock, GracefulStop(self._force_exit) as self.stop:  # USR1/TERM/INT: checkpoint, stop
+        with lock, GracefulStop() as self.stop:  # USR1/TERM/INT: checkpoint, stop
             status = self._run()
         if hasattr(self, "engine"):
             self.engine.shutdown()  # barrier + destroy; an exception skips it (no barrier hang)
@@ -106,7 +121,10 @@ class Trainer:
             write_config(self.run_dir, self.cfg, replaced=bool(diff))
             self.ckpt.remove_stale()
         self.metrics = (
-            MetricsWriter(self.run_dir, self.cfg.logging, self.step)  # drops lines past it
+            # drops lines past the resumed step; W&B continues the run id kept in the run dir
+            MetricsWriter(
+                self.run_dir, self.cfg.logging, self.step, self.cfg.to_dict(), self.cfg.name
+            )
             if main
             else None
         )
@@ -124,13 +142,13 @@ class Trainer:
             cb.on_train_start(self)
         try:
             status = self._loop()
-        except NormlabError as exc:  # a full disk, say: the summary says so, not "running"
-            self._write_summary("failed", message=str(exc))
+        except BaseException as exc:  # a full disk, a lost peer: the summary never stays "running"
+            self._write_summary("failed", message=str(exc) or type(exc).__name__)
             raise
         finally:
             self.display.close()
-            if self.metrics is not None:
-                self.metrics.close()
+            if self.metrics is not None:  # W&B marks a run that did not complete as failed
+                self.metrics.close(0 if self.summary.get("status") == "completed" else 1)
         for cb in self.callbacks:
             cb.on_train_end(self, status)
         return 0 if status == "completed" else (128 + self.stopped_by if self.stopped_by else 1)
@@ -235,25 +253,40 @@ class Trainer:
     def _log(self, window: list[dict[str, float]]) -> None:
         step = int(window[-1]["step"])
         row = log_row(window, self.tokens_per_step)
+        row.update(self.throughput.row(row["tokens_per_s"]))  # per GPU, TFLOP/s, MFU
         if math.isfinite(row["loss"]):
             self.stats["min_loss"] = min(self.stats["min_loss"], min(r["loss"] for r in window))
         self.stats["loss"] = row["loss"]
+        if len(self.loader.names) > 1:  # drawn so far, over all ranks
+            row |= {f"tokens/{k}": float(v) for k, v in self.loader.tokens_seen().items()}
         if self.metrics is not None:
             self.metrics.log(step, row)
         for cb in self.callbacks:
             cb.on_log(self, step, row)
         self.display.update(step, row["loss"], row["tokens_per_s"])
 
-    def _evaluate(self, step: int) -> None:
-        losses = [
-            self.engine.eval_loss(x, y)
-            for x, y in self.val_loader.iter_eval(self.cfg.training.eval_batches)
+    def measure_eval(self) -> tuple[float, list[float]]:
+        """(eval loss, per-source losses): each source's validation split separately, the eval
+        loss their weighted mean. Records nothing (the init_loss instrument uses it too)."""
+        loader, n = self.loader, self.cfg.training.eval_batches
+        means = [
+            torch.stack([self.engine.eval_loss(x, y) for x, y in loader.iter_eval(i, n)]).mean()
+            for i in range(len(loader.names))
         ]
-        mean = self.engine.all_reduce(torch.stack(losses).mean(), "mean")
-        value = float(mean)
+        per_source = self.engine.all_reduce(torch.stack(means), "mean").tolist()
+        return float(sum(p * v for p, v in zip(loader.p, per_source, strict=True))), per_source
+
+    def _evaluate(self, step: int) -> None:
+        """Each source's validation split separately; eval_loss is their weighted mean."""
+        loader = self.loader
+        value, per_source = self.measure_eval()
         self.stats["eval_loss"] = value
+        scalars = {"eval_loss": value}
+        if len(per_source) > 1:
+            self.stats["eval_by_source"] = dict(zip(loader.names, per_source, strict=True))
+            scalars |= {f"eval/{k}": v for k, v in self.stats["eval_by_source"].items()}
         if self.metrics is not None:
-            self.metrics.log(step, {"eval_loss": value}, prefix="eval")
+            self.metrics.log(step, scalars, prefix="eval")
         loss = self.stats["loss"]  # of the last log step: none yet when eval comes first
         shown = f"loss {loss:.4f}, " if loss is not None else ""
         where = f"{self.cfg.name} step {step}/{self.cfg.training.steps}"
@@ -278,20 +311,22 @@ class Trainer:
         self.stopped_by = signum
         self.ckpt.wait(self.engine)  # an asynchronous save of this step must land first
         ckpt = self.ckpt.latest()
-        msg = stop_message(signum, self.step, self.cfg.training.steps, ckpt, self.run_dir)
+        resume = resume_command(self.run_dir)
+        msg = stop_message(signum, self.step, self.cfg.training.steps, ckpt, resume)
         self._write_summary(stop_status(signum), message=msg, checkpoint=str(ckpt))
         if self.engine.is_main:
             self.display.close()
             print(f"normlab: {msg}", file=sys.stderr, flush=True)
         return stop_status(signum)
 
-    def _force_exit(self, signum: int) -> None:
-        """A second signal: no checkpoint; the summary still must not say "running"."""
-        if hasattr(self, "ckpt"):
-            msg = stop_message(signum, self.step, self.cfg.training.steps, None, self.run_dir)
-            self._write_summary(stop_status(self.stop.received), message=msg)
-
     def _write_summary(self, status: str, **extra: Any) -> None:
+        extra.setdefault("tokens_per_step", getattr(self, "tokens_per_step", None))  # compare
+        if hasattr(self, "loader"):
+            extra = {"tokens_by_source": self.loader.tokens_seen(), **extra}
         self.summary = summary_of(self.cfg.name, status, self.step, self.stats, **extra)
+        if hasattr(self, "throughput"):
+            self.summary.update(self.throughput.summary(self.summary["tokens_per_s"]))
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.summary(self.summary)
         if self.engine.is_main:
             write_summary(self.run_dir, self.summary)

@@ -20,7 +20,7 @@ def _interpreting() -> bool:
 def triton_available(device: torch.device | str | None = None) -> tuple[bool, str]:
     """Whether the Triton kernels can run on `device` (default: CUDA if present), and why not."""
     if importlib.util.find_spec("triton") is None:
-        return False, "triton is not installed (pip install triton; it ships for Linux only)"
+        return False, "triton is not installed (pip install 'normlab[gpu]'; Linux only)"
     if _interpreting():
         return True, "TRITON_INTERPRET=1: kernels run through the Triton interpreter"
     dev = torch.device(device) if device is not None else None

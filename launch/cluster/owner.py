@@ -1,0 +1,51 @@
+"""The SLURM job record a run directory keeps (slurm.json) and whether a live job owns it.
+
+A leaf beside cluster.slurm: the run-directory lock (training/rundir.py) asks it before a local
+trainer takes a directory, and submission (cluster/jobs.py) before a job does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from normlab.launch.cluster import slurm
+from normlab.launch.errors import RunDirError
+
+RECORD = "slurm.json"
+
+
+def read_record(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / RECORD
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"jobs": []}
+    return data if isinstance(data, dict) and isinstance(data.get("jobs"), list) else {"jobs": []}
+
+
+def last_job_id(run_dir: Path) -> str | None:
+    jobs = [j for j in read_record(run_dir)["jobs"] if isinstance(j, dict) and j.get("job_id")]
+    return str(jobs[-1]["job_id"]) if jobs else None
+
+
+def check_not_owned(run_dir: Path) -> None:
+    job = last_job_id(run_dir)
+    if job is None:
+        return
+    state = slurm.job_state(job)
+    if state in slurm.LIVE_STATES:
+        raise RunDirError(
+            f"run_dir {run_dir} belongs to SLURM job {job}, which is {state}: wait for it, "
+            f"`scancel {job}`, or choose another run_dir"
+        )
+
+
+def check_owner_job(run_dir: Path) -> None:
+    """`train`/`launch`: refuse a run directory whose last submitted job is still pending or
+    running, unless this process is that job. Without SLURM's tools there is nothing to ask."""
+    job = last_job_id(Path(run_dir))
+    if job is not None and os.environ.get("SLURM_JOB_ID") != job:
+        check_not_owned(Path(run_dir))

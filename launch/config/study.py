@@ -1,0 +1,278 @@
+"""A study as a file: recipes x a grid over dotted keys x seeds (`normlab study NAME`).
+
+    name: wortsman                      # default: the file's stem
+    description: one line for the report
+    recipes:                            # recipe names/files, or variants of one
+      - pre
+      - {recipe: pre, name: pre_zloss, set: {optim.z_loss: 1.0e-4}}
+    set: {model.n_layers: 12}           # dotted overrides for every run
+    schedule: {warmup_steps: 0}         # the schedule section, for every run
+    grid:                               # every combination is one grid point
+      optim.lr: [3.0e-4, 1.0e-3, 3.0e-3]
+      model.n_layers: [4, 8]
+    size: model.n_layers                # the size axis (default: the first grid key but optim.lr)
+    seeds: [0, 1]
+    steps: 200
+    jobs: 2
+    protocol: {lr_sensitivity: true, margin: 0.1, claims: true}
+
+Files live in recipes/studies/; a bare name finds them there. Unknown keys and impossible grids
+are a ConfigError (one line naming the key and what is allowed); every run's config is validated
+before any training starts (launch.commands.study).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from normlab.launch.config.loader import RECIPES_DIR, find_recipe, load_yaml, suggest
+from normlab.launch.errors import ConfigError
+
+STUDIES_DIR = RECIPES_DIR / "studies"
+LR = "optim.lr"
+KEYS = [
+    "name",
+    "description",
+    "recipes",
+    "set",
+    "schedule",
+    "grid",
+    "size",
+    "seeds",
+    "steps",
+    "jobs",
+    "spike_window",
+    "protocol",
+]
+RECIPE_KEYS = ["recipe", "name", "set"]
+PROTOCOL = {"lr_sensitivity": True, "margin": 0.1, "claims": True}
+# keys a study owns through its own fields: a grid or `set:` giving them is refused
+OWNED = {
+    "training.seed": "seeds",
+    "training.steps": "steps",
+    "run_dir": "the study's output directory",
+    "name": "the recipe entry's name",
+}
+
+
+@dataclass
+class StudyRecipe:
+    label: str  # the run-name prefix and the recipe's name in the report
+    path: Path
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StudySpec:
+    name: str
+    recipes: list[StudyRecipe]
+    grid: dict[str, list[Any]]  # dotted key -> values, in file order
+    seeds: list[int]
+    size: str | None = None
+    steps: int | None = None
+    overrides: list[str] = field(default_factory=list)
+    jobs: int = 1
+    spike_window: int | None = None
+    protocol: dict[str, Any] = field(default_factory=lambda: dict(PROTOCOL))
+    description: str = ""
+    path: Path | None = None
+
+
+def is_study(name: str) -> bool:
+    """A study file: an existing YAML file with a `recipes:` or `grid:` key, or a name in
+    recipes/studies/ (recipes never have those keys)."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        try:
+            data = load_yaml(path)
+        except ConfigError:
+            return False
+        return "recipes" in data or "grid" in data
+    stem = name.removesuffix(".yaml").removesuffix(".yml")
+    return bool(stem) and (STUDIES_DIR / f"{stem}.yaml").is_file()
+
+
+def find_study(name: str) -> Path:
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    stem = name.removesuffix(".yaml").removesuffix(".yml")
+    if (STUDIES_DIR / f"{stem}.yaml").is_file():
+        return STUDIES_DIR / f"{stem}.yaml"
+    known = ", ".join(sorted(p.stem for p in STUDIES_DIR.glob("*.yaml")))
+    raise ConfigError(f"no study file or study name {name!r}: studies: {known}")
+
+
+def load_study(name: str) -> StudySpec:
+    path = find_study(name)
+    data = load_yaml(path)
+    where = f"{path.name}: "
+    for key in data:
+        if key not in KEYS:
+            hint = suggest(str(key), KEYS)
+            raise ConfigError(
+                f"{where}unknown study key {key!r}{hint}; study keys: {', '.join(KEYS)}"
+            )
+    overrides = _dotted(data.get("set") or {}, "set", where)
+    schedule = data.get("schedule") or {}
+    if not isinstance(schedule, dict):
+        raise ConfigError(f"{where}'schedule' must be a mapping of schedule keys")
+    overrides += _dotted({f"schedule.{k}": v for k, v in schedule.items()}, "schedule", where)
+    grid = _grid(data.get("grid") or {}, where)
+    protocol = dict(PROTOCOL)
+    given = data.get("protocol") or {}
+    if not isinstance(given, dict):
+        raise ConfigError(f"{where}'protocol' must be a mapping with keys {sorted(PROTOCOL)}")
+    for key, value in given.items():
+        if key not in PROTOCOL:
+            raise ConfigError(f"{where}unknown key 'protocol.{key}'; allowed: {sorted(PROTOCOL)}")
+        protocol[key] = value
+    margin = protocol["margin"]
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not margin > 0:
+        raise ConfigError(f"{where}protocol.margin must be a positive number, got {margin!r}")
+    for key in ("lr_sensitivity", "claims"):
+        if not isinstance(protocol[key], bool):
+            raise ConfigError(f"{where}protocol.{key} must be true or false")
+    spec = StudySpec(
+        name=str(data.get("name") or path.stem),
+        description=str(data.get("description") or ""),
+        recipes=_recipes(data.get("recipes"), where),
+        grid=grid,
+        seeds=_int_list(data.get("seeds", [0]), "seeds", where, low=0),
+        size=data.get("size"),
+        steps=_int(data.get("steps"), "steps", where),
+        overrides=overrides,
+        jobs=_int(data.get("jobs"), "jobs", where) or 1,
+        spike_window=_int(data.get("spike_window"), "spike_window", where),
+        protocol=protocol,
+        path=path,
+    )
+    check_spec(spec, where)
+    return spec
+
+
+def check_spec(spec: StudySpec, where: str = "") -> None:
+    """The combinations a study cannot run (both from a file and from flags)."""
+    set_keys = {o.partition("=")[0] for o in spec.overrides}
+    for key in spec.grid:
+        if key in set_keys:
+            raise ConfigError(f"{where}grid.{key} is also given by set/--set: give it in one place")
+        for r in spec.recipes:
+            if key in {o.partition("=")[0] for o in r.overrides}:
+                raise ConfigError(f"{where}grid.{key} is also set by recipe entry {r.label!r}")
+    if spec.size is not None and (spec.size not in spec.grid or spec.size == LR):
+        axes = [k for k in spec.grid if k != LR]
+        raise ConfigError(
+            f"{where}size must name a grid key other than {LR}, got {spec.size!r}; grid keys: "
+            f"{axes or 'none'}"
+        )
+    if spec.size is None:
+        spec.size = next((k for k in spec.grid if k != LR), None)
+    if spec.protocol["lr_sensitivity"] and len(spec.grid.get(LR, [])) < 2:
+        raise ConfigError(
+            f"{where}the LR-sensitivity protocol needs grid.{LR} with at least 2 learning rates "
+            "(or protocol.lr_sensitivity: false)"
+        )
+    labels = [r.label for r in spec.recipes]
+    twice = sorted({x for x in labels if labels.count(x) > 1})
+    if twice:
+        raise ConfigError(f"{where}recipes given twice: {', '.join(twice)} (name the variants)")
+
+
+def _recipes(value: Any, where: str) -> list[StudyRecipe]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}'recipes' must be a non-empty list of recipe names or entries")
+    out = []
+    for entry in value:
+        if isinstance(entry, str):
+            path = find_recipe(entry)
+            out.append(StudyRecipe(path.stem, path))
+            continue
+        if not isinstance(entry, dict) or "recipe" not in entry:
+            raise ConfigError(
+                f"{where}a recipes entry is a name or a mapping with keys {RECIPE_KEYS}, "
+                f"got {entry!r}"
+            )
+        for key in entry:
+            if key not in RECIPE_KEYS:
+                raise ConfigError(
+                    f"{where}unknown recipes entry key {key!r}; allowed: {RECIPE_KEYS}"
+                )
+        path = find_recipe(str(entry["recipe"]))
+        label = str(entry.get("name") or path.stem)
+        if not label.replace("_", "").replace("-", "").isalnum():
+            raise ConfigError(f"{where}recipe entry name {label!r}: letters, digits, _ and - only")
+        overrides = _dotted(entry.get("set") or {}, f"recipes.{label}.set", where)
+        out.append(StudyRecipe(label, path, overrides))
+    return out
+
+
+def _dotted(value: Any, what: str, where: str) -> list[str]:
+    """{a.b: v} or nested {a: {b: v}} -> ['a.b=v', ...]; owned keys refused."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}'{what}' must be a mapping of dotted keys to values")
+    flat: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, item in node.items():
+            full = f"{prefix}{key}"
+            if isinstance(item, dict) and item:
+                walk(item, f"{full}.")
+            else:
+                flat[full] = item
+
+    walk(value, "")
+    for key in flat:
+        if key in OWNED:
+            raise ConfigError(f"{where}{what}: {key} is given by {OWNED[key]}")
+    return [f"{k}={json.dumps(v)}" for k, v in flat.items()]
+
+
+def _grid(value: Any, where: str) -> dict[str, list[Any]]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}'grid' must map dotted keys to lists of values")
+    out = {}
+    for key, values in value.items():
+        key = str(key)
+        if key in OWNED:
+            raise ConfigError(f"{where}grid.{key} is given by {OWNED[key]}, not by the grid")
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where}grid.{key} must be a non-empty list, got {values!r}")
+        if any(isinstance(v, dict | list) for v in values):
+            raise ConfigError(f"{where}grid.{key} values must be scalars, got {values!r}")
+        if len({json.dumps(v) for v in values}) < len(values):
+            raise ConfigError(f"{where}grid.{key} has a value twice: {values!r}")
+        if key == LR:
+            bad = [
+                v
+                for v in values
+                if isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or not (math.isfinite(v) and v > 0)
+            ]
+            if bad:
+                raise ConfigError(f"{where}grid.{LR} must be positive numbers, got {bad[0]!r}")
+        out[key] = values
+    return out
+
+
+def _int(value: Any, what: str, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}{what} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _int_list(value: Any, what: str, where: str, low: int) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}{what} must be a non-empty list of integers >= {low}")
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in value):
+        raise ConfigError(f"{where}{what} must be integers >= {low}, got {value!r}")
+    if len(set(value)) < len(value):
+        raise ConfigError(f"{where}{what} has a value twice: {value!r}")
+    return list(value)

@@ -1,0 +1,96 @@
+"""The LR-sensitivity protocol's own measurements (SCIENCE.md section 19).
+
+- `init_loss`: the held-out eval loss of the initialised model, measured before step 0 and logged
+  as `init_loss` on a step-0 row (`l_0` of the protocol: a diverged run counts as this loss).
+- `output_logits`: on log steps, `log Z = logsumexp(z)` of the output logits over every training
+  token of the step: `logz_mean`, `logz_min`, `logz_max` (the output-logit divergence signal:
+  Wortsman et al.'s logits drift very negative), and `grad_rms`, the global gradient norm over
+  sqrt(number of parameters), to compare with Adam's epsilon.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from normlab.launch.instruments.common import is_log_step, settings_of, unwrap
+from normlab.launch.training.callbacks import Callback, TrainerView
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+INIT_LOSS = "init_loss"
+LOGZ_MEAN, LOGZ_MIN, LOGZ_MAX = "logz_mean", "logz_min", "logz_max"
+GRAD_RMS = "grad_rms"
+
+
+class InitLoss(Callback):
+    """Evaluates the model before its first step (not on resume) and logs `init_loss` at step 0."""
+
+    name = "init_loss"
+
+    def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
+        settings_of(settings, {}, self.name)
+
+    def on_train_start(self, trainer: TrainerView) -> None:
+        if trainer.step != 0:
+            return  # resumed: the value is already on the step-0 row of metrics.jsonl
+        value, _ = trainer.measure_eval()  # the same eval loss as every later evaluation
+        if trainer.metrics is not None:
+            trainer.metrics.log(0, {INIT_LOSS: value}, prefix="eval")
+
+
+class OutputLogits(Callback):
+    """Logs mean / min / max of log Z over the step's tokens and the global gradient RMS."""
+
+    name = "output_logits"
+
+    def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
+        settings_of(settings, {}, self.name)
+        self._handle: RemovableHandle | None = None
+        self._acc: torch.Tensor | None = None  # [sum, count, -min, max]
+
+    def on_train_start(self, trainer: TrainerView) -> None:
+        model = unwrap(trainer.engine.model)
+        self._head = model.head
+        self._numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        if is_log_step(trainer, trainer.step + 1):
+            self._arm()
+
+    def _arm(self) -> None:
+        self._acc = None
+        self._handle = self._head.register_forward_hook(self._hook)
+
+    def _hook(self, module: nn.Module, args: Any, out: torch.Tensor) -> None:
+        if not module.training:
+            return  # evaluation passes are not the training step's logits
+        logz = torch.logsumexp(out.detach().float(), dim=-1).reshape(-1)
+        part = torch.stack([logz.sum(), logz.new_tensor(logz.numel()), -logz.min(), logz.max()])
+        if self._acc is None:
+            self._acc = part
+        else:
+            self._acc = torch.cat(
+                [self._acc[:2] + part[:2], torch.maximum(self._acc[2:], part[2:])]
+            )
+
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+            if self._acc is not None:
+                engine = trainer.engine
+                sums = engine.all_reduce(self._acc[:2].clone(), "sum")
+                extremes = engine.all_reduce(self._acc[2:].clone(), "max")
+                metrics[LOGZ_MEAN] = sums[0] / sums[1]
+                metrics[LOGZ_MIN] = -extremes[0]
+                metrics[LOGZ_MAX] = extremes[1]
+            grad = metrics.get("grad_norm")
+            if grad is not None:
+                metrics[GRAD_RMS] = grad / math.sqrt(max(self._numel, 1))
+        if is_log_step(trainer, step + 1):
+            self._arm()
+
+    def on_train_end(self, trainer: TrainerView, status: str) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None

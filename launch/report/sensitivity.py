@@ -1,0 +1,239 @@
+"""The LR-sensitivity protocol (SCIENCE.md 19, after Wortsman et al. 2023, arXiv 2309.14322).
+
+For one curve (a recipe at one size) over a log-spaced learning-rate grid {eta_i}:
+
+    capped(eta)     = min(l(eta), l_0)       l: final held-out eval loss; l_0: the eval loss of
+                                             the initialised model, measured before step 0.
+                                             A run that diverged, stopped or left a non-finite
+                                             loss counts as l_0 (the penalty stays bounded).
+    l*              = min_i  mean_seeds capped(eta_i)
+    LR sensitivity  = mean_i mean_seeds capped(eta_i) - l*      (each grid point weighted equally)
+    stable LR range = the widest contiguous run of grid points whose seed-mean is within
+                      `margin` (0.1 nats) of l*; a tie goes to the run holding argmin eta.
+
+The curve is the mean over seeds at each grid point (every seed capped first); the sensitivity
+of each seed's own curve is reported beside it as its spread.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+STABLE_MARGIN = 0.1  # nats above l* that still count as stable (SCIENCE.md 19)
+PROTOCOL_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)  # normlab's grid (SCIENCE.md 19)
+
+
+@dataclass
+class Point:
+    """One run: its learning rate, seed, final eval loss (None / nan: none) and measured l_0."""
+
+    recipe: str
+    size: str
+    lr: float
+    seed: int
+    loss: float | None
+    init_loss: float | None
+    failed: bool = False  # diverged, stopped, or non-finite: counts as l_0
+    extra: dict[str, float] = field(default_factory=dict)  # max_logit, logz_mean, ... (per run)
+
+
+@dataclass
+class GridPoint:
+    lr: float
+    seeds: list[int]
+    capped: list[float]  # per seed, min(l, l_0)
+    failed: int
+    extra: dict[str, list[float]]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.capped))
+
+    @property
+    def sd(self) -> float:
+        return float(np.std(self.capped, ddof=1)) if len(self.capped) > 1 else 0.0
+
+
+@dataclass
+class Curve:
+    recipe: str
+    size: str
+    init_loss: float  # mean measured l_0 over the curve's runs
+    points: list[GridPoint]  # by increasing lr
+    margin: float = STABLE_MARGIN
+
+    @property
+    def best(self) -> GridPoint:
+        return min(self.points, key=lambda p: p.mean)
+
+    @property
+    def sensitivity(self) -> float:
+        return lr_sensitivity([p.mean for p in self.points])
+
+    def seed_sensitivities(self) -> list[float]:
+        """The sensitivity of each seed's own curve (seeds present at every grid point)."""
+        common = set.intersection(*(set(p.seeds) for p in self.points))
+        return [
+            lr_sensitivity([p.capped[p.seeds.index(s)] for p in self.points])
+            for s in sorted(common)
+        ]
+
+    @property
+    def stable_range(self) -> tuple[float, float]:
+        i, j = stable_range([p.mean for p in self.points], self.margin)
+        return self.points[i].lr, self.points[j].lr
+
+
+def capped_loss(loss: float | None, init_loss: float, failed: bool) -> float:
+    """min(l, l_0); a failed run, a missing or non-finite loss is l_0."""
+    if failed or loss is None or not math.isfinite(loss):
+        return init_loss
+    return min(float(loss), init_loss)
+
+
+def lr_sensitivity(capped: list[float]) -> float:
+    """E_eta[capped(eta)] - min_eta capped(eta) over an equally weighted grid."""
+    values = np.asarray(capped, dtype=float)
+    return float((values - values.min()).mean())  # exactly 0 for a flat curve
+
+
+def stable_range(means: list[float], margin: float = STABLE_MARGIN) -> tuple[int, int]:
+    """(first, last) index of the widest contiguous run within `margin` of the minimum."""
+    best = int(np.argmin(means))
+    ok = [m <= means[best] + margin for m in means]
+    runs: list[tuple[int, int]] = []
+    start = None
+    for i, inside in enumerate([*ok, False]):
+        if inside and start is None:
+            start = i
+        elif not inside and start is not None:
+            runs.append((start, i - 1))
+            start = None
+    return max(runs, key=lambda r: (r[1] - r[0], r[0] <= best <= r[1]))
+
+
+def curves(points: list[Point], margin: float = STABLE_MARGIN) -> list[Curve]:
+    """One curve per (recipe, size), in first-seen order; l_0 of a run that never measured it is
+    the mean of the curve's measured ones (the same shape and seeds give the same init)."""
+    groups: dict[tuple[str, str], list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.recipe, p.size), []).append(p)
+    out = []
+    for (recipe, size), runs in groups.items():
+        measured = [p.init_loss for p in runs if p.init_loss is not None]
+        measured = [v for v in measured if math.isfinite(v)]
+        if not measured:
+            raise ValueError(
+                f"{recipe} at size {size}: no run measured its loss at init (instruments.init_loss)"
+            )
+        l0 = float(np.mean(measured))
+        by_lr: dict[float, list[Point]] = {}
+        for p in runs:
+            by_lr.setdefault(float(p.lr), []).append(p)
+        grid = []
+        for lr in sorted(by_lr):
+            seeds = sorted(by_lr[lr], key=lambda p: p.seed)
+            own = [p.init_loss if p.init_loss is not None else l0 for p in seeds]
+            keys = sorted({k for p in seeds for k in p.extra})
+            grid.append(
+                GridPoint(
+                    lr=lr,
+                    seeds=[p.seed for p in seeds],
+                    capped=[
+                        capped_loss(p.loss, o, p.failed) for p, o in zip(seeds, own, strict=True)
+                    ],
+                    failed=sum(
+                        p.failed or p.loss is None or not math.isfinite(p.loss) for p in seeds
+                    ),
+                    extra={k: [p.extra.get(k, math.nan) for p in seeds] for k in keys},
+                )
+            )
+        out.append(Curve(recipe, size, l0, grid, margin))
+    return out
+
+
+SUMMARY_COLUMNS = [
+    "recipe",
+    "size",
+    "lr_sensitivity",
+    "lr_sensitivity_seed_mean",
+    "lr_sensitivity_seed_sd",
+    "best_loss",
+    "best_loss_sd",
+    "best_lr",
+    "stable_lr_low",
+    "stable_lr_high",
+    "init_loss",
+    "failed_runs",
+    "runs",
+    "seeds",
+    "lrs",
+]
+GRID_COLUMNS = ["recipe", "size", "lr", "seeds", "mean", "sd", "min", "max", "failed"]
+
+
+def summary_row(c: Curve) -> dict[str, Any]:
+    per_seed = c.seed_sensitivities()
+    low, high = c.stable_range
+    return {
+        "recipe": c.recipe,
+        "size": c.size,
+        "lr_sensitivity": round(c.sensitivity, 4),
+        "lr_sensitivity_seed_mean": round(float(np.mean(per_seed)), 4) if per_seed else "",
+        "lr_sensitivity_seed_sd": (
+            round(float(np.std(per_seed, ddof=1)), 4) if len(per_seed) > 1 else ""
+        ),
+        "best_loss": round(c.best.mean, 4),
+        "best_loss_sd": round(c.best.sd, 4),
+        "best_lr": f"{c.best.lr:g}",
+        "stable_lr_low": f"{low:g}",
+        "stable_lr_high": f"{high:g}",
+        "init_loss": round(c.init_loss, 4),
+        "failed_runs": sum(p.failed for p in c.points),
+        "runs": sum(len(p.seeds) for p in c.points),
+        "seeds": " ".join(str(s) for s in sorted({s for p in c.points for s in p.seeds})),
+        "lrs": " ".join(f"{p.lr:g}" for p in c.points),
+    }
+
+
+def grid_rows(c: Curve) -> list[dict[str, Any]]:
+    rows = []
+    for p in c.points:
+        row: dict[str, Any] = {
+            "recipe": c.recipe,
+            "size": c.size,
+            "lr": f"{p.lr:g}",
+            "seeds": " ".join(str(s) for s in p.seeds),
+            "mean": round(p.mean, 4),
+            "sd": round(p.sd, 4),
+            "min": round(min(p.capped), 4),
+            "max": round(max(p.capped), 4),
+            "failed": p.failed,
+        }
+        for key, values in p.extra.items():
+            ok = [v for v in values if math.isfinite(v)]
+            row[f"{key}_mean"] = round(float(np.mean(ok)), 4) if ok else ""
+        rows.append(row)
+    return rows
+
+
+def write_csvs(found: list[Curve], out: Path) -> tuple[Path, Path]:
+    """sensitivity.csv (one row per curve) and sensitivity_grid.csv (one per grid point)."""
+    summary, grid = out / "sensitivity.csv", out / "sensitivity_grid.csv"
+    with summary.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, SUMMARY_COLUMNS)
+        writer.writeheader()
+        writer.writerows(summary_row(c) for c in found)
+    rows = [r for c in found for r in grid_rows(c)]
+    extra = sorted({k for r in rows for k in r} - set(GRID_COLUMNS))
+    with grid.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, [*GRID_COLUMNS, *extra], restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    return summary, grid

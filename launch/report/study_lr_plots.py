@@ -1,0 +1,138 @@
+"""The LR-sensitivity figures: one panel per size, one line per recipe, learning rate on a log x.
+
+lr_loss.png: final eval loss capped at l_0 (mean over seeds, bars: min..max); grid points with a
+failed (diverged or stopped) seed are ringed in red; the dashed line is the measured l_0.
+lr_logits.png: top row, the max attention logit over training (mean over seeds, log y); bottom
+row, the output logits' log Z = logsumexp(z): the mean over tokens at the last logged step
+(solid) and the minimum over training (dotted): the output-logit divergence signal.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from normlab.launch.report.plots import curve_style, readable_log, save  # noqa: E402
+from normlab.launch.report.sensitivity import Curve  # noqa: E402
+
+
+def _sizes(found: list[Curve]) -> list[str]:
+    return list(dict.fromkeys(c.size for c in found))
+
+
+def _recipes(found: list[Curve]) -> list[str]:
+    return list(dict.fromkeys(c.recipe for c in found))
+
+
+def _mean(values: list[float]) -> float:
+    ok = [v for v in values if math.isfinite(v)]
+    return float(np.mean(ok)) if ok else math.nan
+
+
+def _panels(n_rows: int, n_cols: int) -> tuple[plt.Figure, np.ndarray]:
+    fig, axes = plt.subplots(
+        n_rows, n_cols, figsize=(4.6 * n_cols, 3.4 * n_rows), squeeze=False, sharex=True
+    )
+    return fig, axes
+
+
+def _finish(fig: plt.Figure, axes: np.ndarray) -> None:
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False)
+    fig.tight_layout()
+
+
+def loss_figure(found: list[Curve]) -> plt.Figure:
+    sizes, recipes = _sizes(found), _recipes(found)
+    fig, axes = _panels(1, len(sizes))
+    for j, size in enumerate(sizes):
+        ax = axes[0, j]
+        for i, recipe in enumerate(recipes):
+            curve = next((c for c in found if c.recipe == recipe and c.size == size), None)
+            if curve is None:
+                continue
+            lrs = [p.lr for p in curve.points]
+            means = np.array([p.mean for p in curve.points])
+            low = means - [min(p.capped) for p in curve.points]
+            high = [max(p.capped) for p in curve.points] - means
+            style = curve_style(i)
+            ax.errorbar(lrs, means, yerr=[low, high], label=recipe, capsize=2, **style)
+            bad = [(p.lr, p.mean) for p in curve.points if p.failed]
+            if bad:
+                ax.scatter(
+                    *zip(*bad, strict=True),
+                    s=120,
+                    facecolors="none",
+                    edgecolors="red",
+                    linewidths=1.5,
+                    zorder=5,
+                )
+        l0 = _mean([c.init_loss for c in found if c.size == size])
+        ax.axhline(l0, color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_title(f"size {size}" if size != "-" else "final loss")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("final eval loss, capped at l_0")
+    if any(p.failed for c in found for p in c.points):
+        axes[0, 0].scatter(
+            [], [], s=120, facecolors="none", edgecolors="red", label="a seed failed"
+        )
+    axes[0, 0].plot([], [], color="grey", linestyle="--", label="l_0 (measured at init)")
+    _finish(fig, axes)
+    return fig
+
+
+def logits_figure(found: list[Curve]) -> plt.Figure | None:
+    if not any("max_logit" in p.extra for c in found for p in c.points):
+        return None
+    sizes, recipes = _sizes(found), _recipes(found)
+    fig, axes = _panels(2, len(sizes))
+    for j, size in enumerate(sizes):
+        for i, recipe in enumerate(recipes):
+            curve = next((c for c in found if c.recipe == recipe and c.size == size), None)
+            if curve is None:
+                continue
+            lrs = [p.lr for p in curve.points]
+            style = curve_style(i)
+
+            def stat(key: str, curve: Curve = curve) -> list[float]:
+                return [_mean(p.extra.get(key, [math.nan])) for p in curve.points]
+
+            axes[0, j].plot(lrs, stat("max_logit"), label=recipe, **style)
+            axes[1, j].plot(
+                lrs,
+                stat("logz_mean_final"),
+                color=style["color"],
+                marker=style["marker"],
+                linestyle="-",
+            )
+            axes[1, j].plot(
+                lrs,
+                stat("logz_min"),
+                color=style["color"],
+                marker=style["marker"],
+                linestyle=":",
+                alpha=0.7,
+            )
+        top, bottom = axes[0, j], axes[1, j]
+        top.set_xscale("log")
+        top.set_yscale("log")
+        readable_log(top)
+        top.set_title(f"size {size}" if size != "-" else "max attention logit")
+        top.set_ylabel("max attention logit (over training)")
+        bottom.set_xlabel("learning rate")
+        bottom.set_ylabel("log Z: final mean (solid), min (dotted)")
+        bottom.axhline(0.0, color="grey", linewidth=0.8)
+    _finish(fig, axes)
+    return fig
+
+
+def write_lr_plots(found: list[Curve], out: Path) -> list[Path]:
+    paths = [save(loss_figure(found), out / "lr_loss.png")]
+    paths.append(save(logits_figure(found), out / "lr_logits.png"))
+    return [p for p in paths if p is not None]

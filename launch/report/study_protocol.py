@@ -1,0 +1,146 @@
+"""The LR-sensitivity protocol over a study's runs: points read from the run directories, the
+per-curve table (terminal and study.md). The formula lives in launch.report.sensitivity."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from normlab.launch.instruments.protocol import GRAD_RMS, INIT_LOSS, LOGZ_MEAN, LOGZ_MIN
+from normlab.launch.report.runs import Run, finite
+from normlab.launch.report.sensitivity import (
+    PROTOCOL_LRS,
+    Curve,
+    Point,
+    curves,
+    summary_row,
+)
+from normlab.launch.training.metrics import JSONL, read_jsonl
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from normlab.launch.commands.study_plan import Planned
+    from normlab.launch.config.study import StudySpec
+
+# per run: how the figures' statistics are read (max attention logit over training, ...)
+EXTRA = ["max_logit", "logz_mean_final", "logz_min", "grad_rms_final"]
+
+
+def init_loss_of(run: Run) -> float | None:
+    """The step-0 `init_loss` the init_loss instrument logged (None: not measured)."""
+    path = run.path / JSONL
+    if not path.is_file():
+        return None
+    for row in read_jsonl(path):
+        if isinstance(row, dict) and INIT_LOSS in row:
+            value = row[INIT_LOSS]
+            return float(value) if isinstance(value, int | float) else math.nan
+    return None
+
+
+def _series(run: Run, key: str) -> list[float]:
+    return finite([r.get(key) for r in run.train])
+
+
+def run_point(p: Planned, run: Run) -> Point:
+    status = run.summary.get("status")
+    last = run.evals[-1]["eval_loss"] if run.evals else None
+    logits = _series(run, "max_logit")
+    logz, logz_min, grad_rms = (_series(run, k) for k in (LOGZ_MEAN, LOGZ_MIN, GRAD_RMS))
+    extra = {
+        "max_logit": max(logits) if logits else math.nan,
+        "logz_mean_final": logz[-1] if logz else math.nan,
+        "logz_min": min(logz_min) if logz_min else math.nan,
+        "grad_rms_final": grad_rms[-1] if grad_rms else math.nan,
+    }
+    return Point(
+        recipe=p.recipe,
+        size=p.size,
+        lr=p.lr,
+        seed=p.seed,
+        loss=float(last) if isinstance(last, int | float) else None,
+        init_loss=init_loss_of(run),
+        failed=status != "completed",
+        extra=extra,
+    )
+
+
+def protocol_curves(planned: list[Planned], runs: list[Run], margin: float) -> list[Curve]:
+    return curves([run_point(p, r) for p, r in zip(planned, runs, strict=True)], margin)
+
+
+HEAD = [
+    ("recipe", "recipe"),
+    ("size", "size"),
+    ("lr_sensitivity", "LR sensitivity"),
+    ("per_seed", "per seed (mean +- sd)"),
+    ("best_loss", "best loss"),
+    ("best_lr", "best lr"),
+    ("stable", "stable lr range"),
+    ("init_loss", "l_0 (measured)"),
+    ("failed", "failed runs"),
+    ("seeds", "seeds"),
+]
+
+
+def _cells(c: Curve) -> dict[str, str]:
+    row: dict[str, Any] = summary_row(c)
+    sd = row["lr_sensitivity_seed_sd"]
+    per_seed = f"{row['lr_sensitivity_seed_mean']}" + (f" +- {sd}" if sd != "" else "")
+    return {
+        "recipe": c.recipe,
+        "size": c.size,
+        "lr_sensitivity": f"{c.sensitivity:.3f}",
+        "per_seed": per_seed,
+        "best_loss": f"{c.best.mean:.3f} +- {c.best.sd:.3f}",
+        "best_lr": row["best_lr"],
+        "stable": f"{row['stable_lr_low']} .. {row['stable_lr_high']}",
+        "init_loss": f"{c.init_loss:.3f}",
+        "failed": f"{row['failed_runs']}/{row['runs']}",
+        "seeds": row["seeds"],
+    }
+
+
+def print_sensitivity(found: list[Curve], console: Console) -> None:
+    table = Table(title="LR sensitivity (SCIENCE.md 19): mean over the grid of min(l, l_0) - l*")
+    for _, header in HEAD:
+        table.add_column(header, justify="left" if header in ("recipe", "size") else "right")
+    for c in found:
+        table.add_row(*_cells(c).values())
+    console.print(table)
+
+
+def sensitivity_markdown(found: list[Curve], spec: StudySpec) -> list[str]:
+    lrs = sorted({p.lr for c in found for p in c.points})
+    grid = ", ".join(f"{v:g}" for v in lrs)
+    same = tuple(lrs) == PROTOCOL_LRS
+    note = (
+        "normlab's 7-point protocol grid"
+        if same
+        else (
+            f"not the protocol's 7-point grid {', '.join(f'{v:g}' for v in PROTOCOL_LRS)}: values "
+            "compare only between studies on the same grid"
+        )
+    )
+    lines = [
+        "## LR sensitivity (SCIENCE.md 19)",
+        "",
+        f"Learning rates {grid} ({note}). Per grid point each seed's final eval loss is capped "
+        "at l_0, the eval loss of the initialised model measured before step 0 (a diverged or "
+        "stopped run counts as l_0); the curve is the mean over seeds. LR sensitivity = mean "
+        "over the grid - l* (the curve's minimum); 'per seed': the same from each seed's own "
+        f"curve. Stable range: the widest run of grid points within {spec.protocol['margin']} "
+        "nats of l*. Raw values: [sensitivity.csv](sensitivity.csv), "
+        "[sensitivity_grid.csv](sensitivity_grid.csv).",
+        "",
+        "| " + " | ".join(h for _, h in HEAD) + " |",
+        "|" + "---|" * len(HEAD),
+        *("| " + " | ".join(_cells(c).values()) + " |" for c in found),
+        "",
+        "![final loss against learning rate](lr_loss.png)",
+        "",
+        "![max attention logit and output log Z against learning rate](lr_logits.png)",
+        "",
+    ]
+    return lines
