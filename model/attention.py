@@ -57,6 +57,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.q_norm = build_qk_norm(cfg, cfg.n_heads)
         self.k_norm = build_qk_norm(cfg, cfg.n_kv_heads)
+        # HybridNorm's N_v: per KV head over d_head, like `head` QK-Norm (SCIENCE.md 17)
+        v_norm = HeadQKNorm(cfg.head_dim, eps=cfg.norm_eps) if cfg.has_v_norm else None
+        self.v_norm = v_norm or nn.Identity()
         self.core = build_core(cfg.n_heads, cfg.attn_sinks, cfg.attn_softcap)  # softmax(S+M) V
         self.gate = build_gate(cfg.attn_gate, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.bias)
         self.dropout_p = cfg.dropout
@@ -80,7 +83,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim))
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.v_norm(self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         q, k, v = (
             apply_rope(q.transpose(1, 2), cos, sin),

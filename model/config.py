@@ -6,16 +6,25 @@ import difflib
 import math
 import types
 import typing
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args, get_origin
 
-Placement = Literal["post", "pre", "peri", "olmo2", "deepnorm", "mix"]
-NormKind = Literal["layernorm", "rmsnorm"]
+Placement = Literal[
+    "post", "pre", "peri", "olmo2", "deepnorm", "mix", "hybrid", "hybrid_star", "keel"
+]
+NormKind = Literal["layernorm", "rmsnorm", "dyt", "derf"]
 NormBackend = Literal["torch", "triton", "auto"]
 MlpKind = Literal["swiglu", "gelu", "relu"]
 QKNorm = Literal["none", "head", "flat"]
-InitScheme = Literal["gpt2", "normal", "olmo2", "deepnorm", "xavier"]
+InitScheme = Literal["gpt2", "normal", "olmo2", "deepnorm", "xavier", "megatron_small"]
 AttnGate = Literal["none", "headwise", "elementwise"]
+ResidualScale = Literal["none", "layerscale", "scalar"]
+KeelAlpha = Literal["sublayers", "blocks"]
+
+POINTWISE_NORMS = ("dyt", "derf")  # norm-free point-wise layers (SCIENCE.md 16)
+DYT_ROLES = ("attn", "ffn", "final")  # the three kinds of DyT/Derf layer, each with its alpha0
+# Placements whose branch can end in a residual scale (SCIENCE.md 15; mix: its pre blocks only)
+RESIDUAL_SCALED = ("pre", "peri", "olmo2", "mix")
 
 # Placements that end with a norm before the output head (SCIENCE.md section 1).
 FINAL_NORM = {
@@ -25,6 +34,9 @@ FINAL_NORM = {
     "olmo2": True,
     "deepnorm": False,
     "mix": True,
+    "hybrid": True,  # the reference (OLMo) applies ln_f unconditionally
+    "hybrid_star": True,
+    "keel": False,  # every sub-layer already ends in N_out
 }
 
 
@@ -59,6 +71,11 @@ class ModelConfig:
     attn_sinks: bool = False  # a learned logit per query head in the softmax denominator
     attn_softcap: float | None = None  # c * tanh(S / c) on the attention logits (Gemma 2: 50)
     final_softcap: float | None = None  # c * tanh(z / c) on the output logits (Gemma 2: 30)
+    # norm-side stabilizers (SCIENCE.md 15-18)
+    residual_scale: ResidualScale = "none"  # x + λ ⊙ F(.): per channel (CaiT) or one scalar
+    residual_scale_init: float | None = None  # None: CaiT's depth rule (layerscale), 0 (scalar)
+    dyt_alpha0: dict = field(default_factory=lambda: dict.fromkeys(DYT_ROLES, 0.5))
+    keel_alpha: KeelAlpha | float = "sublayers"  # Keel's α: 2 * n_layers, n_layers, or a number
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -68,6 +85,11 @@ class ModelConfig:
         if self.init is None:
             self.init = default_init(self.placement, self.ln_scaling)
         self._check_combinations()
+        self._check_norm_side()
+        if self.residual_scale_init is None and self.residual_scale != "none":
+            self.residual_scale_init = (
+                cait_epsilon(self.n_layers) if self.residual_scale == "layerscale" else 0.0
+            )
 
     def _check_combinations(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size"):
@@ -114,6 +136,84 @@ class ModelConfig:
                     f"for none, got {getattr(self, name)}"
                 )
 
+    def _check_norm_side(self) -> None:
+        """The residual scales, DyT/Derf, HybridNorm and Keel (SCIENCE.md 15-18)."""
+        if self.residual_scale != "none":
+            if self.placement not in RESIDUAL_SCALED or self.ln_scaling:
+                raise ValueError(
+                    f"model.residual_scale needs the scale to be the last thing on the branch: "
+                    f"allowed placements {', '.join(RESIDUAL_SCALED)} (mix: its pre blocks), "
+                    f"without ln_scaling; got placement {self.placement!r}"
+                    + (" with ln_scaling" if self.ln_scaling else "")
+                )
+        elif self.residual_scale_init is not None:
+            raise ValueError(
+                "model.residual_scale_init is set but model.residual_scale is 'none'; "
+                "allowed: residual_scale: layerscale | scalar"
+            )
+        if self.norm in POINTWISE_NORMS:
+            if self.placement != "pre" or self.ln_scaling:
+                raise ValueError(
+                    f"model.norm {self.norm!r} replaces the norms of placement 'pre' only (as its "
+                    f"references are tested), got placement {self.placement!r}"
+                    + (" with ln_scaling" if self.ln_scaling else "")
+                )
+            if self.norm_backend == "triton":
+                raise ValueError(
+                    f"model.norm_backend 'triton' has no {self.norm} kernel; allowed with "
+                    f"norm {self.norm!r}: torch, auto"
+                )
+        # a partial mapping (`model.dyt_alpha0.attn=0.8`) keeps the others at their default
+        if isinstance(self.dyt_alpha0, dict) and set(self.dyt_alpha0) <= set(DYT_ROLES):
+            self.dyt_alpha0 = dict.fromkeys(DYT_ROLES, 0.5) | self.dyt_alpha0
+        if sorted(self.dyt_alpha0) != sorted(DYT_ROLES) or not all(
+            _matches(v, float) and v > 0 for v in self.dyt_alpha0.values()
+        ):
+            raise ValueError(
+                f"model.dyt_alpha0 must map each of {', '.join(DYT_ROLES)} to a number > 0, "
+                f"got {self.dyt_alpha0!r}"
+            )
+        if self.norm not in POINTWISE_NORMS and self.dyt_alpha0 != dict.fromkeys(DYT_ROLES, 0.5):
+            raise ValueError(
+                f"model.dyt_alpha0 belongs to norm dyt | derf, got norm {self.norm!r}"
+            )
+        if self.placement in ("hybrid", "hybrid_star") and self.qk_norm != "head":
+            raise ValueError(
+                f"placement {self.placement!r} normalises q, k and v per head: it needs "
+                f"model.qk_norm 'head', got {self.qk_norm!r}"
+            )
+        if isinstance(self.keel_alpha, float | int) and self.keel_alpha <= 0:
+            raise ValueError(
+                f"model.keel_alpha must be 'sublayers', 'blocks' or a number > 0, "
+                f"got {self.keel_alpha}"
+            )
+        if self.placement != "keel" and self.keel_alpha != "sublayers":
+            raise ValueError(
+                f"model.keel_alpha belongs to placement 'keel', got placement {self.placement!r}"
+            )
+
+    def notes(self) -> list[str]:
+        """What a user should know about a valid combination (printed by `normlab validate`)."""
+        out = []
+        if self.residual_scale != "none" and self.init in ("gpt2", "megatron_small"):
+            out.append(
+                f"model.residual_scale {self.residual_scale} (init {self.residual_scale_init:g}) "
+                f"and init {self.init}'s 1/sqrt(2L) output projections both shrink the branch "
+                "(SCIENCE.md 15); init: normal keeps only the scale"
+            )
+        return out
+
+    @property
+    def keel_alpha_value(self) -> float:
+        """Keel's residual weight α: the number of sub-layers (2L), of blocks (L), or as given."""
+        named = {"sublayers": 2 * self.n_layers, "blocks": self.n_layers}
+        return float(named.get(self.keel_alpha, self.keel_alpha))  # type: ignore[arg-type]
+
+    @property
+    def has_v_norm(self) -> bool:
+        """HybridNorm's N_v (per head, like `head` QK-Norm) on the values."""
+        return self.placement in ("hybrid", "hybrid_star")
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
@@ -146,6 +246,11 @@ def default_init(placement: str, ln_scaling: bool) -> str:
     if placement == "deepnorm":
         return "deepnorm"
     return "normal" if ln_scaling else "gpt2"
+
+
+def cait_epsilon(n_layers: int) -> float:
+    """CaiT's LayerScale init: 0.1 up to depth 18, 1e-5 up to 24, 1e-6 deeper (SCIENCE.md 15)."""
+    return 0.1 if n_layers <= 18 else 1e-5 if n_layers <= 24 else 1e-6
 
 
 def _hint(name: str) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .config import ModelConfig
+from .hf_fold import fold_residual_scales, refuse_norm_side
 from .transformer import Transformer
 
 # model_type -> (placement, qk_norm, our norm names -> HF layernorm names)
@@ -69,6 +70,7 @@ QK_NORMS = {"attn.branch.q_norm": "self_attn.q_norm", "attn.branch.k_norm": "sel
 
 def hf_family(cfg: ModelConfig) -> str:
     """The HF model_type whose architecture equals `cfg`, or ValueError naming what differs."""
+    refuse_norm_side(cfg)  # DyT/Derf, HybridNorm, Keel; residual scales off pre/olmo2
     if cfg.attn_softcap is not None or cfg.final_softcap is not None:
         raise ValueError(
             "no exact HF family for soft-capped logits here: Gemma 2 also needs Peri-LN with "
@@ -180,6 +182,7 @@ def to_hf(model: Transformer, token_ids: dict[str, int | None] | None = None) ->
     ours = model.state_dict()
     theirs = {hf_key: ours[key] for key, hf_key in key_map(cfg, family).items()}
     theirs |= stabilizer_weights(cfg, family, ours, theirs)
+    theirs |= fold_residual_scales(cfg, ours, theirs)  # diag(λ) W_o, ...; one-way
     missing, unexpected = hf.load_state_dict(theirs, strict=False)
     _check_complete(missing, unexpected, tied=cfg.tie_embeddings)
     return hf.eval()

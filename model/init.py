@@ -85,8 +85,11 @@ def init_plan(model: nn.Module, cfg: ModelConfig) -> dict[str, Draw]:
     """
     by_id: dict[int, Draw] = {}
     for name, module in model.named_modules():
+        constants = getattr(module, "init_values", {})  # DyT alpha, LayerScale λ, ...
         for pname, p in module.named_parameters(recurse=False):
-            if pname == "bias" or pname == "sinks":
+            if pname in constants:
+                by_id[id(p)] = Draw("constant", value=constants[pname])
+            elif pname == "bias" or pname == "sinks":
                 by_id[id(p)] = ZEROS
             elif isinstance(module, nn.Linear | nn.Embedding):
                 by_id[id(p)] = SCHEMES[cfg.init](name.rsplit(".", 1)[-1], module, cfg)
@@ -155,10 +158,20 @@ def _xavier(leaf: str, module: nn.Module, cfg: ModelConfig) -> Draw:
     return Draw("normal", _xavier_std(module, 1.0))
 
 
+def _megatron_small(leaf: str, module: nn.Module, cfg: ModelConfig) -> Draw:
+    """HybridNorm's `full_megatron` recipe: every weight N(0, 2/(5d)) cut at +-3 std, the
+    residual output projections divided by sqrt(2L) (SCIENCE.md 17); init_std is not used."""
+    std = math.sqrt(2.0 / (5 * cfg.d_model))
+    if leaf in RESIDUAL_OUTPUTS:
+        std /= math.sqrt(2 * cfg.n_layers)
+    return Draw("trunc_normal", std)
+
+
 SCHEMES = {
     "gpt2": _gpt2,
     "normal": _normal,
     "olmo2": _olmo2,
     "deepnorm": _deepnorm,
     "xavier": _xavier,
+    "megatron_small": _megatron_small,
 }

@@ -1,4 +1,4 @@
-"""LayerNorm and RMSNorm (SCIENCE.md section 10) behind one backend seam.
+"""LayerNorm and RMSNorm (SCIENCE.md section 10) behind one backend seam; DyT and Derf (16).
 
 Every norm also offers the three fused patterns the placements need. Here they are the plain
 PyTorch reference; the triton backend (model/kernels) overrides them with fused kernels, so a
@@ -65,8 +65,66 @@ class RMSNorm(nn.Module, FusedPatterns):
         nn.init.ones_(self.weight)
 
 
-def build_norm(cfg: ModelConfig, dim: int) -> nn.Module:
-    """The configured norm (kind, eps, backend) over the last `dim` features."""
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+class DyT(nn.Module, FusedPatterns):
+    """DyT (Zhu et al. 2025): y = g * tanh(alpha * x) + b; alpha one learned scalar, in fp32."""
+
+    def __init__(self, dim: int, alpha0: float) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.init_values = {"alpha": float(alpha0)}  # read by model/init.py
+
+    def squash(self, x: torch.Tensor) -> torch.Tensor:
+        """The point-wise f(alpha x) before the affine (what the saturation share counts)."""
+        return torch.tanh(self.alpha * _at_least_fp32(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.weight * self.squash(x) + self.bias).to(x.dtype)
+
+
+class Derf(nn.Module, FusedPatterns):
+    """Derf (Chen et al. 2025): y = g * erf(alpha * x + s) + b; alpha and s learned scalars."""
+
+    def __init__(self, dim: int, alpha0: float) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
+        self.shift = nn.Parameter(torch.zeros(1))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.init_values = {"alpha": float(alpha0), "shift": 0.0}
+
+    def squash(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.erf(self.alpha * _at_least_fp32(x) + self.shift)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.weight * self.squash(x) + self.bias).to(x.dtype)
+
+
+class EmbedScale(nn.Module):
+    """x * s with s one learned scalar, sqrt(d) at init: the DyT/Derf LM references' embedding."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((1,), dim**0.5))
+        self.init_values = {"scale": dim**0.5}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale.to(x.dtype)
+
+
+POINTWISE = {"dyt": DyT, "derf": Derf}
+
+
+def build_norm(cfg: ModelConfig, dim: int, role: str = "attn") -> nn.Module:
+    """The configured norm (kind, eps, backend) over the last `dim` features. `role` (attn, ffn,
+    final) picks DyT/Derf's alpha0; the statistics norms ignore it."""
+    if cfg.norm in POINTWISE:
+        return POINTWISE[cfg.norm](dim, cfg.dyt_alpha0[role])
     backend = resolve_backend(cfg.norm_backend)  # raises naming why triton cannot run here
     if backend == "triton":
         from .kernels.modules import TritonLayerNorm, TritonRMSNorm

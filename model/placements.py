@@ -2,6 +2,7 @@
 
 Each wrapper's `forward` is its equation. `branch` is the attention or MLP module, so forward hooks
 on `<wrapper>.branch` observe the branch output F(.) and hooks on the wrapper the updated stream.
+The residual scales, HybridNorm and Keel (SCIENCE.md 15, 17, 18) are wrappers of the same kind.
 """
 
 from __future__ import annotations
@@ -103,6 +104,90 @@ class ReorderedNorm(nn.Module):
         return self.norm_out.norm_add(x, self.branch(x))
 
 
+class BranchScale(nn.Module):
+    """λ ⊙ f: LayerScale's diag(λ), λ in R^d (CaiT), or SkipInit's one scalar (size 1)."""
+
+    def __init__(self, size: int, init: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((size,), float(init)))
+        self.init_values = {"weight": float(init)}  # read by model/init.py
+
+    def forward(self, f: torch.Tensor) -> torch.Tensor:
+        return self.weight.to(f.dtype) * f
+
+
+class ScaledBranchPreNorm(nn.Module):
+    """Pre-LN with a residual scale (LayerScale, SkipInit): x = x + λ ⊙ F(N(x))."""
+
+    def __init__(self, branch: nn.Module, make_norm: MakeNorm, scale: BranchScale) -> None:
+        super().__init__()
+        self.branch, self.norm_in, self.scale = branch, make_norm(), scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.scale(self.branch(self.norm_in(x)))
+
+
+class ScaledBranchPeriNorm(nn.Module):
+    """Peri-LN with a residual scale after N_out (a scale before a norm is a no-op):
+    x = x + λ ⊙ N_out(F(N_in(x)))."""
+
+    def __init__(self, branch: nn.Module, make_norm: MakeNorm, scale: BranchScale) -> None:
+        super().__init__()
+        self.branch, self.norm_in, self.norm_out = branch, make_norm(), make_norm()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.scale(self.norm_out(self.branch(self.norm_in(x))))
+
+
+class ScaledBranchReorderedNorm(nn.Module):
+    """OLMo 2's reordered norm with a residual scale: x = x + λ ⊙ N(F(x))."""
+
+    def __init__(self, branch: nn.Module, make_norm: MakeNorm, scale: BranchScale) -> None:
+        super().__init__()
+        self.branch, self.norm_out, self.scale = branch, make_norm(), scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.scale(self.norm_out(self.branch(x)))
+
+
+class PlainResidual(nn.Module):
+    """HybridNorm's attention sub-layer: x = x + F(x), no input norm (F normalises q, k, v)."""
+
+    def __init__(self, branch: nn.Module, make_norm: MakeNorm) -> None:
+        super().__init__()
+        self.branch = branch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.branch(x)
+
+
+class NormedResidual(nn.Module):
+    """HybridNorm's FFN sub-layer (Post-Norm, residual after the norm): z = N(x); x = z + F(z)."""
+
+    def __init__(self, branch: nn.Module, make_norm: MakeNorm) -> None:
+        super().__init__()
+        self.branch, self.norm = branch, make_norm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.norm(x)
+        return z + self.branch(z)
+
+
+class Keel(nn.Module):
+    """Keel (Chen & Wei 2026), a Post-LN with a Highway-style residual and an inner norm:
+    x = N_out(alpha * x + F(N_in(x))), alpha a constant (2L sub-layers by default)."""
+
+    def __init__(self, branch: nn.Module, make_norm: MakeNorm, alpha: float) -> None:
+        super().__init__()
+        self.branch, self.norm_in, self.norm, self.alpha = branch, make_norm(), make_norm(), alpha
+        self.pre_norm = ResidualTap(alpha)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, f = self.pre_norm(x, self.branch(self.norm_in(x)))  # the tap: alpha * x + F before N
+        return self.norm.add_norm(x, f, self.alpha)
+
+
 def deepnorm_constants(n_layers: int) -> tuple[float, float]:
     """DeepNet decoder-only constants for M blocks: alpha = (2M)^(1/4), beta = (8M)^(-1/4)."""
     return (2 * n_layers) ** 0.25, (8 * n_layers) ** -0.25
@@ -112,20 +197,30 @@ def sublayer_kind(cfg: ModelConfig, layer: int) -> str:
     """The wrapper kind of block `layer` (1-based): Mix-LN resolves to post or pre by depth."""
     if cfg.placement == "mix":
         return "post" if layer <= cfg.n_post_blocks else "pre"
+    if cfg.placement == "hybrid_star":  # HybridNorm*: block 1 is Pre-LN (with QKV-norm)
+        return "pre" if layer == 1 else "hybrid"
     if cfg.placement == "pre" and cfg.ln_scaling:
         return "ln_scaling"
     return cfg.placement
 
 
 def wrap_sublayer(
-    cfg: ModelConfig, layer: int, branch: nn.Module, make_norm: MakeNorm
+    cfg: ModelConfig, layer: int, role: str, branch: nn.Module, make_norm: MakeNorm
 ) -> nn.Module:
-    """The residual wrapper of block `layer` (1-based) for the configured placement."""
+    """The residual wrapper of sub-layer `role` ('attn' or 'ffn') of block `layer` (1-based)."""
     kind = sublayer_kind(cfg, layer)
+    if kind == "hybrid":
+        return (PlainResidual if role == "attn" else NormedResidual)(branch, make_norm)
+    if kind == "keel":
+        return Keel(branch, make_norm, alpha=cfg.keel_alpha_value)
     if kind == "deepnorm":
         return DeepNorm(branch, make_norm, alpha=deepnorm_constants(cfg.n_layers)[0])
     if kind == "ln_scaling":
         return ScaledPreNorm(branch, make_norm, layer=layer)
+    if cfg.residual_scale != "none" and kind in SCALED_WRAPPERS:
+        size = cfg.d_model if cfg.residual_scale == "layerscale" else 1
+        scale = BranchScale(size, cfg.residual_scale_init)  # type: ignore[arg-type]
+        return SCALED_WRAPPERS[kind](branch, make_norm, scale)
     return SIMPLE_WRAPPERS[kind](branch, make_norm)
 
 
@@ -134,4 +229,9 @@ SIMPLE_WRAPPERS: dict[str, type[nn.Module]] = {
     "pre": PreNorm,
     "peri": PeriNorm,
     "olmo2": ReorderedNorm,
+}
+SCALED_WRAPPERS: dict[str, type[nn.Module]] = {
+    "pre": ScaledBranchPreNorm,
+    "peri": ScaledBranchPeriNorm,
+    "olmo2": ScaledBranchReorderedNorm,
 }

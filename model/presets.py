@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .placements import SCALED_WRAPPERS, sublayer_kind
+
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(n_layers=4, d_model=128, n_heads=4, d_ff=384, max_seq_len=256, vocab_size=4096),
     "125m": dict(
@@ -25,18 +27,37 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def norm_params(cfg: Any) -> int:
+    """Parameters of one residual-stream norm: gain (and LayerNorm's bias); DyT g, b, alpha;
+    Derf g, b, alpha, s."""
+    d = cfg.d_model
+    return {"layernorm": 2 * d, "rmsnorm": d, "dyt": 2 * d + 1, "derf": 2 * d + 2}[cfg.norm]
+
+
+# norms of one block by its wrapper kind (model.placements.sublayer_kind)
+NORMS_PER_BLOCK = {
+    "post": 2, "pre": 2, "ln_scaling": 2, "peri": 4, "olmo2": 2, "deepnorm": 2, "hybrid": 1,
+    "keel": 4,
+}
+
+
 def count_params(cfg: Any) -> int:
     """Analytic parameter count of a ModelConfig (checks the built model in tests)."""
     d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
     n_mats = 3 if cfg.mlp == "swiglu" else 2
-    norm_size = d * (2 if cfg.norm == "layernorm" else 1)
-    norms_per_block = {"post": 2, "pre": 2, "peri": 4, "olmo2": 2, "deepnorm": 2, "mix": 2}
     qk = {"none": 0, "head": 2 * cfg.head_dim, "flat": d + kv}[cfg.qk_norm]
+    qk += cfg.head_dim if cfg.has_v_norm else 0
     bias = (2 * d + 2 * kv + cfg.d_ff * (n_mats - 1) + d) if cfg.bias else 0
-    block = 2 * d * d + 2 * d * kv + n_mats * d * cfg.d_ff
-    block += norms_per_block[cfg.placement] * norm_size + qk + bias
+    block = 2 * d * d + 2 * d * kv + n_mats * d * cfg.d_ff + qk + bias
     gate = {"none": 0, "headwise": cfg.n_heads, "elementwise": d}[cfg.attn_gate]  # W_g columns
     block += gate * (d + int(cfg.bias)) + (cfg.n_heads if cfg.attn_sinks else 0)
+    scale = {"none": 0, "layerscale": 2 * d, "scalar": 2}[cfg.residual_scale]  # λ per sub-layer
+    total = 0
+    for layer in range(1, cfg.n_layers + 1):
+        kind = sublayer_kind(cfg, layer)
+        total += block + NORMS_PER_BLOCK[kind] * norm_params(cfg)
+        total += scale if kind in SCALED_WRAPPERS else 0
     embed = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+    embed += 1 if cfg.norm in ("dyt", "derf") else 0  # the embedding scalar
     extra_norms = int(cfg.has_final_norm) + int(cfg.embed_norm)
-    return cfg.n_layers * block + embed + extra_norms * norm_size
+    return total + embed + extra_norms * norm_params(cfg)

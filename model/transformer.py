@@ -12,7 +12,7 @@ from .attention_cores import SoftCap
 from .config import ModelConfig
 from .init import init_weights
 from .mlp import build_mlp
-from .norms import build_norm, resolve_backend
+from .norms import POINTWISE, EmbedScale, build_norm, resolve_backend
 from .placements import sublayer_kind, wrap_sublayer
 
 
@@ -21,9 +21,9 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        make_norm = partial(build_norm, cfg, cfg.d_model)
-        self.attn = wrap_sublayer(cfg, layer, Attention(cfg), make_norm)
-        self.mlp = wrap_sublayer(cfg, layer, build_mlp(cfg), make_norm)
+        attn_norm, ffn_norm = (partial(build_norm, cfg, cfg.d_model, r) for r in ("attn", "ffn"))
+        self.attn = wrap_sublayer(cfg, layer, "attn", Attention(cfg), attn_norm)
+        self.mlp = wrap_sublayer(cfg, layer, "ffn", build_mlp(cfg), ffn_norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.attn(x))
@@ -41,7 +41,8 @@ class FusedPreBlock(Block):
 
 def build_block(cfg: ModelConfig, layer: int) -> Block:
     """A plain Block, or the fused Pre-LN form when the block is Pre-LN on triton norms."""
-    fused = resolve_backend(cfg.norm_backend) == "triton" and sublayer_kind(cfg, layer) == "pre"
+    plain_pre = sublayer_kind(cfg, layer) == "pre" and cfg.residual_scale == "none"
+    fused = resolve_backend(cfg.norm_backend) == "triton" and plain_pre
     return (FusedPreBlock if fused else Block)(cfg, layer)
 
 
@@ -53,9 +54,12 @@ class Transformer(nn.Module):
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.embed_norm = build_norm(cfg, cfg.d_model) if cfg.embed_norm else nn.Identity()
+        # DyT/Derf: a learned scalar on the embedding, sqrt(d) at init (SCIENCE.md 16)
+        self.embed_scale = EmbedScale(cfg.d_model) if cfg.norm in POINTWISE else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(build_block(cfg, layer) for layer in range(1, cfg.n_layers + 1))
-        self.final_norm = build_norm(cfg, cfg.d_model) if cfg.has_final_norm else nn.Identity()
+        final = cfg.has_final_norm
+        self.final_norm = build_norm(cfg, cfg.d_model, "final") if final else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         cap = cfg.final_softcap  # Gemma 2: z' = c tanh(z / c); the loss (and z-loss) see z'
         self.final_cap = SoftCap(cap) if cap is not None else nn.Identity()
@@ -64,7 +68,7 @@ class Transformer(nn.Module):
         self.init_weights()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.drop(self.embed_norm(self.embed(tokens)))  # (B, T, C)
+        x = self.drop(self.embed_norm(self.embed_scale(self.embed(tokens))))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
         return self.final_cap(self.head(self.final_norm(x)))  # (B, T, V)

@@ -39,6 +39,25 @@ def scheme_config(scheme: str) -> ModelConfig:
     )
 
 
+def norm_side_configs() -> dict[str, ModelConfig]:
+    """The norm-side parameter kinds (SCIENCE.md 15-18): DyT/Derf alpha, shift, gain and bias,
+    the embedding scalar, LayerScale and SkipInit scales, HybridNorm's N_v, Keel's two norms."""
+    base = dict(n_layers=2, d_model=64, n_heads=4, d_ff=96, vocab_size=100, max_seq_len=16)
+    return {
+        "dyt_layerscale": ModelConfig(**base, norm="dyt", residual_scale="layerscale",
+                                      qk_norm="head"),
+        "derf_scalar": ModelConfig(**base, norm="derf", residual_scale="scalar",
+                                   residual_scale_init=0.3),
+        "hybrid_star": ModelConfig(**base, placement="hybrid_star", qk_norm="head",
+                                   init="megatron_small"),
+        "keel": ModelConfig(**base, placement="keel"),
+    }
+
+
+def all_configs() -> dict[str, ModelConfig]:
+    return {scheme: scheme_config(scheme) for scheme in model_init.SCHEMES} | norm_side_configs()
+
+
 def fsdp_weights(cfg: ModelConfig) -> dict[str, torch.Tensor]:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import init_device_mesh
@@ -69,8 +88,7 @@ def main() -> None:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
-    for scheme in model_init.SCHEMES:
-        cfg = scheme_config(scheme)
+    for scheme, cfg in all_configs().items():
         for engine, build in (("fsdp", fsdp_weights), ("zero3", zero3_weights)):
             weights = build(cfg)
             if dist.get_rank() == 0:

@@ -37,7 +37,9 @@ def test_round_trip_and_defaults():
     cfg = ModelConfig(placement="deepnorm")
     assert cfg.init == "deepnorm" and cfg.n_kv_heads == cfg.n_heads
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
-    assert set(FINAL_NORM) == {"post", "pre", "peri", "olmo2", "deepnorm", "mix"}
+    assert set(FINAL_NORM) == {
+        "post", "pre", "peri", "olmo2", "deepnorm", "mix", "hybrid", "hybrid_star", "keel"
+    }
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

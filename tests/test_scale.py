@@ -59,14 +59,15 @@ def test_sharded_init_equals_single_process_init_for_every_scheme(
 ) -> None:
     """2 ranks, FSDP2 (meta + fully_shard + local shards) and ZeRO-3 (zero.Init + local flat
     partitions), with generator chunks of 64 elements so shards cut through chunks: the gathered
-    weights equal one process's init bit for bit, for every scheme in model.init.SCHEMES."""
-    from dist_worker_init import SEED, scheme_config
+    weights equal one process's init bit for bit, for every scheme in model.init.SCHEMES and the
+    norm-side parameter kinds (DyT/Derf, residual scales, HybridNorm's N_v, Keel)."""
+    from dist_worker_init import SEED, all_configs
 
     _torchrun("dist_worker_init.py", str(tmp_path), "64")
     monkeypatch.setattr(model_init, "CHUNK", 64)
-    for scheme in model_init.SCHEMES:
+    for scheme, cfg in all_configs().items():
         torch.manual_seed(SEED)  # Transformer's own init draws from torch.initial_seed()
-        expected = Transformer(scheme_config(scheme)).state_dict()
+        expected = Transformer(cfg).state_dict()
         for engine in ("fsdp", "zero3"):
             got = torch.load(tmp_path / f"{engine}_{scheme}.pt")
             assert set(got) == set(expected), (engine, scheme)
@@ -74,11 +75,13 @@ def test_sharded_init_equals_single_process_init_for_every_scheme(
                 assert torch.equal(got[key], value), (engine, scheme, key)
 
 
-@pytest.mark.parametrize("scheme", sorted(model_init.SCHEMES))
+@pytest.mark.parametrize(
+    "scheme", [*sorted(model_init.SCHEMES), "dyt_layerscale", "derf_scalar", "hybrid_star", "keel"]
+)
 def test_meta_build_equals_eager_build(scheme: str) -> None:
-    from dist_worker_init import scheme_config
+    from dist_worker_init import all_configs
 
-    cfg = scheme_config(scheme)
+    cfg = all_configs()[scheme]
     module, plan = build_on_meta(cfg)
     materialize(module, plan, 7, torch.device("cpu"))
     torch.manual_seed(7)

@@ -33,7 +33,7 @@ from normlab.data.tokenizer import TokenizerInfo
 from normlab.launch.config import RunConfig, load_config
 from normlab.launch.config.paths import saved_form
 from normlab.launch.engines.fsdp import read_meta
-from normlab.launch.errors import CheckpointError, RunDirError
+from normlab.launch.errors import CheckpointError, ConfigError, RunDirError
 from normlab.launch.extras import require
 from normlab.launch.training.consolidate import find_checkpoint, read_weights
 from normlab.launch.training.manifest import find_damage
@@ -252,6 +252,8 @@ def export(
     if hf:
         require("transformers", "normlab export (its HF format; --no-hf writes the native only)")
     cfg: RunConfig = load_config(run_dir / CONFIG, [f"run_dir={run_dir}"])
+    if hf:
+        refuse_hf(cfg)
     ckpt = find_checkpoint(run_dir, step)
     engine = read_meta(ckpt).get("engine", "single")
     if read_meta(ckpt).get("format") == "deepspeed":
@@ -280,6 +282,16 @@ def export(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return lines
+
+
+def refuse_hf(cfg: RunConfig) -> None:
+    """DyT/Derf, HybridNorm and Keel have no HF family and no exact rewrite into one: asked for
+    the HF format, export refuses them (one line) before writing anything."""
+    from normlab.model.hf_fold import unexportable
+
+    reason = unexportable(cfg.model_config())
+    if reason is not None:
+        raise ConfigError(f"{reason}; --no-hf exports the native format only")
 
 
 def temp_dir(out: Path) -> Path:

@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(resolved_dict(cfg), sort_keys=False), end="")
     if cfg.training.device == "cuda" and not torch.cuda.is_available():
         print("note: training.device is cuda; this machine has no CUDA device (train elsewhere)")
+    for note in cfg.model_config().notes():
+        print(f"note: {note}")
     analytic = count_params(cfg.model_config())
     print(
         f"{cfg.name}: valid; {total:,} parameters ({total / 1e6:,.1f} M; "

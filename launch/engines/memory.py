@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from normlab.model.config import ModelConfig
-from normlab.model.presets import count_params
+from normlab.model.presets import count_params, norm_params
 
 EngineName = Literal["single", "fsdp", "deepspeed"]
 WIDTH = {"fp32": 4, "bf16": 2, "fp16": 2}  # bytes of a parameter copy / activation element
@@ -78,9 +78,9 @@ class Estimate:
 
 def root_params(cfg: ModelConfig) -> int:
     """Embedding, head (unless tied) and the norms outside the blocks."""
-    norm = cfg.d_model * (2 if cfg.norm == "layernorm" else 1)
     embed = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
-    return embed + norm * (int(cfg.has_final_norm) + int(cfg.embed_norm))
+    embed += 1 if cfg.norm in ("dyt", "derf") else 0  # their embedding scalar
+    return embed + norm_params(cfg) * (int(cfg.has_final_norm) + int(cfg.embed_norm))
 
 
 def block_params(cfg: ModelConfig) -> int:

@@ -22,6 +22,7 @@ from normlab.launch.instruments.common import (
 )
 from normlab.launch.optim.qk_clip import CLIP_EVENTS, S_MAX
 from normlab.launch.report.domains import domain_columns, domain_values
+from normlab.launch.report.norm_columns import NORM_COLUMNS, norm_columns, norm_label
 from normlab.launch.report.provenance import tokenizer_id
 from normlab.launch.report.runs import Run, finite
 from normlab.launch.report.stabilizer_columns import (
@@ -63,6 +64,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("qk_clips", "QK-Clip events", "d"),
     ("fp16_clamps", "fp16 clamps", "d"),
     *((key, label, spec) for key, (label, spec, _) in STABILIZER_COLUMNS.items()),
+    *((key, label, spec) for key, (label, spec) in NORM_COLUMNS.items()),
     ("tokens_per_s", "tokens/s", ",.0f"),
     ("mfu", "MFU %", ".1f"),
 ]
@@ -79,6 +81,8 @@ NOTES = (
     "peak; '-' on a CPU or GPU without a known or given peak (logging.peak_tflops). "
     "Gate mean, 1st-token share, sink mass, cap shares, massive act.: the attention_stabilizers "
     "instrument at the last logged step (SCIENCE.md 12-14; block mean, massive act. block max). "
+    "Mean |λ|, DyT/Derf α, saturation (share |f| >= 0.9): the norm_stabilizers instrument at the "
+    "last logged step (SCIENCE.md 15-16; mean over sub-layers and the final layer). "
     "'-': not measured (instrument off or no full window yet)."
 )
 
@@ -98,7 +102,7 @@ def placement_label(config: dict[str, Any]) -> str:
         label += f"+qk_norm:{m['qk_norm']}"
     if m.get("embed_norm"):
         label += "+embed_norm"
-    return label + stabilizer_label(m)
+    return label + stabilizer_label(m) + norm_label(m)
 
 
 def dataset_label(config: dict[str, Any]) -> str:
@@ -192,6 +196,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "qk_clips": _last(run, CLIP_EVENTS),
         "fp16_clamps": _last(run, FP16_CLAMPS),
         **stabilizer_columns(run),
+        **norm_columns(run),
         "tokens_per_s": tps if tps is not None and math.isfinite(tps) else None,
         "mfu": _mfu_percent(s, run.train),
         **domain_values(run),

@@ -1,0 +1,63 @@
+"""The norm-side stabilizers at the HF boundary (SCIENCE.md 15-18).
+
+No HF decoder family has a residual scale, DyT/Derf, HybridNorm or Keel. A residual scale is the
+last linear map on its branch, so it folds exactly into a weight that is exported: Pre-LN's
+o_proj / down_proj rows (diag(λ) W), OLMo 2's post-sub-layer norm gains (λ ⊙ g). The export is
+one-way: importing gives λ = 1 (no scale). The others are refused with one line.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import POINTWISE_NORMS, ModelConfig
+
+# placement -> {our sub-layer: the HF weight its λ folds into}
+FOLDS = {
+    "pre": {"attn": "self_attn.o_proj.weight", "mlp": "mlp.down_proj.weight"},
+    "olmo2": {
+        "attn": "post_attention_layernorm.weight",
+        "mlp": "post_feedforward_layernorm.weight",
+    },
+}
+
+
+def unexportable(cfg: ModelConfig) -> str | None:
+    """Why no HF family can hold `cfg`'s norm-free layers or placement (None: nothing here)."""
+    if cfg.norm in POINTWISE_NORMS:
+        return f"no HF family has {cfg.norm} (model.norm; SCIENCE.md 16): export refuses it"
+    if cfg.placement in ("hybrid", "hybrid_star", "keel"):
+        return (
+            f"no HF family has placement {cfg.placement!r} (SCIENCE.md 17-18): export "
+            "refuses it"
+        )
+    return None
+
+
+def refuse_norm_side(cfg: ModelConfig) -> None:
+    """ValueError (one line) for what no HF family holds, residual scales off pre/olmo2 too."""
+    reason = unexportable(cfg)
+    if reason is not None:
+        raise ValueError(reason)
+    if cfg.residual_scale != "none" and cfg.placement not in FOLDS:
+        raise ValueError(
+            f"model.residual_scale folds into an HF weight for placement pre or olmo2 only, "
+            f"got placement {cfg.placement!r}"
+        )
+
+
+def fold_residual_scales(
+    cfg: ModelConfig, ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """HF tensors with each block's λ folded in (nothing without a residual scale). `theirs`
+    holds the HF tensors before folding (Qwen3-Next's norm gains are stored as g - 1, but the
+    pre fold touches only linear weights)."""
+    if cfg.residual_scale == "none":
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    for i in range(cfg.n_layers):
+        for sub, hf_key in FOLDS[cfg.placement].items():
+            lam = ours[f"blocks.{i}.{sub}.scale.weight"]
+            w = theirs[f"model.layers.{i}.{hf_key}"]
+            out[f"model.layers.{i}.{hf_key}"] = lam[:, None] * w if w.ndim == 2 else lam * w
+    return out
