@@ -107,7 +107,7 @@ def test_vocab_sizes_follow_the_prepared_tokenizer(
     assert code == 0, err
     shown = yaml.safe_load(out[: out.rindex("\npre: valid")])
     assert shown["model"]["vocab_size"] == 512 and shown["data"]["vocab_size"] == 512
-    off = {"attn_softcap", "final_softcap"}  # null is their value for "no cap"
+    off = {"attn_softcap", "final_softcap", "residual_scale_init"}  # null: no cap, no scale
     assert all(v is not None for k, v in shown["model"].items() if k not in off)  # resolved
     code, _, err = _validate(capsys, "pre", f"data.dataset={tiny_data}", "model.vocab_size=300")
     assert code == 2 and "remove model.vocab_size" in err and "set it >= 512" in err
