@@ -5,7 +5,8 @@
 # compiled against eager step time (inductor, bf16, QK-Clip and the instruments on) with the
 # MFU each reaches on the 125m preset.
 # Usage: benchmarks/gpu_check.sh [OUT_DIR]   (default: $OUT if set, else gpu_check_out)
-#        PARTS="throughput" benchmarks/gpu_check.sh   runs only the named parts (kernels, throughput)
+#        PARTS="throughput" benchmarks/gpu_check.sh   runs only the named parts (kernels, throughput,
+#        stabilizers)
 # Writes OUT_DIR/{env.txt,tests.txt,bench.txt,bench.jsonl,table.txt,mfu.txt,compile.txt,
 # compile.json,summary.txt}.
 set -u
@@ -27,7 +28,7 @@ fi
     "$py" -c "import liger_kernel; print('liger-kernel present')" 2>/dev/null || echo "no liger-kernel"
 } > "$out/env.txt" 2>&1
 
-parts="${PARTS:-kernels throughput}"
+parts="${PARTS:-kernels throughput stabilizers}"
 if [[ " $parts " == *" kernels "* ]]; then
 start=$SECONDS
 timeout 210 "$py" -m pytest tests/test_kernels.py tests/test_kernels_gpu.py -q -p no:cacheprovider \
@@ -59,4 +60,13 @@ timeout 240 "$py" benchmarks/bench_compile.py --device cuda --dtype bf16 --size 
     --warmup 5 --json "$out/compile.json" > "$out/compile.txt" 2>&1
 echo "compile benchmark: exit $? in $((SECONDS - start)) s" | tee -a "$summary"
 grep -E "^(eager|compiled|compiled vs)" "$out/compile.txt" | tee -a "$summary"
+fi
+
+if [[ " $parts " == *" stabilizers "* ]]; then
+# attention stabilizers (gate, sinks, caps) against Pre-LN in bf16: step-time ratios, kernel used
+start=$SECONDS
+timeout 120 "$py" benchmarks/bench_stabilizers.py --device cuda --sizes small --rounds 20 \
+    --json "$out/stabilizers.json" > "$out/stabilizers.txt" 2>&1
+echo "stabilizers benchmark: exit $? in $((SECONDS - start)) s" | tee -a "$summary"
+tail -n 8 "$out/stabilizers.txt" | tee -a "$summary"
 fi
