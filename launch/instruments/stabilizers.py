@@ -90,7 +90,8 @@ class AttentionStabilizers(Callback):
                 if core.cap is not None:
                     seen = ~future_mask(T, s.device)
                     hit = ((s.abs() >= core.cap) & seen).sum()
-                    self._mean(block_key(ATTN_CAP, i), hit.double(), B * H * int(seen.sum()))
+                    causal = T * (T + 1) // 2  # unmasked (i, j): no host sync under compile
+                    self._mean(block_key(ATTN_CAP, i), hit.double(), B * H * causal)
 
         return hook
 
