@@ -169,7 +169,7 @@ OBSERVE = (
 
 def _observed(run: Path) -> dict[int, dict[str, float]]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    skip = {"step", "step_time", "tokens_per_s"}
+    skip = {"step", "step_time", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"}
     return {r["step"]: {k: v for k, v in r.items() if k not in skip} for r in rows if "loss" in r}
 
 
