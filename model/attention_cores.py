@@ -96,20 +96,20 @@ class EagerCore(nn.Module):
         """softmax over keys of the masked logits (B, H, T, T)."""
         return torch.softmax(logits, dim=-1)
 
-    def weights(self, s: torch.Tensor) -> torch.Tensor:
+    def weights(self, s: torch.Tensor, future: torch.Tensor | None = None) -> torch.Tensor:
         """P = softmax(score_mod(S) + M): cap first, then mask (a capped -inf would take mass)."""
-        future = future_mask(s.shape[-1], s.device)
+        future = future_mask(s.shape[-1], s.device) if future is None else future
         return self.probabilities(self.score_mod(s).masked_fill(future, float("-inf")))
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, bounds: bool
     ) -> tuple[torch.Tensor, Bounds | None]:
         s = attention_logits(q, k)  # S (B, H, T, T)
+        future = future_mask(s.shape[-1], s.device)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        y = (F.dropout(self.weights(s), dropout_p) @ v.to(s.dtype)).to(v.dtype)
+        y = (F.dropout(self.weights(s, future), dropout_p) @ v.to(s.dtype)).to(v.dtype)
         if not bounds:
             return y, None
-        future = future_mask(s.shape[-1], s.device)
         s_max = s.detach().masked_fill(future, float("-inf")).amax(dim=(0, 2, 3))  # before the cap
         return y, (s_max, s_max)
 

@@ -18,33 +18,19 @@ from .config import ModelConfig
 from .hf_fold import fold_residual_scales, refuse_norm_side
 from .transformer import Transformer
 
+# our norm names -> HF layernorm names of the Llama-style pre-norm block
+PRE_NORMS = {"attn.norm_in": "input_layernorm", "mlp.norm_in": "post_attention_layernorm"}
 # model_type -> (placement, qk_norm, our norm names -> HF layernorm names)
 FAMILIES: dict[str, tuple[str, str, dict[str, str]]] = {
-    "llama": (
-        "pre",
-        "none",
-        {"attn.norm_in": "input_layernorm", "mlp.norm_in": "post_attention_layernorm"},
-    ),
-    "qwen3": (
-        "pre",
-        "head",
-        {"attn.norm_in": "input_layernorm", "mlp.norm_in": "post_attention_layernorm"},
-    ),
+    "llama": ("pre", "none", PRE_NORMS),
+    "qwen3": ("pre", "head", PRE_NORMS),
     "olmo2": (
         "olmo2",
         "flat",
         {"attn.norm_out": "post_attention_layernorm", "mlp.norm_out": "post_feedforward_layernorm"},
     ),
-    "qwen3_next": (
-        "pre",
-        "head",
-        {"attn.norm_in": "input_layernorm", "mlp.norm_in": "post_attention_layernorm"},
-    ),
-    "granite_swa": (
-        "pre",
-        "none",
-        {"attn.norm_in": "input_layernorm", "mlp.norm_in": "post_attention_layernorm"},
-    ),
+    "qwen3_next": ("pre", "head", PRE_NORMS),
+    "granite_swa": ("pre", "none", PRE_NORMS),
 }
 # model_type -> the attention stabilizers it has: (gated, sinks); every other family has neither
 STABILIZERS = {"qwen3_next": (True, False), "granite_swa": (False, True)}
