@@ -144,26 +144,36 @@ def run_prepare(
 
 
 def compare(kind: str, tok: Path, corpus: Path, docs: list[str], args: argparse.Namespace) -> dict:
-    """Baseline and normlab at each --procs, interleaved --repeats times; the best of each."""
+    """Baseline and normlab at each --procs, --repeats times in counterbalanced order (every
+    other repeat runs the list backwards: this machine's speed drifts within minutes, by up to
+    25 % for the same work, so a fixed order favours whatever runs first); the best of each."""
     best: dict = {}
     batch = int(args.batch_mb * 2**20)
-    for _ in range(args.repeats):
+    base_n = 0
+
+    def keep(key: object, values: tuple) -> None:
+        old = best.get(key, values)
+        best[key] = [min(a, b) for a, b in zip(old, values, strict=True)]
+
+    def run_baseline() -> None:
+        nonlocal base_n
         wall, cpu, base_n = baseline(kind, tok, docs, batch)
-        best["base"] = [
-            min(a, b) for a, b in zip(best.get("base", (wall, cpu)), (wall, cpu), strict=True)
-        ]
-        for n in args.procs:
-            if n > 1:
-                pair = baseline_pool(kind, tok, docs, batch, n)
-                old = best.get(f"pool{n}", pair)
-                best[f"pool{n}"] = [min(a, b) for a, b in zip(old, pair, strict=True)]
-            wall, cpu, stage, got = run_prepare(
-                corpus, corpus.parent / "out", tok, n, args.batch_mb
-            )
-            # the same ids as the baseline, plus EOS at the document breaks of each split
-            assert 0 <= got - base_n <= len(docs), (got, base_n)
-            old = best.get(n, (wall, cpu, stage))
-            best[n] = [min(a, b) for a, b in zip(old, (wall, cpu, stage), strict=True)]
+        keep("base", (wall, cpu))
+
+    def run_normlab(n: int) -> None:
+        wall, cpu, stage, got = run_prepare(corpus, corpus.parent / "out", tok, n, args.batch_mb)
+        # the same ids as the baseline, plus EOS at the document breaks of each split
+        assert 0 <= got - base_n <= len(docs), (got, base_n)
+        keep(n, (wall, cpu, stage))
+
+    steps = [run_baseline]
+    for n in args.procs:
+        if n > 1:
+            steps.append(lambda n=n: keep(f"pool{n}", baseline_pool(kind, tok, docs, batch, n)))
+        steps.append(lambda n=n: run_normlab(n))
+    for r in range(args.repeats):  # forward first: base_n checks the normlab runs' token count
+        for step in steps if r % 2 == 0 else steps[::-1]:
+            step()
     base, base_eff = base_n / best["base"][0], base_n / best["base"][1]
     row = {"tokenizer": kind, "tokens": base_n, "baseline_tok_s": round(base),
            "baseline_tok_per_cpu_s": round(base_eff)}  # fmt: skip
