@@ -1,5 +1,6 @@
 """The protocol's instruments against torch directly: output_logits' log Z statistics equal
-torch.logsumexp over every training micro-batch of a log step (eval passes ignored), grad_rms is
+torch.logsumexp over every training micro-batch of a log step (eval passes ignored), logit_mean
+the mean of every logit of those micro-batches, grad_rms is
 the gradient norm over sqrt(parameter count); init_loss logs the eval loss before step 1."""
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def test_output_logits_match_logsumexp_over_the_step() -> None:
     cb.on_step_end(trainer, 2, metrics)
     lse = torch.cat([torch.logsumexp(o.detach(), -1).reshape(-1) for o in outs])
     assert torch.allclose(metrics["logz_mean"], lse.mean(), atol=1e-6)
+    every_logit = torch.cat([o.detach().reshape(-1) for o in outs])  # same count per token
+    assert torch.allclose(metrics["logit_mean"], every_logit.mean(), atol=1e-6)
     assert torch.allclose(metrics["logz_min"], lse.min()) and torch.allclose(
         metrics["logz_max"], lse.max()
     )

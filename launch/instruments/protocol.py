@@ -3,9 +3,11 @@
 - `init_loss`: the held-out eval loss of the initialised model, measured before step 0 and logged
   as `init_loss` on a step-0 row (`l_0` of the protocol: a diverged run counts as this loss).
 - `output_logits`: on log steps, `log Z = logsumexp(z)` of the output logits over every training
-  token of the step: `logz_mean`, `logz_min`, `logz_max` (the output-logit divergence signal:
-  Wortsman et al.'s logits drift very negative), and `grad_rms`, the global gradient norm over
-  sqrt(number of parameters), to compare with Adam's epsilon.
+  token of the step: `logz_mean`, `logz_min`, `logz_max`, and `logit_mean`, the mean logit over
+  the tokens and the vocabulary (the output-logit divergence signal: Wortsman et al.'s logits
+  "become very negative"; the mean logit is the output embeddings' mean times the hidden state,
+  Stollenwerk et al. 2026), and `grad_rms`, the global gradient norm over sqrt(number of
+  parameters), to compare with Adam's epsilon.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.utils.hooks import RemovableHandle
 
 INIT_LOSS = "init_loss"
 LOGZ_MEAN, LOGZ_MIN, LOGZ_MAX = "logz_mean", "logz_min", "logz_max"
+LOGIT_MEAN = "logit_mean"
 GRAD_RMS = "grad_rms"
 
 
@@ -41,14 +44,15 @@ class InitLoss(Callback):
 
 
 class OutputLogits(Callback):
-    """Logs mean / min / max of log Z over the step's tokens and the global gradient RMS."""
+    """Logs mean / min / max of log Z and the mean logit over the step's tokens, and the global
+    gradient RMS."""
 
     name = "output_logits"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         settings_of(settings, {}, self.name)
         self._handle: RemovableHandle | None = None
-        self._acc: torch.Tensor | None = None  # [sum, count, -min, max]
+        self._acc: torch.Tensor | None = None  # [sum log Z, count, sum mean logit, -min, max]
 
     def on_train_start(self, trainer: TrainerView) -> None:
         model = unwrap(trainer.engine.model)
@@ -64,13 +68,16 @@ class OutputLogits(Callback):
     def _hook(self, module: nn.Module, args: Any, out: torch.Tensor) -> None:
         if not module.training:
             return  # evaluation passes are not the training step's logits
-        logz = torch.logsumexp(out.detach().float(), dim=-1).reshape(-1)
-        part = torch.stack([logz.sum(), logz.new_tensor(logz.numel()), -logz.min(), logz.max()])
+        z = out.detach().float()
+        logz = torch.logsumexp(z, dim=-1).reshape(-1)
+        part = torch.stack(
+            [logz.sum(), logz.new_tensor(logz.numel()), z.mean(-1).sum(), -logz.min(), logz.max()]
+        )
         if self._acc is None:
             self._acc = part
         else:
             self._acc = torch.cat(
-                [self._acc[:2] + part[:2], torch.maximum(self._acc[2:], part[2:])]
+                [self._acc[:3] + part[:3], torch.maximum(self._acc[3:], part[3:])]
             )
 
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
@@ -79,9 +86,10 @@ class OutputLogits(Callback):
             self._handle = None
             if self._acc is not None:
                 engine = trainer.engine
-                sums = engine.all_reduce(self._acc[:2].clone(), "sum")
-                extremes = engine.all_reduce(self._acc[2:].clone(), "max")
+                sums = engine.all_reduce(self._acc[:3].clone(), "sum")
+                extremes = engine.all_reduce(self._acc[3:].clone(), "max")
                 metrics[LOGZ_MEAN] = sums[0] / sums[1]
+                metrics[LOGIT_MEAN] = sums[2] / sums[1]
                 metrics[LOGZ_MIN] = -extremes[0]
                 metrics[LOGZ_MAX] = extremes[1]
             grad = metrics.get("grad_norm")

@@ -91,7 +91,7 @@ def logits_figure(found: list[Curve]) -> plt.Figure | None:
     if not any("max_logit" in p.extra for c in found for p in c.points):
         return None
     sizes, recipes = _sizes(found), _recipes(found)
-    fig, axes = _panels(2, len(sizes))
+    fig, axes = _panels(3, len(sizes))
     for j, size in enumerate(sizes):
         for i, recipe in enumerate(recipes):
             curve = next((c for c in found if c.recipe == recipe and c.size == size), None)
@@ -104,6 +104,7 @@ def logits_figure(found: list[Curve]) -> plt.Figure | None:
                 return [_mean(p.extra.get(key, [math.nan])) for p in curve.points]
 
             axes[0, j].plot(lrs, stat("max_logit"), label=recipe, **style)
+            axes[2, j].plot(lrs, stat("logit_mean_final"), **style)
             axes[1, j].plot(
                 lrs,
                 stat("logz_mean_final"),
@@ -125,9 +126,11 @@ def logits_figure(found: list[Curve]) -> plt.Figure | None:
         readable_log(top)
         top.set_title(f"size {size}" if size != "-" else "max attention logit")
         top.set_ylabel("max attention logit (over training)")
-        bottom.set_xlabel("learning rate")
         bottom.set_ylabel("log Z: final mean (solid), min (dotted)")
         bottom.axhline(0.0, color="grey", linewidth=0.8)
+        axes[2, j].set_xlabel("learning rate")
+        axes[2, j].set_ylabel("mean output logit (final)")
+        axes[2, j].axhline(0.0, color="grey", linewidth=0.8)
     _finish(fig, axes)
     return fig
 

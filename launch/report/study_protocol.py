@@ -6,7 +6,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from normlab.launch.instruments.protocol import GRAD_RMS, INIT_LOSS, LOGZ_MEAN, LOGZ_MIN
+from normlab.launch.instruments.protocol import (
+    GRAD_RMS,
+    INIT_LOSS,
+    LOGIT_MEAN,
+    LOGZ_MEAN,
+    LOGZ_MIN,
+)
 from normlab.launch.report.runs import Run, finite
 from normlab.launch.report.sensitivity import (
     PROTOCOL_LRS,
@@ -24,7 +30,7 @@ if TYPE_CHECKING:
     from normlab.launch.config.study import StudySpec
 
 # per run: how the figures' statistics are read (max attention logit over training, ...)
-EXTRA = ["max_logit", "logz_mean_final", "logz_min", "grad_rms_final"]
+EXTRA = ["max_logit", "logz_mean_final", "logz_min", "logit_mean_final", "grad_rms_final"]
 
 
 def init_loss_of(run: Run) -> float | None:
@@ -47,11 +53,14 @@ def run_point(p: Planned, run: Run) -> Point:
     status = run.summary.get("status")
     last = run.evals[-1]["eval_loss"] if run.evals else None
     logits = _series(run, "max_logit")
-    logz, logz_min, grad_rms = (_series(run, k) for k in (LOGZ_MEAN, LOGZ_MIN, GRAD_RMS))
+    logz, logz_min, logit_mean, grad_rms = (
+        _series(run, k) for k in (LOGZ_MEAN, LOGZ_MIN, LOGIT_MEAN, GRAD_RMS)
+    )
     extra = {
         "max_logit": max(logits) if logits else math.nan,
         "logz_mean_final": logz[-1] if logz else math.nan,
         "logz_min": min(logz_min) if logz_min else math.nan,
+        "logit_mean_final": logit_mean[-1] if logit_mean else math.nan,
         "grad_rms_final": grad_rms[-1] if grad_rms else math.nan,
     }
     return Point(
