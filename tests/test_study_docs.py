@@ -89,7 +89,7 @@ def test_the_docs_quote_the_committed_numbers() -> None:
             assert report.is_dir(), f"{doc.name} links study/{name}/, which is not committed"
             by_recipe = {recipe: row for (recipe, _), row in curves(report).items()}
             sens, best = column(header, "lr sensitivity"), column(header, "best loss")
-            assert sens is not None, f"{doc.name}: the table after study/{name} has no LR sensitivity"
+            assert sens is not None, f"{doc.name}: no LR sensitivity in the study/{name} table"
             for cells in body:
                 recipe = cells[0].strip("`* ")
                 if recipe not in by_recipe:
