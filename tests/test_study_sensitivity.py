@@ -17,8 +17,10 @@ from normlab.launch.report.sensitivity import (
     curves,
     lr_sensitivity,
     stable_range,
+    summary_row,
     write_csvs,
 )
+from normlab.launch.report.separation import TRAINED_MARGIN
 from normlab.launch.report.study_lr_plots import write_lr_plots
 
 L0 = 8.3
@@ -124,3 +126,22 @@ def test_csvs_and_figures(tmp_path: Path) -> None:
     paths = write_lr_plots(found, tmp_path)
     assert [p.name for p in paths] == ["lr_loss.png", "lr_logits.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_trained_range_needs_every_seed_below_the_plateau_by_the_margin() -> None:
+    plateau = 6.258
+    edge = plateau - TRAINED_MARGIN  # exactly the margin: trained
+    s0 = [6.25, 5.5, edge, 5.2, 6.3, 5.0, 6.26]
+    s1 = [5.3, 5.6, 5.4, 5.1, 5.0, 5.1, 6.26]  # trains at index 0 and 4, where seed 0 does not
+    pts = points({0: s0, 1: s1}, failed={(1, 5)})  # index 5: seed 1 diverged (counts as l_0)
+    (c,) = curves(pts, plateau=plateau)
+    assert c.trained_range == (PROTOCOL_LRS[1], PROTOCOL_LRS[3])  # 5 fails on seed 1
+    row = summary_row(c)
+    assert (row["trained_lr_low"], row["trained_lr_high"]) == ("0.001", "0.01")
+    assert row["plateau"] == 6.258
+    # LR sensitivity cannot tell a curve that trains nowhere from a stable one; this range can
+    (flat,) = curves(points({0: [6.25] * 7, 1: [6.26] * 7}), plateau=plateau)
+    assert flat.sensitivity < 0.01 and flat.trained_range is None
+    assert summary_row(flat)["trained_lr_low"] == ""
+    (unknown,) = curves(points({0: s1}))  # no plateau given: no range, not a guess
+    assert unknown.trained_range is None and summary_row(unknown)["plateau"] == ""

@@ -10,6 +10,11 @@ For one curve (a recipe at one size) over a log-spaced learning-rate grid {eta_i
     LR sensitivity  = mean_i mean_seeds capped(eta_i) - l*      (each grid point weighted equally)
     stable LR range = the widest contiguous run of grid points whose seed-mean is within
                       `margin` (0.1 nats) of l*; a tie goes to the run holding argmin eta.
+    trained LR range = the widest contiguous run of grid points where every seed trained (its
+                      capped loss TRAINED_MARGIN nats below the data's unigram plateau); none
+                      when no point trained. LR sensitivity is relative to each curve's own l*,
+                      so a curve that trains nowhere is "insensitive": this range tells
+                      the two apart (Post-LN without warm-up trains over fewer rates).
 
 The curve is the mean over seeds at each grid point (every seed capped first); the sensitivity
 of each seed's own curve is reported beside it as its spread.
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from normlab.launch.report.separation import trained
 
 STABLE_MARGIN = 0.1  # nats above l* that still count as stable (SCIENCE.md 19)
 PROTOCOL_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)  # normlab's grid (SCIENCE.md 19)
@@ -67,6 +73,7 @@ class Curve:
     init_loss: float  # mean measured l_0 over the curve's runs
     points: list[GridPoint]  # by increasing lr
     margin: float = STABLE_MARGIN
+    plateau: float | None = None  # the data's unigram loss (None: unknown, no trained range)
 
     @property
     def best(self) -> GridPoint:
@@ -89,6 +96,17 @@ class Curve:
         i, j = stable_range([p.mean for p in self.points], self.margin)
         return self.points[i].lr, self.points[j].lr
 
+    @property
+    def trained_range(self) -> tuple[float, float] | None:
+        """(lowest, highest) lr of the widest contiguous run of points where every seed trained;
+        None when none did or the plateau is unknown."""
+        plateau = self.plateau
+        if plateau is None:
+            return None
+        ok = [all(trained(v, plateau) for v in p.capped) for p in self.points]
+        found = widest_run(ok)
+        return None if found is None else (self.points[found[0]].lr, self.points[found[1]].lr)
+
 
 def capped_loss(loss: float | None, init_loss: float, failed: bool) -> float:
     """min(l, l_0); a failed run, a missing or non-finite loss is l_0."""
@@ -103,10 +121,8 @@ def lr_sensitivity(capped: list[float]) -> float:
     return float((values - values.min()).mean())  # exactly 0 for a flat curve
 
 
-def stable_range(means: list[float], margin: float = STABLE_MARGIN) -> tuple[int, int]:
-    """(first, last) index of the widest contiguous run within `margin` of the minimum."""
-    best = int(np.argmin(means))
-    ok = [m <= means[best] + margin for m in means]
+def _runs(ok: list[bool]) -> list[tuple[int, int]]:
+    """(first, last) index of each contiguous run of True."""
     runs: list[tuple[int, int]] = []
     start = None
     for i, inside in enumerate([*ok, False]):
@@ -115,12 +131,28 @@ def stable_range(means: list[float], margin: float = STABLE_MARGIN) -> tuple[int
         elif not inside and start is not None:
             runs.append((start, i - 1))
             start = None
+    return runs
+
+
+def stable_range(means: list[float], margin: float = STABLE_MARGIN) -> tuple[int, int]:
+    """(first, last) index of the widest contiguous run within `margin` of the minimum."""
+    best = int(np.argmin(means))
+    runs = _runs([m <= means[best] + margin for m in means])
     return max(runs, key=lambda r: (r[1] - r[0], r[0] <= best <= r[1]))
 
 
-def curves(points: list[Point], margin: float = STABLE_MARGIN) -> list[Curve]:
+def widest_run(ok: list[bool]) -> tuple[int, int] | None:
+    """(first, last) index of the widest contiguous run of True (the lower one on a tie)."""
+    runs = _runs(ok)
+    return max(runs, key=lambda r: (r[1] - r[0], -r[0])) if runs else None
+
+
+def curves(
+    points: list[Point], margin: float = STABLE_MARGIN, plateau: float | None = None
+) -> list[Curve]:
     """One curve per (recipe, size), in first-seen order; l_0 of a run that never measured it is
-    the mean of the curve's measured ones (the same shape and seeds give the same init)."""
+    the mean of the curve's measured ones (the same shape and seeds give the same init).
+    `plateau`: the data's unigram loss, for the trained range."""
     groups: dict[tuple[str, str], list[Point]] = {}
     for p in points:
         groups.setdefault((p.recipe, p.size), []).append(p)
@@ -154,7 +186,7 @@ def curves(points: list[Point], margin: float = STABLE_MARGIN) -> list[Curve]:
                     extra={k: [p.extra.get(k, math.nan) for p in seeds] for k in keys},
                 )
             )
-        out.append(Curve(recipe, size, l0, grid, margin))
+        out.append(Curve(recipe, size, l0, grid, margin, plateau))
     return out
 
 
@@ -169,6 +201,9 @@ SUMMARY_COLUMNS = [
     "best_lr",
     "stable_lr_low",
     "stable_lr_high",
+    "trained_lr_low",
+    "trained_lr_high",
+    "plateau",
     "init_loss",
     "failed_runs",
     "runs",
@@ -181,6 +216,7 @@ GRID_COLUMNS = ["recipe", "size", "lr", "seeds", "mean", "sd", "min", "max", "fa
 def summary_row(c: Curve) -> dict[str, Any]:
     per_seed = c.seed_sensitivities()
     low, high = c.stable_range
+    trained_lrs = c.trained_range
     return {
         "recipe": c.recipe,
         "size": c.size,
@@ -194,6 +230,9 @@ def summary_row(c: Curve) -> dict[str, Any]:
         "best_lr": f"{c.best.lr:g}",
         "stable_lr_low": f"{low:g}",
         "stable_lr_high": f"{high:g}",
+        "trained_lr_low": f"{trained_lrs[0]:g}" if trained_lrs else "",
+        "trained_lr_high": f"{trained_lrs[1]:g}" if trained_lrs else "",
+        "plateau": round(c.plateau, 4) if c.plateau is not None else "",
         "init_loss": round(c.init_loss, 4),
         "failed_runs": sum(p.failed for p in c.points),
         "runs": sum(len(p.seeds) for p in c.points),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from normlab.data.errors import DataError
 from normlab.launch.report.claims import (
     Verdict,
     decide_all,
@@ -162,6 +163,15 @@ def print_verdicts(rows: list[dict[str, Any]], found: list[Verdict], console: Co
     console.print(claims)
 
 
+def _plateau(runs: list[Run]) -> float | None:
+    """The runs' unigram plateau for the trained range; None where they have no single one (a
+    mixture, several datasets) or their data is gone: the range is then left out, not guessed."""
+    try:
+        return runs_plateau([r.config for r in runs])
+    except (DataError, OSError, KeyError, ValueError):
+        return None
+
+
 def write_study_report(
     planned: list[Planned],
     spec: StudySpec,
@@ -182,10 +192,11 @@ def write_study_report(
     found: list[Verdict] = []
     if spec.protocol["claims"]:
         found = decide_all(rows, runs_plateau([r.config for r in runs]))
+    plateau = _plateau(runs) if spec.protocol["lr_sensitivity"] else None
     print_verdicts(rows, found, console)
     curves, section = [], []
     if spec.protocol["lr_sensitivity"]:
-        curves = protocol_curves(planned, runs, spec.protocol["margin"])
+        curves = protocol_curves(planned, runs, spec.protocol["margin"], plateau)
         write_csvs(curves, out)
         write_lr_plots(curves, out)
         print_sensitivity(curves, console)

@@ -21,6 +21,7 @@ from normlab.launch.report.sensitivity import (
     curves,
     summary_row,
 )
+from normlab.launch.report.separation import TRAINED_MARGIN
 from normlab.launch.training.metrics import JSONL, read_jsonl
 from rich.console import Console
 from rich.table import Table
@@ -75,8 +76,11 @@ def run_point(p: Planned, run: Run) -> Point:
     )
 
 
-def protocol_curves(planned: list[Planned], runs: list[Run], margin: float) -> list[Curve]:
-    return curves([run_point(p, r) for p, r in zip(planned, runs, strict=True)], margin)
+def protocol_curves(
+    planned: list[Planned], runs: list[Run], margin: float, plateau: float | None = None
+) -> list[Curve]:
+    points = [run_point(p, r) for p, r in zip(planned, runs, strict=True)]
+    return curves(points, margin, plateau)
 
 
 HEAD = [
@@ -87,6 +91,7 @@ HEAD = [
     ("best_loss", "best loss"),
     ("best_lr", "best lr"),
     ("stable", "stable lr range"),
+    ("trained", "trains at (lr)"),
     ("init_loss", "l_0 (measured)"),
     ("failed", "failed runs"),
     ("seeds", "seeds"),
@@ -105,6 +110,11 @@ def _cells(c: Curve) -> dict[str, str]:
         "best_loss": f"{c.best.mean:.3f} +- {c.best.sd:.3f}",
         "best_lr": row["best_lr"],
         "stable": f"{row['stable_lr_low']} .. {row['stable_lr_high']}",
+        "trained": (
+            f"{row['trained_lr_low']} .. {row['trained_lr_high']}"
+            if row["trained_lr_low"] != ""
+            else ("nowhere" if c.plateau is not None else "-")
+        ),
         "init_loss": f"{c.init_loss:.3f}",
         "failed": f"{row['failed_runs']}/{row['runs']}",
         "seeds": row["seeds"],
@@ -140,7 +150,11 @@ def sensitivity_markdown(found: list[Curve], spec: StudySpec) -> list[str]:
         "stopped run counts as l_0); the curve is the mean over seeds. LR sensitivity = mean "
         "over the grid - l* (the curve's minimum); 'per seed': the same from each seed's own "
         f"curve. Stable range: the widest run of grid points within {spec.protocol['margin']} "
-        "nats of l*. Raw values: [sensitivity.csv](sensitivity.csv), "
+        "nats of l*. Trains at: the widest run of grid points where every seed ended "
+        f"{TRAINED_MARGIN} nats below the data's unigram plateau"
+        + (f" ({found[0].plateau:.3f})" if found and found[0].plateau is not None else "")
+        + " (LR sensitivity is relative to each curve's own best: a curve that trains nowhere "
+        "is flat). Raw values: [sensitivity.csv](sensitivity.csv), "
         "[sensitivity_grid.csv](sensitivity_grid.csv).",
         "",
         "| " + " | ".join(h for _, h in HEAD) + " |",
