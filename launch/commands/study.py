@@ -13,6 +13,7 @@ DIR`). Started again, a study reuses finished runs and resumes stopped or killed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -86,12 +87,41 @@ def run_spec(
         return {"runs": timings, "total_s": total, "stopped": True}
     quiet = Console(file=open("/dev/null", "w"), width=240)  # noqa: SIM115 (table goes to compare.md)
     report = compare([c.run_dir for c in cfgs if c.run_dir], out, quiet)
-    (out / "study.json").write_text(
-        json.dumps({"study": spec.name, "total_s": total, "jobs": jobs, "runs": timings}, indent=2)
+    record = with_earlier_time(out / "study.json", spec.name, total, timings)
+    (out / "study.json").write_text(json.dumps({**record, "jobs": jobs, "runs": timings}, indent=2))
+    wall, times = record["wall_s"], record["invocations"]
+    found = write_study_report(planned, spec, out, wall, console, jobs, times, total)
+    earlier = f" ({wall:.0f} s over {times} invocations)" if times > 1 else ""
+    console.print(
+        f"study: {len(cfgs)} runs in {total:.0f} s{earlier}; report in {out}", highlight=False
     )
-    found = write_study_report(planned, spec, out, total, console, jobs)
-    console.print(f"study: {len(cfgs)} runs in {total:.0f} s; report in {out}", highlight=False)
     return {"runs": timings, "total_s": total, "stopped": False, **report, **found}
+
+
+def with_earlier_time(
+    path: Path, name: str, total: float, timings: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """This invocation's time with the earlier ones of the same study in the same directory
+    (study.json): a finished study run again to rewrite its report reuses every run in seconds,
+    and the report should still say what training them took. Each run's `seconds_total` adds
+    its earlier seconds (a run resumed after a stop counts both parts). An invocation that was
+    killed before the report left no study.json and is not counted."""
+    earlier: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):  # none yet, or unreadable: count from here
+        earlier = json.loads(path.read_text())
+    if not isinstance(earlier, dict) or earlier.get("study") != name:
+        earlier = {}
+    before = {r.get("run_dir"): r for r in earlier.get("runs", []) if isinstance(r, dict)}
+    for t in timings:
+        old = before.get(t.get("run_dir"), {})
+        spent = old.get("seconds_total", old.get("seconds", 0.0))
+        t["seconds_total"] = round(spent + t["seconds"], 1)
+    return {
+        "study": name,
+        "total_s": total,
+        "wall_s": round(earlier.get("wall_s", earlier.get("total_s", 0.0)) + total, 1),
+        "invocations": int(earlier.get("invocations", 1 if earlier else 0)) + 1,
+    }
 
 
 def run_study(

@@ -96,6 +96,19 @@ def _setting(runs: list[Run]) -> str:
     )
 
 
+def time_line(
+    n: int, total_s: float, jobs: int = 1, invocations: int = 1, last_s: float | None = None
+) -> str:
+    """'24 runs in 2034 s (2 at a time), over 2 invocations of the command (the last 14 s).'"""
+    over = (
+        f", over {invocations} invocations of the command (the last {last_s:.0f} s)"
+        if invocations > 1 and last_s is not None
+        else ""
+    )
+    at_once = f" ({jobs} at a time)" if jobs > 1 else ""
+    return f"{n} runs in {total_s:.0f} s{at_once}{over}."
+
+
 def markdown(
     rows: list[dict[str, Any]],
     found: list[Verdict],
@@ -104,13 +117,14 @@ def markdown(
     jobs: int = 1,
     protocol: list[str] | None = None,
     title: str = "normlab study",
+    invocations: int = 1,
+    last_s: float | None = None,
 ) -> str:
     head, cells = group_table(rows)
     lines = [
         f"# {title}",
         "",
-        f"Setting: {_setting(runs)}; {len(runs)} runs in {total_s:.0f} s"
-        + (f" ({jobs} at a time)." if jobs > 1 else "."),
+        f"Setting: {_setting(runs)}; {time_line(len(runs), total_s, jobs, invocations, last_s)}",
         "",
         *(protocol or []),
         "## Every grid point",
@@ -179,6 +193,8 @@ def write_study_report(
     total_s: float,
     console: Console,
     jobs: int = 1,
+    invocations: int = 1,
+    last_s: float | None = None,
 ) -> dict[str, Any]:
     """Read every run; the LR-sensitivity protocol, the claims (per size), study.md, figures.
 
@@ -204,5 +220,6 @@ def write_study_report(
     if len({r["size"] for r in rows}) == 1:
         write_study_plots(runs, out)
     title = f"normlab study {spec.name}" + (f": {spec.description}" if spec.description else "")
-    (out / "study.md").write_text(markdown(rows, found, runs, total_s, jobs, section, title))
+    text = markdown(rows, found, runs, total_s, jobs, section, title, invocations, last_s)
+    (out / "study.md").write_text(text)
     return {"verdicts": found, "curves": curves}
