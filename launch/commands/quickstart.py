@@ -116,7 +116,7 @@ def what_to_look_at(rows: list[dict[str, Any]], report: Path, plateau: float) ->
     )
     lines.append(
         "Next: `normlab study lr12` (these 12-block recipes at lr 3e-4, 1e-3 and 3e-3 on 2 seeds: "
-        "where each placement stops training, as LR sensitivity; 24 runs, about 30 min on two "
-        "cores) or `normlab theory` (the same placements at initialisation, seconds)."
+        "where each placement stops training, as LR sensitivity; 24 runs, 34 min measured on two "
+        "idle cores) or `normlab theory` (the same placements at initialisation, seconds)."
     )
     return lines
