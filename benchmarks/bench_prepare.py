@@ -13,6 +13,9 @@ the `tokenizers` library (trained on the bundled text), then measures on the sam
 and the same for a SentencePiece model (`sp.encode`, one thread) when --spm is given.
 Prints tokens/s (wall) and tokens per CPU-second (this process and its reaped workers: the
 efficiency, which other load on the machine does not change) with the ratios normlab/baseline.
+Every measurement runs in a fresh interpreter (this script with --measure): a process that has
+already tokenised 12 M tokens in-process, or forked pools, runs the next measurement measurably
+slower (a heap full of freed encodings, shared pages), which favoured whatever ran first.
 Wall-clock scaling with processes needs idle cores; on a shared machine say so (`--note`).
 --json writes the numbers. Not a test.
 """
@@ -25,6 +28,7 @@ import multiprocessing as mp
 import os
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -143,33 +147,67 @@ def run_prepare(
     return wall, cpu, meta["timings_s"]["tokenize"], meta["tokens"]["train"] + meta["tokens"]["val"]
 
 
+def measure(spec: dict) -> dict:
+    """One measurement in this (fresh) process: spec {what: base|pool|normlab, kind, n, tok,
+    corpus, batch_mb}; the documents are read before the clock starts."""
+    kind, tok, corpus = spec["kind"], Path(spec["tok"]), Path(spec["corpus"])
+    batch = int(spec["batch_mb"] * 2**20)
+    if spec["what"] == "normlab":
+        wall, cpu, stage, got = run_prepare(corpus, corpus.parent / "out", tok, spec["n"],
+                                            spec["batch_mb"])  # fmt: skip
+        return {"wall": wall, "cpu": cpu, "stage": stage, "tokens": got}
+    docs = documents(corpus)
+    if spec["what"] == "pool":
+        wall, cpu = baseline_pool(kind, tok, docs, batch, spec["n"])
+        return {"wall": wall, "cpu": cpu}
+    wall, cpu, n = baseline(kind, tok, docs, batch)
+    return {"wall": wall, "cpu": cpu, "tokens": n}
+
+
+def fresh(**spec: object) -> dict:
+    """measure(spec) in a new interpreter."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--measure", json.dumps(spec)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def compare(kind: str, tok: Path, corpus: Path, docs: list[str], args: argparse.Namespace) -> dict:
     """Baseline and normlab at each --procs, --repeats times in counterbalanced order (every
     other repeat runs the list backwards: this machine's speed drifts within minutes, by up to
     25 % for the same work, so a fixed order favours whatever runs first); the best of each."""
     best: dict = {}
-    batch = int(args.batch_mb * 2**20)
     base_n = 0
 
     def keep(key: object, values: tuple) -> None:
         old = best.get(key, values)
         best[key] = [min(a, b) for a, b in zip(old, values, strict=True)]
 
+    where = {"kind": kind, "tok": str(tok), "corpus": str(corpus), "batch_mb": args.batch_mb}
+
     def run_baseline() -> None:
         nonlocal base_n
-        wall, cpu, base_n = baseline(kind, tok, docs, batch)
-        keep("base", (wall, cpu))
+        got = fresh(what="base", n=1, **where)
+        base_n = got["tokens"]
+        keep("base", (got["wall"], got["cpu"]))
+
+    def run_pool(n: int) -> None:
+        got = fresh(what="pool", n=n, **where)
+        keep(f"pool{n}", (got["wall"], got["cpu"]))
 
     def run_normlab(n: int) -> None:
-        wall, cpu, stage, got = run_prepare(corpus, corpus.parent / "out", tok, n, args.batch_mb)
+        got = fresh(what="normlab", n=n, **where)
         # the same ids as the baseline, plus EOS at the document breaks of each split
-        assert 0 <= got - base_n <= len(docs), (got, base_n)
-        keep(n, (wall, cpu, stage))
+        assert 0 <= got["tokens"] - base_n <= len(docs), (got["tokens"], base_n)
+        keep(n, (got["wall"], got["cpu"], got["stage"]))
 
     steps = [run_baseline]
     for n in args.procs:
         if n > 1:
-            steps.append(lambda n=n: keep(f"pool{n}", baseline_pool(kind, tok, docs, batch, n)))
+            steps.append(lambda n=n: run_pool(n))
         steps.append(lambda n=n: run_normlab(n))
     for r in range(args.repeats):  # forward first: base_n checks the normlab runs' token count
         for step in steps if r % 2 == 0 else steps[::-1]:
@@ -212,7 +250,11 @@ def main() -> None:
     ap.add_argument("--spm", action="store_true", help="also a SentencePiece model")
     ap.add_argument("--note", default="", help="e.g. 'under load: 9 engineers on 2 cores'")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--measure", help=argparse.SUPPRESS)  # one measurement, in a fresh process
     args = ap.parse_args()
+    if args.measure:
+        print(json.dumps(measure(json.loads(args.measure))))
+        return
     text = bundled_corpus_path().read_text()
     results: dict = {"mb": args.mb, "cpus": os.cpu_count(), "note": args.note,
                      "repeats": args.repeats, "rows": []}  # fmt: skip
