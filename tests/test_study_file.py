@@ -120,12 +120,12 @@ def test_unknown_study_name_and_a_set_on_a_grid_axis(
 
 def test_flags_override_the_file(tmp_path: Path) -> None:
     args = type("A", (), {})()
-    args.recipes, args.lrs, args.seeds, args.steps, args.set = ["depth"], "1e-3,1e-2", "3", 70, []
+    args.recipes, args.lrs, args.seeds, args.steps, args.set = ["depth"], "1e-3,1e-2", "3", 170, []
     spec = spec_from_args(args)
-    assert spec.grid["optim.lr"] == [1e-3, 1e-2] and spec.seeds == [3] and spec.steps == 70
+    assert spec.grid["optim.lr"] == [1e-3, 1e-2] and spec.seeds == [3] and spec.steps == 170
     planned = plan(spec, tmp_path)
-    assert len(planned) == 4 * 2 * 3  # recipes x lrs x depths, one seed
-    assert {p.cfg.training.steps for p in planned} == {70}
+    assert len(planned) == 3 * 2 * 3  # recipes x lrs x depths, one seed
+    assert {p.cfg.training.steps for p in planned} == {170}
     names = sorted(Path(p.cfg.run_dir).name for p in planned)
     assert "post_warmup_lr0.001_n_layers12_s3" in names
     assert {p.size for p in planned} == {"n_layers=2", "n_layers=6", "n_layers=12"}
