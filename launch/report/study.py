@@ -206,9 +206,12 @@ def write_study_report(
         size = None if p.size == "-" else p.size
         rows.append({**summarize(run), "recipe": p.recipe, "size": size, "lr": p.lr})
     found: list[Verdict] = []
-    if spec.protocol["claims"]:
-        found = decide_all(rows, runs_plateau([r.config for r in runs]))
-    plateau = _plateau(runs) if spec.protocol["lr_sensitivity"] else None
+    plateau = None  # read once: it scans the whole prepared dataset
+    if spec.protocol["claims"]:  # the claims need it: no single plateau is an error there
+        plateau = runs_plateau([r.config for r in runs])
+        found = decide_all(rows, plateau)
+    elif spec.protocol["lr_sensitivity"]:
+        plateau = _plateau(runs)
     print_verdicts(rows, found, console)
     curves, section = [], []
     if spec.protocol["lr_sensitivity"]:
