@@ -53,8 +53,15 @@ def init_worker(kind: Kind, path: str, eos_id: int, dtype: str) -> None:
 
 
 def _pool_worker(*init: Any) -> None:
-    """A pool worker: Ctrl-C goes to the parent, which stops the pool (no traceback per worker)."""
+    """A pool worker: Ctrl-C goes to the parent, which stops the pool (no traceback per worker).
+
+    SIGTERM and SIGUSR1 get their default action back: a fork inherits the parent's Python
+    handlers (`normlab train` installs its checkpoint-on-signal ones before it prepares the
+    bundled corpus), and a worker that only notes a SIGTERM outlives `Pool.terminate`, whose join
+    then waits forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
     init_worker(*init)
 
 
@@ -117,10 +124,12 @@ def encode_all(
             else:
                 _ordered(pool, work, num_proc, done)
         if pool is not None:
-            pool.close()
+            pool.close()  # every result is in: the workers exit on their own
+            pool.join()
+            pool = None
     finally:
-        if pool is not None:
-            pool.terminate()  # after close: waits for nothing; on an error: stops the workers
+        if pool is not None:  # an error or Ctrl-C: stop the workers
+            pool.terminate()
             pool.join()
     return time.perf_counter() - t0
 
