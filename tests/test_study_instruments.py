@@ -1,6 +1,7 @@
 """The protocol's instruments against torch directly: output_logits' log Z statistics equal
 torch.logsumexp over every training micro-batch of a log step (eval passes ignored), logit_mean
-the mean of every logit of those micro-batches, grad_rms is
+the mean of every logit of those micro-batches, head_mean_norm the norm of the head's mean row
+(which times each hidden state is that token's mean logit), grad_rms is
 the gradient norm over sqrt(parameter count); init_loss logs the eval loss before step 1."""
 
 from __future__ import annotations
@@ -49,12 +50,16 @@ def test_output_logits_match_logsumexp_over_the_step() -> None:
     assert torch.allclose(metrics["logz_min"], lse.min()) and torch.allclose(
         metrics["logz_max"], lse.max()
     )
+    mu = model.head.weight.detach().mean(0)
+    assert torch.allclose(metrics["head_mean_norm"], mu.norm())
+    hidden = model.blocks[0](batches[0]).detach()
+    assert torch.allclose(outs[0].detach().mean(-1), hidden @ mu, atol=1e-5)  # the mean logit
     n_params = sum(p.numel() for p in model.parameters())
     assert math.isclose(float(metrics["grad_rms"]), 2.5 / math.sqrt(n_params), rel_tol=1e-6)
     metrics = {"grad_norm": torch.tensor(1.0)}
     model(batches[0])  # step 3 is not a log step: the hook is off
     cb.on_step_end(trainer, 3, metrics)
-    assert "logz_mean" not in metrics
+    assert "logz_mean" not in metrics and "head_mean_norm" not in metrics
 
 
 def test_init_loss_is_the_trainers_eval_loss_before_step_1() -> None:

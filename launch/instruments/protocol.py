@@ -6,7 +6,11 @@
   token of the step: `logz_mean`, `logz_min`, `logz_max`, and `logit_mean`, the mean logit over
   the tokens and the vocabulary (the output-logit divergence signal: Wortsman et al.'s logits
   "become very negative"; the mean logit is the output embeddings' mean times the hidden state,
-  Stollenwerk et al. 2026), and `grad_rms`, the global gradient norm over sqrt(number of
+  Stollenwerk et al. 2026), `head_mean_norm`, the norm of that mean output embedding
+  ||mean_v e_v|| (the drift Stollenwerk et al. name as the divergence's cause: Adam moves every
+  row of a rarely-seen token the same way, and nothing in the cross-entropy pulls the mean back;
+  read where the head's full weight is visible in its forward: one process, DDP, FSDP2; not on
+  ZeRO-3's partitions), and `grad_rms`, the global gradient norm over sqrt(number of
   parameters), to compare with Adam's epsilon.
 """
 
@@ -24,6 +28,7 @@ from torch.utils.hooks import RemovableHandle
 INIT_LOSS = "init_loss"
 LOGZ_MEAN, LOGZ_MIN, LOGZ_MAX = "logz_mean", "logz_min", "logz_max"
 LOGIT_MEAN = "logit_mean"
+HEAD_MEAN_NORM = "head_mean_norm"
 GRAD_RMS = "grad_rms"
 
 
@@ -53,6 +58,7 @@ class OutputLogits(Callback):
         settings_of(settings, {}, self.name)
         self._handle: RemovableHandle | None = None
         self._acc: torch.Tensor | None = None  # [sum log Z, count, sum mean logit, -min, max]
+        self._mean_norm: torch.Tensor | None = None  # ||mean row of the head|| at the step
 
     def on_train_start(self, trainer: TrainerView) -> None:
         model = unwrap(trainer.engine.model)
@@ -63,11 +69,14 @@ class OutputLogits(Callback):
 
     def _arm(self) -> None:
         self._acc = None
+        self._mean_norm = None
         self._handle = self._head.register_forward_hook(self._hook)
 
     def _hook(self, module: nn.Module, args: Any, out: torch.Tensor) -> None:
         if not module.training:
             return  # evaluation passes are not the training step's logits
+        if self._mean_norm is None:
+            self._mean_norm = _mean_row_norm(module.weight.detach(), out.shape[-1])
         z = out.detach().float()
         logz = torch.logsumexp(z, dim=-1).reshape(-1)
         part = torch.stack(
@@ -92,6 +101,8 @@ class OutputLogits(Callback):
                 metrics[LOGIT_MEAN] = sums[2] / sums[1]
                 metrics[LOGZ_MIN] = -extremes[0]
                 metrics[LOGZ_MAX] = extremes[1]
+            if self._mean_norm is not None:
+                metrics[HEAD_MEAN_NORM] = self._mean_norm
             grad = metrics.get("grad_norm")
             if grad is not None:
                 metrics[GRAD_RMS] = grad / math.sqrt(max(self._numel, 1))
@@ -102,3 +113,14 @@ class OutputLogits(Callback):
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+
+def _mean_row_norm(weight: torch.Tensor, vocab: int) -> torch.Tensor | None:
+    """||mean_v e_v|| of a (V, d) head weight; a DTensor (FSDP2, TP) is reduced to the full mean;
+    None for a partition that is not the whole matrix (ZeRO-3 outside its gather)."""
+    mean = weight.float().mean(0)
+    if hasattr(mean, "full_tensor"):
+        mean = mean.full_tensor()
+    elif weight.dim() != 2 or weight.shape[0] != vocab:
+        return None
+    return mean.norm()
