@@ -184,6 +184,19 @@ def test_sensitivity_csv_follows_the_formula_from_the_runs(trained: Path) -> Non
     assert len(grid) == 8 and {"max_logit_mean", "logz_mean_final_mean"} <= set(grid[0])
     z = [r for r in grid if r["recipe"] == "pre_z"]
     assert all(r["logz_min_mean"] != "" for r in z)
+    # the output-embedding drift and log Z's peak per grid point: the runs' own logged values
+    plan_runs = json.loads((trained / "plan.json").read_text())["runs"]
+    for r in z:
+        logged = [
+            [m for m in read_jsonl(Path(e["run_dir"]) / "metrics.jsonl") if "head_mean_norm" in m]
+            for e in plan_runs
+            if e["recipe"] == "pre_z" and e["size"] == r["size"] and e["lr"] == float(r["lr"])
+        ]
+        assert len(logged) == 2 and all(logged)
+        final = sum(m[-1]["head_mean_norm"] for m in logged) / 2
+        peak = sum(max(x["logz_max"] for x in m) for m in logged) / 2
+        assert float(r["head_mean_norm_final_mean"]) == pytest.approx(final, abs=1e-4)  # 4 places
+        assert float(r["logz_max_mean"]) == pytest.approx(peak, abs=1e-4)
     md = (trained / "study.md").read_text()
     assert "## LR sensitivity (SCIENCE.md 19)" in md and "| pre_z | n_layers=2 |" in md
     assert "| pre_z | size n_layers=2, lr 0.3 | 0,1 |" in md  # every grid point, over seeds

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from normlab.launch.instruments.protocol import (
     GRAD_RMS,
+    HEAD_MEAN_NORM,
     INIT_LOSS,
     LOGIT_MEAN,
+    LOGZ_MAX,
     LOGZ_MEAN,
     LOGZ_MIN,
 )
@@ -31,7 +33,15 @@ if TYPE_CHECKING:
     from normlab.launch.config.study import StudySpec
 
 # per run: how the figures' statistics are read (max attention logit over training, ...)
-EXTRA = ["max_logit", "logz_mean_final", "logz_min", "logit_mean_final", "grad_rms_final"]
+EXTRA = [
+    "max_logit",
+    "logz_mean_final",
+    "logz_min",
+    "logz_max",  # the largest log Z of any token over training: the logits' upward divergence
+    "logit_mean_final",
+    "head_mean_norm_final",  # ||mean output embedding|| at the end: the drift behind the mean logit
+    "grad_rms_final",
+]
 
 
 def init_loss_of(run: Run) -> float | None:
@@ -54,14 +64,17 @@ def run_point(p: Planned, run: Run) -> Point:
     status = run.summary.get("status")
     last = run.evals[-1]["eval_loss"] if run.evals else None
     logits = _series(run, "max_logit")
-    logz, logz_min, logit_mean, grad_rms = (
-        _series(run, k) for k in (LOGZ_MEAN, LOGZ_MIN, LOGIT_MEAN, GRAD_RMS)
+    logz, logz_min, logz_max, logit_mean, head_mean, grad_rms = (
+        _series(run, k)
+        for k in (LOGZ_MEAN, LOGZ_MIN, LOGZ_MAX, LOGIT_MEAN, HEAD_MEAN_NORM, GRAD_RMS)
     )
     extra = {
         "max_logit": max(logits) if logits else math.nan,
         "logz_mean_final": logz[-1] if logz else math.nan,
         "logz_min": min(logz_min) if logz_min else math.nan,
+        "logz_max": max(logz_max) if logz_max else math.nan,
         "logit_mean_final": logit_mean[-1] if logit_mean else math.nan,
+        "head_mean_norm_final": head_mean[-1] if head_mean else math.nan,
         "grad_rms_final": grad_rms[-1] if grad_rms else math.nan,
     }
     return Point(
