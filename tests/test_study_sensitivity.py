@@ -145,3 +145,14 @@ def test_trained_range_needs_every_seed_below_the_plateau_by_the_margin() -> Non
     assert summary_row(flat)["trained_lr_low"] == ""
     (unknown,) = curves(points({0: s1}))  # no plateau given: no range, not a guess
     assert unknown.trained_range is None and summary_row(unknown)["plateau"] == ""
+
+
+def test_logit_plots_without_attention_logits_measured(tmp_path: Path) -> None:
+    """instruments.attention_logits off: every max_logit is NaN, which a log axis cannot draw
+    (it raised from inside matplotlib); the panel says so and the figure is written."""
+    pts = points({0: [6, 5.1, 4.9, 5.4, 7, 8.3, 8.3], 1: [6, 5.2, 5.0, 5.3, 7, 8.3, 8.3]})
+    for p in pts:
+        p.extra.update(max_logit=math.nan, logz_max=9.0, head_mean_norm_final=3.0)
+    paths = write_lr_plots(curves(pts), tmp_path)
+    assert [p.name for p in paths] == ["lr_loss.png", "lr_logits.png"]
+    assert all(p.stat().st_size > 10_000 for p in paths)

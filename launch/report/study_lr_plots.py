@@ -91,46 +91,43 @@ def logits_figure(found: list[Curve]) -> plt.Figure | None:
     if not any("max_logit" in p.extra for c in found for p in c.points):
         return None
     sizes, recipes = _sizes(found), _recipes(found)
-    fig, axes = _panels(3, len(sizes))
+    fig, axes = _panels(4, len(sizes))
     for j, size in enumerate(sizes):
+        measured = False  # any positive max attention logit to draw on the log axis
         for i, recipe in enumerate(recipes):
             curve = next((c for c in found if c.recipe == recipe and c.size == size), None)
             if curve is None:
                 continue
             lrs = [p.lr for p in curve.points]
             style = curve_style(i)
+            line = {"color": style["color"], "marker": style["marker"]}
 
             def stat(key: str, curve: Curve = curve) -> list[float]:
                 return [_mean(p.extra.get(key, [math.nan])) for p in curve.points]
 
-            axes[0, j].plot(lrs, stat("max_logit"), label=recipe, **style)
+            top_values = stat("max_logit")
+            measured |= any(math.isfinite(v) and v > 0 for v in top_values)
+            axes[0, j].plot(lrs, top_values, label=recipe, **style)
+            axes[1, j].plot(lrs, stat("logz_mean_final"), linestyle="-", **line)
+            axes[1, j].plot(lrs, stat("logz_min"), linestyle=":", alpha=0.7, **line)
+            axes[1, j].plot(lrs, stat("logz_max"), linestyle="--", alpha=0.7, **line)
             axes[2, j].plot(lrs, stat("logit_mean_final"), **style)
-            axes[1, j].plot(
-                lrs,
-                stat("logz_mean_final"),
-                color=style["color"],
-                marker=style["marker"],
-                linestyle="-",
-            )
-            axes[1, j].plot(
-                lrs,
-                stat("logz_min"),
-                color=style["color"],
-                marker=style["marker"],
-                linestyle=":",
-                alpha=0.7,
-            )
+            axes[3, j].plot(lrs, stat("head_mean_norm_final"), **style)
         top, bottom = axes[0, j], axes[1, j]
         top.set_xscale("log")
-        top.set_yscale("log")
-        readable_log(top)
+        if measured:
+            top.set_yscale("log")
+            readable_log(top)
+        else:  # instruments.attention_logits off: an empty log axis cannot be drawn
+            top.text(0.5, 0.5, "not measured", ha="center", va="center", transform=top.transAxes)
         top.set_title(f"size {size}" if size != "-" else "max attention logit")
         top.set_ylabel("max attention logit (over training)")
-        bottom.set_ylabel("log Z: final mean (solid), min (dotted)")
+        bottom.set_ylabel("log Z: final mean (solid),\nmin (dotted), max (dashed)")
         bottom.axhline(0.0, color="grey", linewidth=0.8)
-        axes[2, j].set_xlabel("learning rate")
         axes[2, j].set_ylabel("mean output logit (final)")
         axes[2, j].axhline(0.0, color="grey", linewidth=0.8)
+        axes[3, j].set_ylabel("||mean output embedding|| (final)")
+        axes[3, j].set_xlabel("learning rate")
     _finish(fig, axes)
     return fig
 
