@@ -110,3 +110,33 @@ def test_the_docs_quote_the_committed_numbers() -> None:
                     )
                 checked += 1
     assert checked >= 7 + 4 + 9  # wortsman's 5 and qknorm's 2 recipes, lr12's 4, depth's 9
+
+
+PROBE_ROW = re.compile(r"^\| (\w+), lr ([\d.e-]+), seed (\d) \| ([^|]+) \| ([^|]+) \|")
+
+
+def test_the_logit_drift_table_matches_its_committed_grid() -> None:
+    """study_wortsman.md section 6 quotes each run of docs/probes/logit_drift (eval loss at 200 /
+    400 / 600, ||mean output embedding|| at 100 / 300 / 600); the seed means of the step-600 values
+    are the committed sensitivity_grid.csv's (eval capped at l_0 there, so only where below it)."""
+    grid = {
+        (r["recipe"], float(r["lr"])): r
+        for r in rows_of(DOCS / "probes" / "logit_drift" / "sensitivity_grid.csv")
+    }
+    l0 = float(rows_of(DOCS / "probes" / "logit_drift" / "sensitivity.csv")[0]["init_loss"])
+    runs: dict[tuple[str, float], list[tuple[float, float]]] = defaultdict(list)
+    for line in (DOCS / "study_wortsman.md").read_text().splitlines():
+        found = PROBE_ROW.match(line)
+        if found:
+            recipe, lr, _, evals, norms = found.groups()
+            final = (float(evals.split("/")[-1]), float(norms.split("/")[-1]))
+            runs[(recipe, float(lr))].append(final)
+    assert set(runs) == set(grid) and all(len(v) == 2 for v in runs.values())
+    for key, seeds in runs.items():
+        row = grid[key]
+        norm = sum(n for _, n in seeds) / 2
+        assert abs(norm - float(row["head_mean_norm_final_mean"])) <= 0.06, key  # 1 decimal
+        if all(e < l0 for e, _ in seeds):
+            assert abs(sum(e for e, _ in seeds) / 2 - float(row["mean"])) <= 6e-4, key
+        else:
+            assert float(row["mean"]) == pytest.approx(l0, abs=1e-3), key  # capped at l_0
