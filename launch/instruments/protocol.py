@@ -2,7 +2,8 @@
 
 - `init_loss`: the held-out eval loss of the initialised model, measured before step 0 and logged
   as `init_loss` on a step-0 row (`l_0` of the protocol: a diverged run counts as this loss).
-- `output_logits`: on log steps, `log Z = logsumexp(z)` of the output logits over every training
+- `output_logits`: on log steps, `log Z = logsumexp(z)` of the output logits (the head's own
+  output, before a `final_softcap`, which can hide their divergence) over every training
   token of the step: `logz_mean`, `logz_min`, `logz_max`, and `logit_mean`, the mean logit over
   the tokens and the vocabulary (the output-logit divergence signal: Wortsman et al.'s logits
   "become very negative"; the mean logit is the output embeddings' mean times the hidden state,
