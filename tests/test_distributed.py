@@ -162,7 +162,7 @@ def test_spike_policy_skips_and_rolls_back_as_in_one_process(
 
 OBSERVE = (
     "instruments={activations: true, gradients: true, attention_logits: true, qk_gains: true, "
-    "spike_score: true}",
+    "spike_score: true, output_logits: true}",
     "model.qk_norm=head",
 )
 
@@ -181,8 +181,9 @@ def _observed(run: Path) -> dict[int, dict[str, float]]:
 def test_instruments_report_the_single_process_statistics(
     tiny: dict[str, Path], overrides: tuple[str, ...]
 ) -> None:
-    """Per-block activation, gradient, update-ratio, attention-logit and QK-gain statistics
-    reduced across 2 ranks equal the single-process values at every log step."""
+    """Per-block activation, gradient, update-ratio, attention-logit and QK-gain statistics, and
+    the output logits' (log Z, mean logit, the head's mean-row norm), reduced across 2 ranks
+    equal the single-process values at every log step."""
     ref = tiny["root"] / "single_observed"
     if not ref.exists():
         check_ok(normlab("train", str(tiny["r8"]), *OBSERVE, "--run-dir", str(ref)))

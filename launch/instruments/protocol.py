@@ -10,8 +10,9 @@
   Stollenwerk et al. 2026), `head_mean_norm`, the norm of that mean output embedding
   ||mean_v e_v|| (the drift Stollenwerk et al. name as the divergence's cause: Adam moves every
   row of a rarely-seen token the same way, and nothing in the cross-entropy pulls the mean back;
-  read where the head's full weight is visible in its forward: one process, DDP, FSDP2; not on
-  ZeRO-3's partitions), and `grad_rms`, the global gradient norm over sqrt(number of
+  read in the head's forward, where its full weight is visible: one process, DDP, FSDP2 and
+  ZeRO-3, each tested equal to one process on 2 ranks; skipped for a partition it cannot see
+  whole), and `grad_rms`, the global gradient norm over sqrt(number of
   parameters), to compare with Adam's epsilon.
 """
 
@@ -64,7 +65,10 @@ class OutputLogits(Callback):
     def on_train_start(self, trainer: TrainerView) -> None:
         model = unwrap(trainer.engine.model)
         self._head = model.head
-        self._numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        # ZeRO-3 leaves each rank an empty placeholder per parameter; ds_numel is the full size
+        self._numel = sum(
+            getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad
+        )
         if is_log_step(trainer, trainer.step + 1):
             self._arm()
 
