@@ -47,9 +47,8 @@ def test_prepare_with_two_processes_finishes_inside_graceful_stop(tmp_path, repe
         from normlab.data.prepare import prepare
         from normlab.launch.training.signals import GracefulStop
         with GracefulStop():
-            meta = prepare([{str(src)!r}], {str(tmp_path / "out")!r}, vocab_size=300,
-                           val_fraction=0.05, num_proc=2, batch_mb=0.02)
-        print("tokens", meta.get("train_tokens", meta))
+            prepare([{str(src)!r}], {str(tmp_path / "out")!r}, vocab_size=300,
+                    val_fraction=0.05, num_proc=2, batch_mb=0.02)
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -156,8 +156,10 @@ def test_a_new_process_sends_only_steps_it_has_not_sent(tmp_path: Path) -> None:
     # finish() can return before wandb-core's writer has put the last records on disk (seen once
     # under load in CI: the second file without steps 7-8, whose history wandb had printed), so
     # read until they arrive or 20 s pass
+    def files() -> list[Path]:
+        return list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+
     deadline = time.monotonic() + 20
-    files = lambda: list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))  # noqa: E731
     while time.monotonic() < deadline:
         try:
             if len(history(files())[1]) >= 8:

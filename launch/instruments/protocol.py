@@ -121,11 +121,10 @@ class OutputLogits(Callback):
 
 
 def _mean_row_norm(weight: torch.Tensor, vocab: int) -> torch.Tensor | None:
-    """||mean_v e_v|| of a (V, d) head weight; a DTensor (FSDP2, TP) is reduced to the full mean;
-    None for a partition that is not the whole matrix (ZeRO-3 outside its gather)."""
-    mean = weight.float().mean(0)
-    if hasattr(mean, "full_tensor"):
-        mean = mean.full_tensor()
-    elif weight.dim() != 2 or weight.shape[0] != vocab:
+    """||mean_v e_v|| of a (V, d) head weight; None for a partition that is not the whole matrix
+    (ZeRO-3 outside its gather). A DTensor (FSDP2, TP) has the global shape, and its row mean is
+    reduced across ranks: d numbers, where stabilizers._full would gather all V x d."""
+    if weight.dim() != 2 or weight.shape[0] != vocab:
         return None
-    return mean.norm()
+    mean = weight.float().mean(0)
+    return (mean.full_tensor() if hasattr(mean, "full_tensor") else mean).norm()
