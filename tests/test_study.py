@@ -4,6 +4,9 @@ report written, timings recorded; re-running reuses finished runs; bad recipes e
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -176,8 +179,8 @@ def test_jobs_below_one_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) ->
 def test_a_signal_stops_the_parallel_study_before_the_next_run(
     tiny_data: Path, tmp_path: Path
 ) -> None:
-    """SIGTERM to the study process: runs being trained finish, no queued run starts, no report."""
-    import os
+    """SIGTERM to the study process: the runs being trained stop, no queued run starts, no
+    report."""
     import signal
     import threading
 
@@ -221,29 +224,68 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _start_two_long_runs(
+    out: Path, tiny_data: Path
+) -> tuple[subprocess.Popen[bytes], list[Path], Path]:
+    """A `normlab study` process training two 100000-step runs 2 at a time, once both train;
+    its output goes to study.log beside `out` (a pipe nobody reads would block it)."""
+
+    tiny = [o for o in overrides(tiny_data) if not o.startswith("training.steps=")]  # --steps
+    sets = [f"--set={o}" for o in tiny] + ["--set=checkpoint.every=100000"]
+    cmd = [sys.executable, "-m", "normlab.launch.cli", "study", "pre_nowarmup", "--lrs", "2e-3"]
+    cmd += ["--seeds", "0,1", "--jobs", "2", "--steps", "100000", "--out", str(out), *sets]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = out.parent / "study.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    runs = [out / "runs" / f"pre_nowarmup_lr0.002_s{s}" for s in (0, 1)]
+    deadline = time.monotonic() + 120
+    while not all((r / "metrics.jsonl").is_file() for r in runs):  # both are training
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"no two runs started: {log.read_text()[-2000:]}")
+        time.sleep(0.1)
+    return proc, runs, log
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_sigterm_to_the_study_stops_its_running_runs_with_a_checkpoint(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """`kill STUDY_PID` stops the study the way a preemption does: the running runs checkpoint
+    after their step and stop (they used to train on to their end), the study exits 1 saying
+    how to go on, and no worker is left behind."""
+    import signal
+
+    proc, runs, log = _start_two_long_runs(tmp_path / "study", tiny_data)
+    workers = [c for c in _children(proc.pid) if b"spawn_main" in _cmdline(c)]
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=90)
+    finally:
+        proc.kill()
+        proc.wait()
+    output = log.read_text()
+    assert proc.returncode == 1, output[-2000:]
+    assert "study stopped after 2 of 2 runs (a signal)" in output, output[-2000:]
+    assert "Traceback" not in output, output[-2000:]
+    assert workers and not any(_alive(w) for w in workers)
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "preempted", summary
+        assert summary["steps"] < 100000
+        assert (run / "checkpoints" / "latest").is_file()  # the stop's own checkpoint
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_workers_checkpoint_and_exit_when_the_study_is_sigkilled(
     tiny_data: Path, tmp_path: Path
 ) -> None:
     """A SIGKILLed study leaves no run training on unsupervised: each worker sees its parent
     gone and SIGTERMs itself once, its trainer checkpoints and stops, the worker exits."""
-    import os
-    import subprocess
-    import sys
-
-    out = tmp_path / "study"
-    tiny = [o for o in overrides(tiny_data) if not o.startswith("training.steps=")]  # --steps
-    sets = [f"--set={o}" for o in tiny] + ["--set=checkpoint.every=100000"]
-    cmd = [sys.executable, "-m", "normlab.launch.cli", "study", "pre_nowarmup", "--lrs", "2e-3"]
-    cmd += ["--seeds", "0,1", "--jobs", "2", "--steps", "100000", "--out", str(out), *sets]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    runs = [out / "runs" / f"pre_nowarmup_lr0.002_s{s}" for s in (0, 1)]
-    deadline = time.monotonic() + 120
+    proc, runs, _ = _start_two_long_runs(tmp_path / "study", tiny_data)
     try:
-        while not all((r / "metrics.jsonl").is_file() for r in runs):  # both are training
-            assert proc.poll() is None and time.monotonic() < deadline, "no two runs started"
-            time.sleep(0.1)
         workers = [c for c in _children(proc.pid) if b"spawn_main" in _cmdline(c)]
     finally:
         proc.kill()

@@ -1,6 +1,7 @@
 """Training many runs: one after the other, or N at a time in worker processes (`study`,
-`quickstart`). A signal to the parent starts no further run; a worker whose parent died
-checkpoints its run and exits."""
+`quickstart`). A signal to the parent starts no further run and stops the running ones the way
+a preemption does (each checkpoints after its current step); a worker whose parent died does
+the same and exits."""
 
 from __future__ import annotations
 
@@ -41,23 +42,44 @@ def _train_one(cfg: RunConfig, console: Console, force: bool = False) -> dict[st
 
 _STOP: Any = None  # in a worker: the study's stop event (set once a signal stopped the study)
 _PARENT = 0  # in a worker: the study's pid
+_TRAINING = threading.Event()  # in a worker: a run is being trained
+_MISSED = threading.Event()  # in a worker: a stop signal came before the trainer's handler was in
 
 
 def _init_worker(event: Any) -> None:
-    """Pool-worker start: remember the study's stop event, and watch the study process: once it
-    is gone (even SIGKILLed), SIGTERM this worker once, so no run trains on unsupervised (the
-    trainer checkpoints and stops; an idle worker just exits). A parent-death signal would do
-    it without a thread, but Linux repeats it as each thread of the parent exits, and a second
-    SIGTERM makes the trainer exit without its checkpoint."""
+    """Pool-worker start: remember the study's stop event and watch it and the study process.
+    SIGTERM outside a run ends an orphaned worker and is ignored otherwise: the pool would break
+    (a traceback in the study) if a worker between runs died of it."""
     global _STOP, _PARENT
     _STOP, _PARENT = event, os.getppid()
-    threading.Thread(target=_signal_when_orphaned, daemon=True).start()
+    signal.signal(signal.SIGTERM, _outside_a_run)
+    threading.Thread(target=_watch_the_study, daemon=True).start()
 
 
-def _signal_when_orphaned() -> None:
+def _outside_a_run(signum: int, frame: object) -> None:
+    if os.getppid() != _PARENT:
+        os._exit(128 + signum)
+    if _TRAINING.is_set():  # the run is being set up: the watcher signals again
+        _MISSED.set()
+
+
+def _watch_the_study() -> None:
+    """SIGTERM this worker once when the study stops (a signal to its process sets the event)
+    while a run trains here, or once the study process is gone (even SIGKILLed): the trainer
+    checkpoints after its step and stops, as under a preemption, so no run trains on
+    unsupervised or past a stop. One signal, not a parent-death signal: Linux repeats that as
+    each thread of the parent exits."""
+    fired = False
     while os.getppid() == _PARENT:
+        if _STOP.is_set() and _TRAINING.is_set() and (not fired or _MISSED.is_set()):
+            _MISSED.clear()
+            os.kill(os.getpid(), signal.SIGTERM)
+            fired = True
         time.sleep(0.5)
-    os.kill(os.getpid(), signal.SIGTERM)
+    if not _TRAINING.is_set():  # orphaned between runs: nothing to checkpoint
+        os._exit(128 + signal.SIGTERM)
+    if not fired:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _train_in_worker(plain: dict[str, Any], header: str, force: bool) -> dict[str, Any] | None:
@@ -66,12 +88,18 @@ def _train_in_worker(plain: dict[str, Any], header: str, force: bool) -> dict[st
     would overwrite each other."""
     if _STOP is not None and _STOP.is_set():
         return None
+    if os.getppid() != _PARENT:  # the study died while this run was queued
+        os._exit(128 + signal.SIGTERM)
     tty = sys.stdout.isatty()
     console = Console(
         force_terminal=False, width=shutil.get_terminal_size().columns if tty else 240
     )
     console.rule(header)
-    row = _train_one(from_dict(plain), console, force)
+    _TRAINING.set()
+    try:
+        row = _train_one(from_dict(plain), console, force)
+    finally:
+        _TRAINING.clear()
     if os.getppid() != _PARENT:  # the study died (the run stopped with a checkpoint): nobody
         os._exit(128 + signal.SIGTERM)  # reads the result, and the pool's queues never close
     return row
@@ -104,7 +132,8 @@ def _train_in_workers(
     cfgs: list[RunConfig], jobs: int, force: bool, headers: list[str]
 ) -> list[dict[str, Any]]:
     """train_all's parallel path. A signal to the study (SIGTERM to its process, or to the group
-    when the workers get it too) starts no further run; the timing rows stop there."""
+    when the workers get it too) starts no further run and stops the running ones with a
+    checkpoint; the timing rows stop there."""
     from normlab.launch.training.datasets import resolve_dataset
 
     for data in {json.dumps(c.to_dict()["data"], sort_keys=True): c.data for c in cfgs}.values():
@@ -120,7 +149,7 @@ def _train_in_workers(
             for c, h in zip(cfgs, headers, strict=True)
         ]
 
-        def stop(signum: int, frame: object) -> None:  # the running runs finish, no new one starts
+        def stop(signum: int, frame: object) -> None:  # no new run; the workers stop theirs
             stopped.set()
             for future in futures:
                 future.cancel()
