@@ -140,3 +140,22 @@ def test_the_logit_drift_table_matches_its_committed_grid() -> None:
             assert abs(sum(e for e, _ in seeds) / 2 - float(row["mean"])) <= 6e-4, key
         else:
             assert float(row["mean"]) == pytest.approx(l0, abs=1e-3), key  # capped at l_0
+
+
+DOSE_ROW = re.compile(r"^\| (qk|z4|z3|z2), seed (\d) \| ([^|]+) \|[^|]+\|[^|]+\| ([\d,]+) \|$")
+
+
+def test_the_zloss_dose_table_matches_its_committed_runs() -> None:
+    """study_wortsman.md section 7 quotes each run of docs/probes/zloss_dose: its final eval loss
+    and max attention logit are the committed compare.csv's, every run once."""
+    compare = {r["run"]: r for r in rows_of(DOCS / "probes" / "zloss_dose" / "compare.csv")}
+    quoted = {}
+    for line in (DOCS / "study_wortsman.md").read_text().splitlines():
+        found = DOSE_ROW.match(line)
+        if found:
+            recipe, seed, evals, max_logit = found.groups()
+            quoted[f"{recipe}_lr0.3_s{seed}"] = (float(evals.split("/")[-1]), max_logit)
+    assert set(quoted) == set(compare) and len(quoted) == 16
+    for run, (final, max_logit) in quoted.items():
+        assert abs(final - float(compare[run]["eval_loss"])) <= 6e-4, run
+        assert int(max_logit.replace(",", "")) == round(float(compare[run]["max_logit"])), run
