@@ -225,19 +225,22 @@ def _alive(pid: int) -> bool:
 
 
 def _start_two_long_runs(
-    out: Path, tiny_data: Path
+    out: Path, tiny_data: Path, seeds: str = "0,1"
 ) -> tuple[subprocess.Popen[bytes], list[Path], Path]:
-    """A `normlab study` process training two 100000-step runs 2 at a time, once both train;
-    its output goes to study.log beside `out` (a pipe nobody reads would block it)."""
+    """A `normlab study` process (its own process group) training 100000-step runs 2 at a time,
+    once seeds 0 and 1 train; its output goes to study.log beside `out` (a pipe nobody reads
+    would block it)."""
 
     tiny = [o for o in overrides(tiny_data) if not o.startswith("training.steps=")]  # --steps
     sets = [f"--set={o}" for o in tiny] + ["--set=checkpoint.every=100000"]
     cmd = [sys.executable, "-m", "normlab.launch.cli", "study", "pre_nowarmup", "--lrs", "2e-3"]
-    cmd += ["--seeds", "0,1", "--jobs", "2", "--steps", "100000", "--out", str(out), *sets]
+    cmd += ["--seeds", seeds, "--jobs", "2", "--steps", "100000", "--out", str(out), *sets]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = out.parent / "study.log"
     with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
     runs = [out / "runs" / f"pre_nowarmup_lr0.002_s{s}" for s in (0, 1)]
     deadline = time.monotonic() + 120
     while not all((r / "metrics.jsonl").is_file() for r in runs):  # both are training
@@ -276,6 +279,32 @@ def test_sigterm_to_the_study_stops_its_running_runs_with_a_checkpoint(
         assert summary["status"] == "preempted", summary
         assert summary["steps"] < 100000
         assert (run / "checkpoints" / "latest").is_file()  # the stop's own checkpoint
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_ctrl_c_stops_the_running_runs_and_starts_no_queued_one(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C in the terminal (SIGINT to the whole process group): both running runs checkpoint
+    and stop; the queued third never starts, although a worker is free before the study has
+    read the first stopped result (the worker itself marks the study stopped)."""
+    import signal
+
+    out = tmp_path / "study"
+    proc, runs, log = _start_two_long_runs(out, tiny_data, seeds="0,1,2")
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=90)
+    finally:
+        proc.kill()
+        proc.wait()
+    output = log.read_text()
+    assert proc.returncode == 1, output[-2000:]
+    assert "study stopped after 2 of 3 runs (a signal)" in output, output[-2000:]
+    assert "Traceback" not in output, output[-2000:]
+    assert not (out / "runs" / "pre_nowarmup_lr0.002_s2").exists()
+    for run in runs:
+        assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")

@@ -48,11 +48,12 @@ _MISSED = threading.Event()  # in a worker: a stop signal came before the traine
 
 def _init_worker(event: Any) -> None:
     """Pool-worker start: remember the study's stop event and watch it and the study process.
-    SIGTERM outside a run ends an orphaned worker and is ignored otherwise: the pool would break
-    (a traceback in the study) if a worker between runs died of it."""
+    SIGTERM or SIGINT outside a run ends an orphaned worker and is ignored otherwise: the pool
+    would break (a traceback in the study) if a worker between runs died of it."""
     global _STOP, _PARENT
     _STOP, _PARENT = event, os.getppid()
-    signal.signal(signal.SIGTERM, _outside_a_run)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # Ctrl-C reaches every worker of the group
+        signal.signal(sig, _outside_a_run)
     threading.Thread(target=_watch_the_study, daemon=True).start()
 
 
@@ -100,6 +101,8 @@ def _train_in_worker(plain: dict[str, Any], header: str, force: bool) -> dict[st
         row = _train_one(from_dict(plain), console, force)
     finally:
         _TRAINING.clear()
+    if row["signal"]:  # a signal to the group (Ctrl-C, scancel): this worker starts nothing more,
+        _STOP.set()  # nor the others, even before the study has read this result
     if os.getppid() != _PARENT:  # the study died (the run stopped with a checkpoint): nobody
         os._exit(128 + signal.SIGTERM)  # reads the result, and the pool's queues never close
     return row
@@ -131,9 +134,9 @@ def train_all(
 def _train_in_workers(
     cfgs: list[RunConfig], jobs: int, force: bool, headers: list[str]
 ) -> list[dict[str, Any]]:
-    """train_all's parallel path. A signal to the study (SIGTERM to its process, or to the group
-    when the workers get it too) starts no further run and stops the running ones with a
-    checkpoint; the timing rows stop there."""
+    """train_all's parallel path. A signal to the study (SIGTERM or SIGINT to its process, or
+    to the group when the workers get it too, as with Ctrl-C) starts no further run and stops
+    the running ones with a checkpoint; the timing rows stop there."""
     from normlab.launch.training.datasets import resolve_dataset
 
     for data in {json.dumps(c.to_dict()["data"], sort_keys=True): c.data for c in cfgs}.values():
@@ -154,7 +157,7 @@ def _train_in_workers(
             for future in futures:
                 future.cancel()
 
-        previous = signal.signal(signal.SIGTERM, stop)
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         timings = []
         try:
             for future in futures:
@@ -164,9 +167,10 @@ def _train_in_workers(
                 timings.append(row)
                 if row["signal"]:
                     stop(row["signal"], None)
-        except BaseException:  # a run failed, or Ctrl-C: start nothing more
+        except BaseException:  # a run failed: start nothing more
             stop(signal.SIGINT, None)
             raise
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         return timings
