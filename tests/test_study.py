@@ -252,6 +252,18 @@ def _start_two_long_runs(
     return proc, runs, log
 
 
+def _stopped_cleanly(proc: subprocess.Popen[bytes], log: Path, says: str) -> None:
+    """The signalled study exits 1 within 90 s, saying `says`, with no traceback."""
+    try:
+        proc.wait(timeout=90)
+    finally:
+        proc.kill()
+        proc.wait()
+    output = log.read_text()
+    assert proc.returncode == 1, output[-2000:]
+    assert says in output and "Traceback" not in output, output[-2000:]
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_sigterm_to_the_study_stops_its_running_runs_with_a_checkpoint(
     tiny_data: Path, tmp_path: Path
@@ -264,15 +276,7 @@ def test_sigterm_to_the_study_stops_its_running_runs_with_a_checkpoint(
     proc, runs, log = _start_two_long_runs(tmp_path / "study", tiny_data)
     workers = [c for c in _children(proc.pid) if b"spawn_main" in _cmdline(c)]
     proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=90)
-    finally:
-        proc.kill()
-        proc.wait()
-    output = log.read_text()
-    assert proc.returncode == 1, output[-2000:]
-    assert "study stopped after 2 of 2 runs (a signal)" in output, output[-2000:]
-    assert "Traceback" not in output, output[-2000:]
+    _stopped_cleanly(proc, log, "study stopped after 2 of 2 runs (a signal)")
     assert workers and not any(_alive(w) for w in workers)
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
@@ -293,15 +297,7 @@ def test_ctrl_c_stops_the_running_runs_and_starts_no_queued_one(
     out = tmp_path / "study"
     proc, runs, log = _start_two_long_runs(out, tiny_data, seeds="0,1,2")
     os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(timeout=90)
-    finally:
-        proc.kill()
-        proc.wait()
-    output = log.read_text()
-    assert proc.returncode == 1, output[-2000:]
-    assert "study stopped after 2 of 3 runs (a signal)" in output, output[-2000:]
-    assert "Traceback" not in output, output[-2000:]
+    _stopped_cleanly(proc, log, "study stopped after 2 of 3 runs (a signal)")
     assert not (out / "runs" / "pre_nowarmup_lr0.002_s2").exists()
     for run in runs:
         assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
