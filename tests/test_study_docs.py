@@ -159,3 +159,22 @@ def test_the_zloss_dose_table_matches_its_committed_runs() -> None:
     for run, (final, max_logit) in quoted.items():
         assert abs(final - float(compare[run]["eval_loss"])) <= 6e-4, run
         assert int(max_logit.replace(",", "")) == round(float(compare[run]["max_logit"])), run
+
+
+LONG_ROW = re.compile(r"^\| (qk|qk_zloss), seed (\d) \| ([\d. /]+) \|")
+
+
+def test_the_long_logit_table_matches_its_committed_runs() -> None:
+    """study_wortsman.md section 8 quotes each run of docs/probes/logit_long; its eval loss at
+    step 10,000 is the committed compare.csv's, every run once."""
+    compare = {r["run"]: r for r in rows_of(DOCS / "probes" / "logit_long" / "compare.csv")}
+    section = (DOCS / "study_wortsman.md").read_text().split("## 8.")[1]
+    quoted = {}
+    for line in section.splitlines():
+        found = LONG_ROW.match(line)
+        if found:
+            recipe, seed, evals = found.groups()
+            quoted[f"{recipe}_lr0.1_s{seed}"] = float(evals.split("/")[-1])
+    assert set(quoted) == set(compare) and len(quoted) == 4
+    for run, final in quoted.items():
+        assert abs(final - float(compare[run]["eval_loss"])) <= 6e-4, run
