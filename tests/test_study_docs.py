@@ -142,39 +142,32 @@ def test_the_logit_drift_table_matches_its_committed_grid() -> None:
             assert float(row["mean"]) == pytest.approx(l0, abs=1e-3), key  # capped at l_0
 
 
-DOSE_ROW = re.compile(r"^\| (qk|z4|z3|z2), seed (\d) \| ([^|]+) \|[^|]+\|[^|]+\| ([\d,]+) \|$")
+def quoted_runs(pattern: str, lr: str, section: str = "") -> dict[str, tuple[str, ...]]:
+    """Rows of study_wortsman.md (after `section`, if given) matching `pattern`, whose first two
+    groups are recipe and seed: {run name: the other groups}."""
+    text = (DOCS / "study_wortsman.md").read_text()
+    text = text.split(section)[-1] if section else text
+    found = (re.match(pattern, line) for line in text.splitlines())
+    return {f"{m[1]}_lr{lr}_s{m[2]}": m.groups()[2:] for m in found if m}
 
 
 def test_the_zloss_dose_table_matches_its_committed_runs() -> None:
     """study_wortsman.md section 7 quotes each run of docs/probes/zloss_dose: its final eval loss
     and max attention logit are the committed compare.csv's, every run once."""
     compare = {r["run"]: r for r in rows_of(DOCS / "probes" / "zloss_dose" / "compare.csv")}
-    quoted = {}
-    for line in (DOCS / "study_wortsman.md").read_text().splitlines():
-        found = DOSE_ROW.match(line)
-        if found:
-            recipe, seed, evals, max_logit = found.groups()
-            quoted[f"{recipe}_lr0.3_s{seed}"] = (float(evals.split("/")[-1]), max_logit)
+    row = r"^\| (qk|z4|z3|z2), seed (\d) \| ([^|]+) \|[^|]+\|[^|]+\| ([\d,]+) \|$"
+    quoted = quoted_runs(row, "0.3")
     assert set(quoted) == set(compare) and len(quoted) == 16
-    for run, (final, max_logit) in quoted.items():
-        assert abs(final - float(compare[run]["eval_loss"])) <= 6e-4, run
+    for run, (evals, max_logit) in quoted.items():
+        assert abs(float(evals.split("/")[-1]) - float(compare[run]["eval_loss"])) <= 6e-4, run
         assert int(max_logit.replace(",", "")) == round(float(compare[run]["max_logit"])), run
-
-
-LONG_ROW = re.compile(r"^\| (qk|qk_zloss), seed (\d) \| ([\d. /]+) \|")
 
 
 def test_the_long_logit_table_matches_its_committed_runs() -> None:
     """study_wortsman.md section 8 quotes each run of docs/probes/logit_long; its eval loss at
     step 10,000 is the committed compare.csv's, every run once."""
     compare = {r["run"]: r for r in rows_of(DOCS / "probes" / "logit_long" / "compare.csv")}
-    section = (DOCS / "study_wortsman.md").read_text().split("## 8.")[1]
-    quoted = {}
-    for line in section.splitlines():
-        found = LONG_ROW.match(line)
-        if found:
-            recipe, seed, evals = found.groups()
-            quoted[f"{recipe}_lr0.1_s{seed}"] = float(evals.split("/")[-1])
+    quoted = quoted_runs(r"^\| (qk|qk_zloss), seed (\d) \| ([\d. /]+) \|", "0.1", "## 8.")
     assert set(quoted) == set(compare) and len(quoted) == 4
-    for run, final in quoted.items():
-        assert abs(final - float(compare[run]["eval_loss"])) <= 6e-4, run
+    for run, (evals,) in quoted.items():
+        assert abs(float(evals.split("/")[-1]) - float(compare[run]["eval_loss"])) <= 6e-4, run

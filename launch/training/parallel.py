@@ -43,7 +43,7 @@ def _train_one(cfg: RunConfig, console: Console, force: bool = False) -> dict[st
 _STOP: Any = None  # in a worker: the study's stop event (set once a signal stopped the study)
 _PARENT = 0  # in a worker: the study's pid
 _TRAINING = threading.Event()  # in a worker: a run is being trained
-_MISSED = threading.Event()  # in a worker: a stop signal came before the trainer's handler was in
+_SIGNALLED = threading.Event()  # in a worker: the watcher's stop signal reached the trainer
 
 
 def _init_worker(event: Any) -> None:
@@ -60,8 +60,7 @@ def _init_worker(event: Any) -> None:
 def _outside_a_run(signum: int, frame: object) -> None:
     if os.getppid() != _PARENT:
         os._exit(128 + signum)
-    if _TRAINING.is_set():  # the run is being set up: the watcher signals again
-        _MISSED.set()
+    _SIGNALLED.clear()  # a run being set up missed it (no trainer handler yet): signal again
 
 
 def _watch_the_study() -> None:
@@ -70,16 +69,14 @@ def _watch_the_study() -> None:
     checkpoints after its step and stops, as under a preemption, so no run trains on
     unsupervised or past a stop. One signal, not a parent-death signal: Linux repeats that as
     each thread of the parent exits."""
-    fired = False
     while os.getppid() == _PARENT:
-        if _STOP.is_set() and _TRAINING.is_set() and (not fired or _MISSED.is_set()):
-            _MISSED.clear()
+        if _STOP.is_set() and _TRAINING.is_set() and not _SIGNALLED.is_set():
+            _SIGNALLED.set()
             os.kill(os.getpid(), signal.SIGTERM)
-            fired = True
         time.sleep(0.5)
     if not _TRAINING.is_set():  # orphaned between runs: nothing to checkpoint
         os._exit(128 + signal.SIGTERM)
-    if not fired:
+    if not _SIGNALLED.is_set():
         os.kill(os.getpid(), signal.SIGTERM)
 
 
