@@ -19,7 +19,7 @@ import torch
 from normlab.launch.config import from_dict
 from normlab.launch.engines.fsdp import FSDPEngine
 from normlab.launch.optim import build_optimizer
-from normlab.launch.training.checkpoint import CheckpointManager
+from normlab.launch.rundir.checkpoint import CheckpointManager
 
 
 def config(args: argparse.Namespace, run_dir: Path):  # type: ignore[no-untyped-def]

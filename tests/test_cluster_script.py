@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 from dist_helpers import env, losses, prepare_tiny, write_recipe
 from normlab.launch.cli import main
-from normlab.launch.cluster.owner import check_owner_job
 from normlab.launch.cluster.script import PORT_BASE, PORT_SPAN
 from normlab.launch.config import load_config
-from normlab.launch.training.rundir import RunDirLock, write_config
+from normlab.launch.rundir.directory import RunDirLock, write_config
+from normlab.launch.rundir.owner import check_owner_job
 
 REPO = Path(__file__).resolve().parents[1]
 NORMLAB = Path(sys.executable).parent / "normlab"

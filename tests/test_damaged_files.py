@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from normlab.launch.cli import main
-from normlab.launch.training import rundir
-from normlab.launch.training.rundir import LOCK, RunDirLock, read_lock
+from normlab.launch.rundir import directory as rundir
+from normlab.launch.rundir.directory import LOCK, RunDirLock, read_lock
 
 from tests.conftest import tiny_overrides
 

@@ -25,7 +25,7 @@ from dist_helpers import (
 )
 from normlab.launch.cli import main
 from normlab.launch.config import load_config
-from normlab.launch.training.rundir import write_config
+from normlab.launch.rundir.directory import write_config
 
 pytestmark = pytest.mark.distributed
 

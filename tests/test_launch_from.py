@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from normlab.launch.cli import main
 from normlab.launch.commands.train import resolve
-from normlab.launch.training.rundir import write_config
+from normlab.launch.rundir.directory import write_config
 
 ARGS = ["launch", "pre", "--nproc-per-node", "2", "engine.name=fsdp", "--from", "4", "--dry-run"]
 

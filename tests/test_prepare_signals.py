@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 from normlab.data import prepare_encode
-from normlab.launch.training.signals import GracefulStop
+from normlab.launch.rundir.signals import GracefulStop
 
 
 def _dispositions() -> tuple[object, object, object]:
@@ -45,7 +45,7 @@ def test_prepare_with_two_processes_finishes_inside_graceful_stop(tmp_path, repe
     src.write_text("".join(lines))
     code = textwrap.dedent(f"""
         from normlab.data.prepare import prepare
-        from normlab.launch.training.signals import GracefulStop
+        from normlab.launch.rundir.signals import GracefulStop
         with GracefulStop():
             prepare([{str(src)!r}], {str(tmp_path / "out")!r}, vocab_size=300,
                     val_fraction=0.05, num_proc=2, batch_mb=0.02)

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 from normlab.launch.cli import main
-from normlab.launch.training import rundir
-from normlab.launch.training.rundir import LOCK, TOKEN_ENV, RunDirBusy, RunDirLock, read_lock
+from normlab.launch.rundir import directory as rundir
+from normlab.launch.rundir.directory import LOCK, TOKEN_ENV, RunDirBusy, RunDirLock, read_lock
 
 from tests.conftest import REPO, tiny_overrides
 
 HOLD = (
-    "import sys, time; from launch.training.rundir import RunDirLock\n"
+    "import sys, time; from launch.rundir.directory import RunDirLock\n"
     "with RunDirLock(sys.argv[1], 'holder'):\n    print('held', flush=True); time.sleep(60)\n"
 )
 

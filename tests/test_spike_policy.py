@@ -152,7 +152,7 @@ def test_rollback_keeps_the_recipe_values_of_a_forced_resume(
     tiny_data: Path, tmp_path: Path
 ) -> None:
     """A rollback target saved before `--force optim.lr=...` must not bring its old optimizer
-    values back: the rollback restores like a resume (launch.training.resume)."""
+    values back: the rollback restores like a resume (launch.rundir.resume)."""
     run = tmp_path / "run"
     over = tiny_overrides(tiny_data, run, checkpoint__every=4, schedule__kind="constant")
     assert Trainer(load_config(PRE, [*over, "training.steps=4", "optim.lr=1e-3"])).run() == 0

@@ -155,7 +155,7 @@ def test_status_of_a_local_run(tiny: dict[str, Path]) -> None:
 
 def test_run_dir_in_use_is_refused(tiny: dict[str, Path], capsys) -> None:
     """A live owner of the run directory (its lock held by this very process) blocks a submit."""
-    from normlab.launch.training.rundir import RunDirLock
+    from normlab.launch.rundir.directory import RunDirLock
 
     run = tiny["root"] / "busy"
     with RunDirLock(run, "normlab train"):

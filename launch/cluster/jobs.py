@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from normlab.launch.cluster import slurm
-from normlab.launch.cluster.owner import (
+from normlab.launch.cluster.script import SCRIPT_NAME, render_script
+from normlab.launch.cluster.spec import ClusterSpec, resource_warning
+from normlab.launch.errors import RunDirError
+from normlab.launch.rundir.owner import (
     RECORD,
     check_not_owned,
     read_record,
 )
-from normlab.launch.cluster.script import SCRIPT_NAME, render_script
-from normlab.launch.cluster.spec import ClusterSpec, resource_warning
-from normlab.launch.errors import RunDirError
 
 if TYPE_CHECKING:
     from normlab.launch.config import RunConfig
@@ -39,8 +39,8 @@ class Submission:
 
 def prepare(cfgs: list[RunConfig], spec: ClusterSpec, force: bool) -> list[Submission]:
     """Render every run's script and check everything that can be checked (writes nothing)."""
+    from normlab.launch.rundir.directory import check_run_dir
     from normlab.launch.training.preflight import preflight
-    from normlab.launch.training.rundir import check_run_dir
 
     workdir = Path.cwd()
     out = []
@@ -58,7 +58,7 @@ def prepare(cfgs: list[RunConfig], spec: ClusterSpec, force: bool) -> list[Submi
 
 def check_not_in_use(run_dir: Path) -> None:
     """A process training in the directory right now (its run-directory lock is live)."""
-    from normlab.launch.training.rundir import read_lock, stale_reason
+    from normlab.launch.rundir.directory import read_lock, stale_reason
 
     owner = read_lock(run_dir)
     if owner is not None and stale_reason(run_dir, owner) is None:
@@ -83,7 +83,7 @@ def submit(cfg: RunConfig, sub: Submission) -> Submission:
     The job resumes the run from the directory's own config.yaml, so a config given with --force
     replaces it here (the old one is kept as config.previous.yaml, as `normlab train` does). If
     sbatch refuses, every file is put back as it was (a new directory is removed)."""
-    from normlab.launch.training.rundir import CONFIG, PREVIOUS_CONFIG, check_run_dir, write_config
+    from normlab.launch.rundir.directory import CONFIG, PREVIOUS_CONFIG, check_run_dir, write_config
 
     run_dir = sub.run_dir
     existed = run_dir.exists()

@@ -14,8 +14,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from normlab.launch.cluster import jobs, owner, slurm
+from normlab.launch.cluster import jobs, slurm
 from normlab.launch.errors import NormlabError
+from normlab.launch.rundir import owner
 
 if TYPE_CHECKING:
     from normlab.launch.cluster.spec import ClusterSpec
@@ -27,7 +28,7 @@ FINISHED = ("completed", "diverged")
 
 def where_it_stands(run_dir: Path) -> tuple[str, str | None]:
     """('finished' | 'queued' | 'to submit', the live job id when queued)."""
-    from normlab.launch.training.rundir import read_summary
+    from normlab.launch.rundir.directory import read_summary
 
     summary = read_summary(run_dir) or {}
     if summary.get("status") in FINISHED:

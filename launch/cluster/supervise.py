@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from normlab.launch.training.signals import (
+from normlab.launch.rundir.signals import (
     set_child_subreaper,
     set_parent_death_signal,
     under_slurm,

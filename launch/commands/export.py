@@ -35,8 +35,8 @@ from normlab.launch.config.paths import saved_form
 from normlab.launch.engines.fsdp import read_meta
 from normlab.launch.errors import CheckpointError, ConfigError, RunDirError
 from normlab.launch.extras import require
-from normlab.launch.training.consolidate import find_checkpoint, read_weights
-from normlab.launch.training.manifest import find_damage
+from normlab.launch.rundir.consolidate import find_checkpoint, read_weights
+from normlab.launch.rundir.manifest import find_damage
 from normlab.model import Transformer
 
 NATIVE_DIR, WEIGHTS, CONFIG, MODEL_CONFIG = (

@@ -162,12 +162,12 @@ def check_run(args: argparse.Namespace, cfg: RunConfig, world: int) -> None:
     `latest` pointer naming none, another global batch than the checkpoint's. (A checkpoint's
     bytes are verified by the ranks as they load it: hashing them here too would read every
     checkpoint twice.)"""
-    from normlab.launch.cluster.owner import check_owner_job
     from normlab.launch.engines.fsdp import trainer_file
     from normlab.launch.engines.single import TRAINER_FILE, read_file
-    from normlab.launch.training.checkpoint import CheckpointManager
-    from normlab.launch.training.resume import check_global_batch, global_batch
-    from normlab.launch.training.rundir import check_run_dir
+    from normlab.launch.rundir.checkpoint import CheckpointManager
+    from normlab.launch.rundir.directory import check_run_dir
+    from normlab.launch.rundir.owner import check_owner_job
+    from normlab.launch.rundir.resume import check_global_batch, global_batch
 
     run_dir = Path(cfg.run_dir or "runs/run")
     check_run_dir(run_dir, cfg, args.force)  # read-only
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     env.setdefault("OMP_NUM_THREADS", "1")
     # seconds torchrun gives signalled ranks to checkpoint before it SIGKILLs them
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
-    from normlab.launch.training.rundir import TOKEN_ENV, RunDirLock
+    from normlab.launch.rundir.directory import TOKEN_ENV, RunDirLock
 
     # node 0 owns the run directory for the whole job; its rank 0 inherits the lock by token
     owner = RunDirLock(Path(cfg.run_dir or "runs/run"), "normlab launch")

@@ -44,11 +44,11 @@ def _duration(seconds: float) -> str:
 
 def run_status(run_dir: Path) -> dict[str, Any]:
     """Everything `normlab status` prints about one run, as a dict."""
-    from normlab.launch.cluster.owner import last_job_id
     from normlab.launch.cluster.slurm import job_state
     from normlab.launch.report.runfiles import read_config, read_summary
-    from normlab.launch.training.checkpoint import CheckpointManager
-    from normlab.launch.training.rundir import CONFIG, SUMMARY
+    from normlab.launch.rundir.checkpoint import CheckpointManager
+    from normlab.launch.rundir.directory import CONFIG, SUMMARY
+    from normlab.launch.rundir.owner import last_job_id
 
     if not (run_dir / CONFIG).is_file():
         raise RunDirError(f"{run_dir} is not a run directory (no {CONFIG})")

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from normlab.launch.errors import ConfigError
 from normlab.launch.instruments.common import ROLLBACKS, ROLLED_BACK, SKIPPED, settings_of
+from normlab.launch.rundir.checkpoint import STEP_DIR
 from normlab.launch.training.callbacks import Callback, StopRun, TrainerView
-from normlab.launch.training.checkpoint import STEP_DIR
 
 DEFAULTS = {"window": 1000, "k": 7.0, "max_bad_steps": 5, "rollback": True, "max_rollbacks": 10}
 KEYS = ("loss", "grad_norm")

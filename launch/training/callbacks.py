@@ -19,7 +19,7 @@ from normlab.launch.registry import INSTRUMENTS, resolve
 if TYPE_CHECKING:
     from normlab.launch.config import RunConfig
     from normlab.launch.engines.base import Engine
-    from normlab.launch.training.checkpoint import CheckpointManager
+    from normlab.launch.rundir.checkpoint import CheckpointManager
     from normlab.launch.training.metrics import MetricsWriter
     from rich.console import Console
 

@@ -21,11 +21,11 @@ from normlab.launch.engines.base import Engine
 from normlab.launch.errors import ConfigError
 from normlab.launch.optim import build_optimizer, check_optimizer
 from normlab.launch.registry import ENGINES, resolve
+from normlab.launch.rundir.checkpoint import CheckpointManager
+from normlab.launch.rundir.resume import check_global_batch, global_batch
+from normlab.launch.rundir.rng import rng_state, seed_everything, set_rng_state
 from normlab.launch.training.callbacks import Callback
-from normlab.launch.training.checkpoint import CheckpointManager
 from normlab.launch.training.datasets import resolve_sources
-from normlab.launch.training.resume import check_global_batch, global_batch
-from normlab.launch.training.rng import rng_state, seed_everything, set_rng_state
 from normlab.launch.training.schedule import build_schedule, lr_change, stable_end
 
 

@@ -19,6 +19,19 @@ import torch
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
 from normlab.launch.optim import optim_callbacks, set_lr
+from normlab.launch.rundir.directory import (
+    RunDirLock,
+    check_run_dir,
+    read_summary,
+    write_config,
+    write_summary,
+)
+from normlab.launch.rundir.signals import (
+    GracefulStop,
+    resume_command,
+    stop_message,
+    stop_status,
+)
 from normlab.launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
 from normlab.launch.training.evaluation import evaluate, measure_eval
 from normlab.launch.training.metrics import MetricsWriter
@@ -27,20 +40,7 @@ from normlab.launch.training.outcome import divergence_message, fresh_stats, run
 from normlab.launch.training.preflight import preflight
 from normlab.launch.training.progress import ProgressDisplay
 from normlab.launch.training.rows import boundaries, host_rows, is_finite, log_row
-from normlab.launch.training.rundir import (
-    RunDirLock,
-    check_run_dir,
-    read_summary,
-    write_config,
-    write_summary,
-)
 from normlab.launch.training.setup import build_parts, extra_state, rank_world, restore
-from normlab.launch.training.signals import (
-    GracefulStop,
-    resume_command,
-    stop_message,
-    stop_status,
-)
 from rich.console import Console
 
 

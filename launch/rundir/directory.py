@@ -240,7 +240,7 @@ class RunDirLock:
         inherited = read_lock(self.run_dir)
         if inherited is not None and inherited.token == os.environ.get(TOKEN_ENV):
             return inherited  # held by our launcher: nothing to do, nothing to release
-        from normlab.launch.cluster.owner import check_owner_job
+        from normlab.launch.rundir.owner import check_owner_job
 
         check_owner_job(self.run_dir)  # a pending job would train here too once it starts
         if not self.run_dir.exists():

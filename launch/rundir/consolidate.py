@@ -13,7 +13,7 @@ from normlab.launch.engines.fsdp import DCP_DIR, read_meta
 from normlab.launch.engines.single import MODEL_FILE, check_compatible, read_file
 from normlab.launch.errors import CheckpointError
 from normlab.launch.extras import require
-from normlab.launch.training.checkpoint import CheckpointManager, step_dir_name
+from normlab.launch.rundir.checkpoint import CheckpointManager, step_dir_name
 from normlab.model import Transformer
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")

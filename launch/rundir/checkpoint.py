@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from normlab.launch.engines.base import Engine
 from normlab.launch.errors import CheckpointError
-from normlab.launch.training.manifest import find_damage, write_manifest
-from normlab.launch.training.resume import reapply, recipe_hyperparams
+from normlab.launch.rundir.manifest import find_damage, write_manifest
+from normlab.launch.rundir.resume import reapply, recipe_hyperparams
 
 LATEST = "latest"
 STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -175,7 +175,7 @@ class CheckpointManager:
 
     def load(self, engine: Engine, step: str | None = None) -> tuple[Path, dict[str, Any]] | None:
         """Restore the latest checkpoint (or the one `step` names) into `engine` after checking
-        its manifest; the recipe's optimizer hyperparameters are kept (launch.training.resume).
+        its manifest; the recipe's optimizer hyperparameters are kept (launch.rundir.resume).
         None when there is none. `self.recipe_changes` lists the values the recipe changed."""
         ckpt = self.find(step) if step is not None else self.latest()
         if ckpt is None:
