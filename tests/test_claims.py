@@ -8,7 +8,7 @@ import math
 from functools import cache
 
 import pytest
-from normlab.launch.report.claims import (
+from normlab.launch.study.claims import (
     CLAIMS,
     CONTRADICTED,
     INCONCLUSIVE,
@@ -21,7 +21,7 @@ from normlab.launch.report.claims import (
     group_rows,
     loss_of,
 )
-from normlab.launch.report.separation import (
+from normlab.launch.study.separation import (
     HIGHER,
     LOWER,
     SAME,

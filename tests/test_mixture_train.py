@@ -154,7 +154,7 @@ def test_compare_and_study_tables_show_each_domain(mixed_run, tmp_path: Path) ->
     import csv
 
     from normlab.launch.commands.compare import compare
-    from normlab.launch.report.study import group_table
+    from normlab.launch.study.report import group_table
     from rich.console import Console
 
     _, run = mixed_run

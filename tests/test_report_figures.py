@@ -12,7 +12,7 @@ import pytest
 from matplotlib.ticker import FormatStrFormatter
 from normlab.launch.report.plots import depth_figure, grad_norm_figure, loss_figure, save
 from normlab.launch.report.runs import Run
-from normlab.launch.report.study_plots import DEPTH, LOSS, study_figure
+from normlab.launch.study.plots import DEPTH, LOSS, study_figure
 
 
 def fake_run(name: str, lr: float, seed: int, scale: float, dataset: str = "bundled") -> Run:

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from normlab.launch.cli import main
 from normlab.launch.commands.study import plan, spec_from_args
-from normlab.launch.config.study import STUDIES_DIR, load_study
-from normlab.launch.report.sensitivity import lr_sensitivity
+from normlab.launch.study.sensitivity import lr_sensitivity
+from normlab.launch.study.spec import STUDIES_DIR, load_study
 from normlab.launch.training.metrics import read_jsonl
 
 from tests.conftest import tiny_overrides

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from normlab.launch.report.sensitivity import (
+from normlab.launch.study.lr_plots import write_lr_plots
+from normlab.launch.study.sensitivity import (
     PROTOCOL_LRS,
     Point,
     capped_loss,
@@ -20,8 +21,7 @@ from normlab.launch.report.sensitivity import (
     summary_row,
     write_csvs,
 )
-from normlab.launch.report.separation import TRAINED_MARGIN
-from normlab.launch.report.study_lr_plots import write_lr_plots
+from normlab.launch.study.separation import TRAINED_MARGIN
 
 L0 = 8.3
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from normlab.launch.commands.study import with_earlier_time
-from normlab.launch.report.study import time_line
+from normlab.launch.study.report import time_line
 
 
 def timings(seconds: float) -> list[dict]:

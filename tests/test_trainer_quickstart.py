@@ -13,7 +13,7 @@ from normlab.launch.cli import main
 from normlab.launch.commands.quickstart import DEFAULT
 from normlab.launch.config import load_config
 from normlab.launch.config.loader import find_recipe
-from normlab.launch.report.unigram import dataset_unigram_loss, unigram_loss
+from normlab.launch.study.unigram import dataset_unigram_loss, unigram_loss
 
 from tests.conftest import tiny_overrides
 

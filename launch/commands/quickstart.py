@@ -20,9 +20,9 @@ from normlab.launch.commands.compare import compare
 from normlab.launch.config import load_config
 from normlab.launch.config.loader import find_recipe
 from normlab.launch.errors import ConfigError
-from normlab.launch.report.unigram import dataset_unigram_loss
+from normlab.launch.study.pool import train_all
+from normlab.launch.study.unigram import dataset_unigram_loss
 from normlab.launch.training.datasets import resolve_dataset
-from normlab.launch.training.parallel import train_all
 from rich.console import Console
 
 DEFAULT = [
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 def what_to_look_at(rows: list[dict[str, Any]], report: Path, plateau: float) -> list[str]:
     """Two lines read off this run's numbers, then the next command.
 
-    `plateau`: the unigram loss of the data (launch.report.unigram), where a stalled run sits."""
+    `plateau`: the unigram loss of the data (launch.study.unigram), where a stalled run sits."""
     scored = [r for r in rows if r.get("eval_loss") is not None]
     lines = []
     if len(scored) >= 2:

@@ -123,7 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from normlab.launch.report.study_status import format_study_status, is_study_dir, study_status
+    from normlab.launch.study.status import format_study_status, is_study_dir, study_status
 
     infos = [  # every directory checked before printing; a study directory is summarised
         (study_status(Path(r)), format_study_status) if is_study_dir(Path(r))

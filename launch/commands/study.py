@@ -1,6 +1,6 @@
 """`normlab study [STUDY | RECIPES...] [--lrs A,B] [--seeds 0,1] [--jobs N] [--out DIR]`.
 
-A study file (recipes/studies/NAME.yaml, or the bare NAME; launch.config.study) names recipes,
+A study file (recipes/studies/NAME.yaml, or the bare NAME; launch.study.spec) names recipes,
 a grid over dotted keys (learning rate, a size axis, ...), seeds, steps and the protocol; the
 flags override it. Without a file: the recipes the claims need at lr 1e-3 and 3e-3, seeds 0 and 1.
 Every run trains with every observational instrument on (and l_0 measured before step 0), then
@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from normlab.launch.commands.study_plan import (
+from normlab.launch.commands.submit import add_submit_options, job_spec
+from normlab.launch.errors import ConfigError
+from normlab.launch.study.plan import (
     DEFAULT_LRS,
     DEFAULT_RECIPES,
     DEFAULT_SEEDS,
@@ -33,10 +35,8 @@ from normlab.launch.commands.study_plan import (
     study_configs,
     write_plan,
 )
-from normlab.launch.commands.submit import add_submit_options, job_spec
-from normlab.launch.config.study import LR, StudySpec, check_spec, is_study, load_study
-from normlab.launch.errors import ConfigError
-from normlab.launch.training.parallel import train_all
+from normlab.launch.study.pool import train_all
+from normlab.launch.study.spec import LR, StudySpec, check_spec, is_study, load_study
 from rich.console import Console
 
 __all__ = [
@@ -67,7 +67,7 @@ def run_spec(
     Returns {'runs', 'total_s', 'stopped', 'rows', 'files', 'verdicts', 'curves'}; a study
     stopped by a signal returns only the first three (no report over unfinished runs)."""
     from normlab.launch.commands.compare import compare
-    from normlab.launch.report.study import write_study_report
+    from normlab.launch.study.report import write_study_report
 
     out = Path(out)
     jobs = jobs or spec.jobs
@@ -263,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     out = Path(args.out or ("study" if spec.path is None else f"studies/{spec.name}"))
     if args.submit:
-        from normlab.launch.cluster.study import submit_study
+        from normlab.launch.study.submit import submit_study
 
         planned = plan(spec, out, args.spike_window or spec.spike_window)
         return submit_study(planned, spec, out, job_spec(args))

@@ -9,7 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from normlab.data.errors import DataError
-from normlab.launch.report.claims import (
+from normlab.launch.report.domains import domain_stats
+from normlab.launch.report.runs import Run, load_run
+from normlab.launch.report.table import summarize
+from normlab.launch.study.claims import (
     Verdict,
     decide_all,
     group_rows,
@@ -17,24 +20,21 @@ from normlab.launch.report.claims import (
     loss_of,
     point_label,
 )
-from normlab.launch.report.domains import domain_stats
-from normlab.launch.report.runs import Run, load_run
-from normlab.launch.report.sensitivity import write_csvs
-from normlab.launch.report.study_lr_plots import write_lr_plots
-from normlab.launch.report.study_plots import write_study_plots
-from normlab.launch.report.study_protocol import (
+from normlab.launch.study.lr_plots import write_lr_plots
+from normlab.launch.study.plots import write_study_plots
+from normlab.launch.study.protocol import (
     print_sensitivity,
     protocol_curves,
     sensitivity_markdown,
 )
-from normlab.launch.report.table import summarize
-from normlab.launch.report.unigram import runs_plateau
+from normlab.launch.study.sensitivity import write_csvs
+from normlab.launch.study.unigram import runs_plateau
 from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from normlab.launch.commands.study_plan import Planned
-    from normlab.launch.config.study import StudySpec
+    from normlab.launch.study.plan import Planned
+    from normlab.launch.study.spec import StudySpec
 
 # key, header, how one value is read from a row
 STATS = [
@@ -143,7 +143,7 @@ def markdown(
             "|---|---|---|---|---|",
             *(f"| {v.claim} | **{v.word}** | {v.why} | {v.numbers} | {v.rule} |" for v in found),
             "",
-            "Rules: launch/report/claims.py (a claim rests only on groups that trained; 'not "
+            "Rules: launch/study/claims.py (a claim rests only on groups that trained; 'not "
             "tested': its recipes were not run).",
             "",
         ]

@@ -2,7 +2,7 @@
 
 API (what `normlab study` calls):
 
-    plateau = dataset_unigram_loss(data_dir)          # launch.report.unigram
+    plateau = dataset_unigram_loss(data_dir)          # launch.study.unigram
     found = decide_all(rows, plateau)                 # list[Verdict], in the order of CLAIMS
     one = decide(CLAIMS[0], group_rows(rows), plateau)
     print(one.line())                                 # claim: word (why); numbers; rule
@@ -17,7 +17,7 @@ seed's value and the comparison's outcome). Words:
 - "reproduced" / "not reproduced" / "contradicted" (the opposite was found) / "inconclusive";
 - "not tested": a recipe the claim needs was not run, or not at a grid point the other ran at.
 
-Per grid point the two groups compare by launch.report.separation: a loss claim needs the group(s)
+Per grid point the two groups compare by launch.study.separation: a loss claim needs the group(s)
 it rests on to have trained (every seed below the data's unigram plateau by TRAINED_MARGIN),
 "higher"/"lower" need every seed beyond every seed by the margin (or >= 3 seeds a side and a
 one-sided Mann-Whitney test at ALPHA), points where nothing trained are "untrained" and decide
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from normlab.launch.report.separation import (
+from normlab.launch.study.separation import (
     ALPHA,
     GROWTH_RATIO,
     HIGHER,

@@ -14,8 +14,8 @@ from typing import Any
 
 from normlab.launch.config import RunConfig, load_config
 from normlab.launch.config.loader import find_recipe
-from normlab.launch.config.study import LR, StudyRecipe, StudySpec, check_spec
 from normlab.launch.errors import ConfigError
+from normlab.launch.study.spec import LR, StudyRecipe, StudySpec, check_spec
 
 DEFAULT_RECIPES = [
     "post_warmup",

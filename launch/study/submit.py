@@ -20,8 +20,8 @@ from normlab.launch.rundir import owner
 
 if TYPE_CHECKING:
     from normlab.launch.cluster.spec import ClusterSpec
-    from normlab.launch.commands.study_plan import Planned
-    from normlab.launch.config.study import StudySpec
+    from normlab.launch.study.plan import Planned
+    from normlab.launch.study.spec import StudySpec
 
 FINISHED = ("completed", "diverged")
 
@@ -57,7 +57,7 @@ def _previous(out: Path) -> dict[str, dict[str, Any]]:
 
 def submit_study(planned: list[Planned], spec: StudySpec, out: Path, cluster: ClusterSpec) -> int:
     """Submit what is missing; 0 when every run is finished, queued or submitted now."""
-    from normlab.launch.commands.study_plan import write_plan
+    from normlab.launch.study.plan import write_plan
 
     standing = [where_it_stands(Path(p.cfg.run_dir or "").resolve()) for p in planned]
     todo = [p for p, (state, _) in zip(planned, standing, strict=True) if state == "to submit"]

@@ -18,7 +18,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from normlab.launch.report.plots import curve_style, readable_log, save  # noqa: E402
-from normlab.launch.report.sensitivity import Curve  # noqa: E402
+from normlab.launch.study.sensitivity import Curve  # noqa: E402
 
 
 def _sizes(found: list[Curve]) -> list[str]:

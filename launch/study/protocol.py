@@ -1,5 +1,5 @@
 """The LR-sensitivity protocol over a study's runs: points read from the run directories, the
-per-curve table (terminal and study.md). The formula lives in launch.report.sensitivity."""
+per-curve table (terminal and study.md). The formula lives in launch.study.sensitivity."""
 
 from __future__ import annotations
 
@@ -16,21 +16,21 @@ from normlab.launch.instruments.protocol import (
     LOGZ_MIN,
 )
 from normlab.launch.report.runs import Run, finite
-from normlab.launch.report.sensitivity import (
+from normlab.launch.study.sensitivity import (
     PROTOCOL_LRS,
     Curve,
     Point,
     curves,
     summary_row,
 )
-from normlab.launch.report.separation import TRAINED_MARGIN
+from normlab.launch.study.separation import TRAINED_MARGIN
 from normlab.launch.training.metrics import JSONL, read_jsonl
 from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from normlab.launch.commands.study_plan import Planned
-    from normlab.launch.config.study import StudySpec
+    from normlab.launch.study.plan import Planned
+    from normlab.launch.study.spec import StudySpec
 
 # per run: how the figures' statistics are read (max attention logit over training, ...)
 EXTRA = [
