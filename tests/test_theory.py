@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 from normlab.launch.cli import main
-from normlab.launch.report.theory import (
+from normlab.launch.theory.checks import FAILED, HELD, UNDECIDED, bootstrap, checks
+from normlab.launch.theory.measure import (
     TheorySetup,
     down_proj_grads,
     ffn_gain,
@@ -22,7 +23,6 @@ from normlab.launch.report.theory import (
     measure,
     stream_energy,
 )
-from normlab.launch.report.theory_checks import FAILED, HELD, UNDECIDED, bootstrap, checks
 from normlab.model import ModelConfig, Transformer
 from normlab.model.init import init_weights
 from normlab.model.mlp import build_mlp

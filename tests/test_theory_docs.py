@@ -12,8 +12,8 @@ import json
 
 import numpy as np
 import pytest
-from normlab.launch.report.theory import PLACEMENTS, measure, result_from_json
-from normlab.launch.report.theory_checks import check_table, checks
+from normlab.launch.theory.checks import check_table, checks
+from normlab.launch.theory.measure import PLACEMENTS, measure, result_from_json
 
 from tests.conftest import REPO
 

@@ -59,9 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from normlab.launch.report.theory import TheorySetup, measure
-    from normlab.launch.report.theory_checks import checks
-    from normlab.launch.report.theory_plots import markdown, write_plots
+    from normlab.launch.theory.checks import checks
+    from normlab.launch.theory.measure import TheorySetup, measure
+    from normlab.launch.theory.plots import markdown, write_plots
 
     try:
         setup = TheorySetup(
@@ -108,7 +108,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def _table(found: list, seconds: float) -> Table:
-    from normlab.launch.report.theory_checks import SHOWN
+    from normlab.launch.theory.checks import SHOWN
 
     table = Table(title=f"normlab theory: Xiong et al. 2020 at initialisation ({seconds:.1f} s)")
     for col in ("prediction", "rule", "measured", "held"):

@@ -1,4 +1,4 @@
-"""Figures and Markdown of `normlab theory` (the measurements live in launch.report.theory)."""
+"""Figures and Markdown of `normlab theory` (the measurements live in launch.theory.measure)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from normlab.launch.report.theory import (  # noqa: E402
-    TheoryResult,
-    ffn_gain,
-    lemma2_prediction,
-)
-from normlab.launch.report.theory_checks import (  # noqa: E402
+from normlab.launch.theory.checks import (  # noqa: E402
     BOOT_REPS,
     MIN_SEEDS,
     Check,
     check_table,
+)
+from normlab.launch.theory.measure import (  # noqa: E402
+    TheoryResult,
+    ffn_gain,
+    lemma2_prediction,
 )
 
 STYLE = {

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from normlab.launch.report.theory import (
+from normlab.launch.theory.measure import (
     TheoryResult,
     ffn_gain,
     lemma2_prediction,
