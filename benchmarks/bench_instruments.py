@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from normlab.launch.config import load_config  # noqa: E402
-from normlab.launch.training.rows import to_host  # noqa: E402
+from normlab.launch.training.host_rows import to_host  # noqa: E402
 from normlab.launch.training.trainer import Trainer  # noqa: E402
 
 OBSERVERS = ["activations", "gradients", "attention_logits", "qk_gains", "spike_score"]

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_closed()
     except USER_ERRORS as exc:
-        from normlab.launch.training.launched import report_to_launcher
+        from normlab.launch.rank_errors import report_to_launcher
 
         if not report_to_launcher(str(exc)):  # a rank of `normlab launch`: its launcher prints
             print(f"normlab {args.command}: error: {exc}", file=sys.stderr)

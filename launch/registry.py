@@ -34,8 +34,8 @@ INSTRUMENTS = {
     "fp16_clamp": "normlab.launch.instruments.fp16:FP16Clamp",
     "attention_stabilizers": "normlab.launch.instruments.stabilizers:AttentionStabilizers",
     "norm_stabilizers": "normlab.launch.instruments.norm_stabilizers:NormStabilizers",
-    "init_loss": "normlab.launch.instruments.protocol:InitLoss",
-    "output_logits": "normlab.launch.instruments.protocol:OutputLogits",
+    "init_loss": "normlab.launch.instruments.output_logits:InitLoss",
+    "output_logits": "normlab.launch.instruments.output_logits:OutputLogits",
 }
 
 

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from normlab.launch.callbacks import StopRun
 from normlab.launch.instruments import SpikePolicy
-from normlab.launch.training.callbacks import StopRun
 
 Values = Callable[[int, int], tuple[float, float]]  # (step, applied updates) -> (loss, grad norm)
 

@@ -10,7 +10,7 @@ import math
 from types import SimpleNamespace
 
 import torch
-from normlab.launch.instruments.protocol import InitLoss, OutputLogits
+from normlab.launch.instruments.output_logits import InitLoss, OutputLogits
 from torch import nn
 
 

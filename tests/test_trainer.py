@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from normlab.launch.callbacks import Callback
 from normlab.launch.cli import main
 from normlab.launch.config import load_config
-from normlab.launch.training.callbacks import Callback
 from normlab.launch.training.metrics import read_jsonl
 from normlab.launch.training.schedule import build_schedule
 from normlab.launch.training.trainer import Trainer

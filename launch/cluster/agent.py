@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from normlab.launch.training.launched import ERRORS_ENV, first_report
+from normlab.launch.rank_errors import ERRORS_ENV, first_report
 
 
 class _DropUserErrorFailures(logging.Filter):

@@ -37,7 +37,7 @@ from normlab.launch.commands.train import add_recipe_args, add_unverified_arg, r
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.dist import EXPECTED_WORLD_ENV
 from normlab.launch.errors import NormlabError
-from normlab.launch.training.launched import ERRORS_ENV, first_report
+from normlab.launch.rank_errors import ERRORS_ENV, first_report
 
 
 class LaunchError(NormlabError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.instruments.common import (
     ATTN_OUT,
     MLP_OUT,
@@ -26,7 +27,6 @@ from normlab.launch.instruments.common import (
     is_log_step,
     settings_of,
 )
-from normlab.launch.training.callbacks import Callback, TrainerView
 from torch.utils.hooks import RemovableHandle
 
 KINDS = (RESID, ATTN_OUT, MLP_OUT, PRE_NORM)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.errors import ConfigError
 from normlab.launch.instruments.common import (
     MAX_LOGIT,
@@ -27,7 +28,6 @@ from normlab.launch.instruments.common import (
     settings_of,
 )
 from normlab.launch.instruments.gradients import local_parts, sum_squares
-from normlab.launch.training.callbacks import Callback, TrainerView
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 

@@ -18,7 +18,7 @@ from normlab.model.attention import Attention
 from torch import nn
 
 if TYPE_CHECKING:
-    from normlab.launch.training.callbacks import TrainerView
+    from normlab.launch.callbacks import TrainerView
 
 RESID, ATTN_OUT, MLP_OUT = "resid_rms", "attn_out_rms", "mlp_out_rms"
 PRE_NORM = "pre_norm_rms"  # post-norm blocks: the residual sum before the closing norm

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.engines.recompute import recomputing
 from normlab.launch.errors import ConfigError
 from normlab.launch.instruments.common import (
@@ -40,7 +41,6 @@ from normlab.launch.instruments.common import (
     settings_of,
     unwrap,
 )
-from normlab.launch.training.callbacks import Callback, TrainerView
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
+from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.instruments.common import (
     GRAD,
     UPDATE,
@@ -23,7 +24,6 @@ from normlab.launch.instruments.common import (
     settings_of,
     unwrap,
 )
-from normlab.launch.training.callbacks import Callback, TrainerView
 from torch import nn
 
 Parts = list[tuple[torch.Tensor | None, bool]]

@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.instruments.common import (
     block_key,
     blocks,
@@ -25,7 +26,6 @@ from normlab.launch.instruments.common import (
     unwrap,
 )
 from normlab.launch.instruments.stabilizers import _full
-from normlab.launch.training.callbacks import Callback, TrainerView
 from normlab.model.norms import POINTWISE
 from normlab.model.placements import BranchScale
 from torch import nn

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from normlab.launch.callbacks import Callback, StopRun, TrainerView
 from normlab.launch.errors import ConfigError
 from normlab.launch.instruments.common import ROLLBACKS, ROLLED_BACK, SKIPPED, settings_of
 from normlab.launch.rundir.checkpoint import STEP_DIR
-from normlab.launch.training.callbacks import Callback, StopRun, TrainerView
 
 DEFAULTS = {"window": 1000, "k": 7.0, "max_bad_steps": 5, "rollback": True, "max_rollbacks": 10}
 KEYS = ("loss", "grad_norm")

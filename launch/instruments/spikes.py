@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.errors import ConfigError
 from normlab.launch.instruments.common import (
     NONFINITE,
@@ -38,7 +39,6 @@ from normlab.launch.instruments.common import (
     is_log_step,
     settings_of,
 )
-from normlab.launch.training.callbacks import Callback, TrainerView
 from numpy.lib.stride_tricks import sliding_window_view
 
 CHUNK_ELEMENTS = 1 << 20  # window rows per numpy pass: bounded memory for any series length

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.instruments.common import (
     attention_of,
     block_key,
@@ -26,7 +27,6 @@ from normlab.launch.instruments.common import (
     settings_of,
     unwrap,
 )
-from normlab.launch.training.callbacks import Callback, TrainerView
 from normlab.model.attention_cores import SoftCap, attention_logits, future_mask
 from normlab.model.gating import NoGate
 from torch import nn

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.errors import ConfigError
 from normlab.launch.instruments.common import (
     ROLLBACKS,
@@ -43,7 +44,6 @@ from normlab.launch.instruments.common import (
 )
 from normlab.launch.instruments.gradients import Parts, local_parts, sum_squares
 from normlab.launch.instruments.spikes import run_window
-from normlab.launch.training.callbacks import Callback, TrainerView
 
 DEFAULTS = {"window": 100, "threshold": 4.0}
 

@@ -16,8 +16,8 @@ from normlab.launch.registry import OPTIMIZERS, resolve
 from torch import nn
 
 if TYPE_CHECKING:
+    from normlab.launch.callbacks import Callback
     from normlab.launch.engines.base import Engine
-    from normlab.launch.training.callbacks import Callback
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.engines.base import RowScaler, scale_rows_
 from normlab.launch.instruments.common import attention_of, block_key, unwrap
-from normlab.launch.training.callbacks import Callback, TrainerView
 from normlab.model.attention import Attention, FlatQKNorm, HeadQKNorm
 from torch import nn
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from normlab.launch.instruments.protocol import (
+from normlab.launch.instruments.output_logits import (
     GRAD_RMS,
     HEAD_MEAN_NORM,
     INIT_LOSS,

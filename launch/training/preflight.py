@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from normlab.launch.callbacks import build_callbacks
 from normlab.launch.config import RunConfig
 from normlab.launch.errors import ConfigError
 from normlab.launch.extras import require
-from normlab.launch.training.callbacks import build_callbacks
 
 
 def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from normlab.launch.callbacks import Callback, StopRun, build_callbacks, overrides_skip
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
 from normlab.launch.optim import optim_callbacks, set_lr
@@ -32,15 +33,14 @@ from normlab.launch.rundir.signals import (
     stop_message,
     stop_status,
 )
-from normlab.launch.training.callbacks import Callback, StopRun, build_callbacks, overrides_skip
+from normlab.launch.training.build_run import build_parts, extra_state, rank_world, restore
 from normlab.launch.training.evaluation import evaluate, measure_eval
+from normlab.launch.training.host_rows import boundaries, host_rows, is_finite, log_row
 from normlab.launch.training.metrics import MetricsWriter
 from normlab.launch.training.mfu import run_throughput
 from normlab.launch.training.outcome import divergence_message, fresh_stats, run_summary
 from normlab.launch.training.preflight import preflight
 from normlab.launch.training.progress import ProgressDisplay
-from normlab.launch.training.rows import boundaries, host_rows, is_finite, log_row
-from normlab.launch.training.setup import build_parts, extra_state, rank_world, restore
 from rich.console import Console
 
 

@@ -22,8 +22,8 @@ import math
 from typing import Any
 
 import torch
+from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.instruments.common import is_log_step, settings_of, unwrap
-from normlab.launch.training.callbacks import Callback, TrainerView
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 

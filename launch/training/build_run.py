@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from normlab.data.mixture import MixtureLoader
+from normlab.launch.callbacks import Callback
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
 from normlab.launch.errors import ConfigError
@@ -24,7 +25,6 @@ from normlab.launch.registry import ENGINES, resolve
 from normlab.launch.rundir.checkpoint import CheckpointManager
 from normlab.launch.rundir.resume import check_global_batch, global_batch
 from normlab.launch.rundir.rng import rng_state, seed_everything, set_rng_state
-from normlab.launch.training.callbacks import Callback
 from normlab.launch.training.datasets import resolve_sources
 from normlab.launch.training.schedule import build_schedule, lr_change, stable_end
 
