@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from normlab.launch.commands.compare import compare
 from normlab.launch.config import load_config
 from normlab.launch.report.card import report_card
+from normlab.launch.report.compare import compare
 from normlab.launch.report.runs import load_run
 from normlab.launch.training.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from normlab.launch.cli import main
-from normlab.launch.commands.compare import compare
 from normlab.launch.config import load_config
+from normlab.launch.report.compare import compare
 from normlab.launch.training.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 from rich.console import Console

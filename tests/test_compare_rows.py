@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from normlab.launch.commands.compare import compare
+from normlab.launch.report.compare import compare
 from normlab.launch.report.provenance import dataset_id, tokenizer_id
 from rich.console import Console
 

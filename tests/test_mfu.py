@@ -124,8 +124,8 @@ def test_trainer_logs_mfu_against_the_given_peak(tiny_data, tmp_path, capsys) ->
     import json
 
     from normlab.launch.cli import main
-    from normlab.launch.commands.compare import compare
     from normlab.launch.config import load_config
+    from normlab.launch.report.compare import compare
     from normlab.launch.training.metrics import read_jsonl
     from normlab.launch.training.trainer import Trainer
 

@@ -153,7 +153,7 @@ def test_resume_with_another_split_of_the_global_batch(
 def test_compare_and_study_tables_show_each_domain(mixed_run, tmp_path: Path) -> None:
     import csv
 
-    from normlab.launch.commands.compare import compare
+    from normlab.launch.report.compare import compare
     from normlab.launch.study.report import group_table
     from rich.console import Console
 

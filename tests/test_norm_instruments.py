@@ -69,8 +69,8 @@ def test_statistics_equal_hand_computation(norm: str) -> None:
 def test_norm_recipes_train_and_compare_shows_them(tiny_data, tmp_path) -> None:
     """The norm-side recipes train on the prepared corpus through the Trainer, log their
     statistics, and `compare` shows them with the placement label naming the switches."""
-    from normlab.launch.commands.compare import compare
     from normlab.launch.config import load_config
+    from normlab.launch.report.compare import compare
     from normlab.launch.training.trainer import Trainer
     from rich.console import Console
 

@@ -111,8 +111,8 @@ def test_stabilizer_statistics_equal_hand_computation(kw) -> None:
 def test_stabilizer_recipes_train_and_compare_shows_them(tiny_data, tmp_path) -> None:
     """Every stabilizer recipe trains on the prepared corpus through the Trainer, logs its
     statistics, and `compare` shows them with the placement label naming the switches."""
-    from normlab.launch.commands.compare import compare
     from normlab.launch.config import load_config
+    from normlab.launch.report.compare import compare
     from normlab.launch.training.trainer import Trainer
     from rich.console import Console
 

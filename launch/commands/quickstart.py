@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from normlab.launch.commands.compare import compare
 from normlab.launch.config import load_config
 from normlab.launch.config.loader import find_recipe
 from normlab.launch.errors import ConfigError
+from normlab.launch.report.compare import compare
 from normlab.launch.study.pool import train_all
 from normlab.launch.study.unigram import dataset_unigram_loss
 from normlab.launch.training.datasets import resolve_dataset

@@ -66,7 +66,7 @@ def run_spec(
 
     Returns {'runs', 'total_s', 'stopped', 'rows', 'files', 'verdicts', 'curves'}; a study
     stopped by a signal returns only the first three (no report over unfinished runs)."""
-    from normlab.launch.commands.compare import compare
+    from normlab.launch.report.compare import compare
     from normlab.launch.study.report import write_study_report
 
     out = Path(out)
