@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from normlab.launch.cli import main
-from normlab.launch.commands.study import study_configs
 from normlab.launch.config.loader import RECIPES_DIR, find_recipe
 from normlab.launch.errors import ConfigError
+from normlab.launch.study.plan import study_configs
 
 from tests.conftest import REPO
 

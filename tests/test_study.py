@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from normlab.launch.cli import main
-from normlab.launch.commands.study import DEFAULT_RECIPES, run_study, spike_window, study_configs
+from normlab.launch.study.plan import DEFAULT_RECIPES, spike_window, study_configs
+from normlab.launch.study.run import run_study
 from normlab.launch.training.metrics import read_jsonl
 from rich.console import Console
 

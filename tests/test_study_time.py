@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from normlab.launch.commands.study import with_earlier_time
 from normlab.launch.study.report import time_line
+from normlab.launch.study.run import with_earlier_time
 
 
 def timings(seconds: float) -> list[dict]:
