@@ -238,7 +238,7 @@ def test_export_onto_a_full_disk_is_one_line_and_leaves_nothing(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch, where: str,
 ) -> None:  # fmt: skip
-    import normlab.launch.commands.export as export
+    import normlab.launch.export as export
 
     monkeypatch.setenv("NORMLAB_CACHE", str(run.parent / "cache"))
 

@@ -19,7 +19,7 @@ from dist_helpers import (
     prepare_tiny,
     write_recipe,
 )
-from normlab.launch.commands.export import check_hf_family
+from normlab.launch.export import check_hf_family
 from normlab.model import ModelConfig, Transformer
 from safetensors.torch import load_file
 

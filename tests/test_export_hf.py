@@ -16,8 +16,8 @@ import normlab.launch.extras as extras
 import pytest
 import torch
 from normlab.data.tokenizer import load_tokenizer
+from normlab.launch import export as export_cmd
 from normlab.launch.cli import main
-from normlab.launch.commands import export as export_cmd
 from normlab.launch.config import load_config
 from normlab.launch.config.loader import find_recipe
 from normlab.launch.training.trainer import Trainer
