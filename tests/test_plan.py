@@ -214,8 +214,8 @@ def test_advice_never_makes_the_run_larger(
     """Whatever the plan advises fits by the same estimate, counted with the gradient
     accumulation it proposes, and is never larger than the configured layout; the global batch
     it keeps is the configured one."""
-    from normlab.launch.commands.plan import HEADROOM, configured, layouts, verdict
     from normlab.launch.config import load_config
+    from normlab.launch.engines.memory_plan import HEADROOM, configured, layouts, verdict
 
     name = {"fsdp_step": "fsdp"}.get(engine, engine)
     overrides = [f"engine.name={name}", "training.grad_accum=4", "data.batch_size=4"]
