@@ -14,11 +14,6 @@ from pathlib import Path
 ERRORS_ENV = "NORMLAB_LAUNCH_ERRORS"
 
 
-def is_rank_zero() -> bool:
-    """True outside torchrun, and in the rank 0 of a torchrun job."""
-    return os.environ.get("RANK", "0") == "0"
-
-
 def report_to_launcher(message: str) -> bool:
     """Leave `message` for the launcher; False when this process was not started by one."""
     folder, rank = os.environ.get(ERRORS_ENV), os.environ.get("RANK")

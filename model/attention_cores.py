@@ -23,6 +23,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from normlab.model.dtypes import at_least_fp32_dtype
 from torch import nn
 
 from .attention_lse import attention_with_lse_bounds
@@ -51,7 +52,7 @@ class SoftCap(nn.Module):
 
 def attention_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """S = q k^T / sqrt(d_h) (B, H, T, T) in at least fp32, keys repeated for GQA."""
-    acc = torch.promote_types(q.dtype, torch.float32)  # fp32 at least (fp64 in tests)
+    acc = at_least_fp32_dtype(q.dtype)
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     return (q.to(acc) @ k.to(acc).transpose(-1, -2)) / math.sqrt(q.shape[-1])
 

@@ -10,6 +10,7 @@ orthogonalises it apart from W_q and QK-Clip never scales its rows.
 from __future__ import annotations
 
 import torch
+from normlab.model.dtypes import at_least_fp32
 from torch import nn
 
 
@@ -29,11 +30,11 @@ class HeadwiseGate(nn.Module):
 
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         """σ(X W_g + b_g) in fp32, shaped to broadcast against O (B, H, T, 1)."""
-        return torch.sigmoid(_fp32(self.g_proj(x))).transpose(1, 2).unsqueeze(-1)
+        return torch.sigmoid(at_least_fp32(self.g_proj(x))).transpose(1, 2).unsqueeze(-1)
 
     def forward(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         # x (B, T, d) the sub-layer input, o (B, H, T, D) the SDPA output
-        return (_fp32(o) * self.gate(x)).to(o.dtype)
+        return (at_least_fp32(o) * self.gate(x)).to(o.dtype)
 
 
 class ElementwiseGate(HeadwiseGate):
@@ -46,13 +47,8 @@ class ElementwiseGate(HeadwiseGate):
 
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        g = _fp32(self.g_proj(x)).view(B, T, self.n_heads, self.head_dim)
+        g = at_least_fp32(self.g_proj(x)).view(B, T, self.n_heads, self.head_dim)
         return torch.sigmoid(g).transpose(1, 2)  # (B, H, T, D)
-
-
-def _fp32(t: torch.Tensor) -> torch.Tensor:
-    """At least fp32 (bf16/fp16 up, fp64 kept)."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 GATES: dict[str, type[nn.Module]] = {"headwise": HeadwiseGate, "elementwise": ElementwiseGate}

@@ -265,9 +265,3 @@ def _check_complete(missing: list[str], unexpected: list[str], tied: bool) -> No
     missing = [k for k in missing if not (tied and k == "lm_head.weight")]
     if missing or unexpected:
         raise RuntimeError(f"HF conversion incomplete: missing {missing}, unexpected {unexpected}")
-
-
-@torch.no_grad()
-def max_logit_difference(model: Transformer, hf: Any, tokens: torch.Tensor) -> float:
-    """max |logits_normlab - logits_hf| on `tokens` (B, T)."""
-    return (model(tokens) - hf(tokens).logits).abs().max().item()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from normlab.model.dtypes import at_least_fp32
 from torch import nn
 
 from .config import ModelConfig
@@ -65,10 +66,6 @@ class RMSNorm(nn.Module, FusedPatterns):
         nn.init.ones_(self.weight)
 
 
-def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
 class DyT(nn.Module, FusedPatterns):
     """DyT (Zhu et al. 2025): y = g * tanh(alpha * x) + b; alpha one learned scalar, in fp32."""
 
@@ -81,7 +78,7 @@ class DyT(nn.Module, FusedPatterns):
 
     def squash(self, x: torch.Tensor) -> torch.Tensor:
         """The point-wise f(alpha x) before the affine (what the saturation share counts)."""
-        return torch.tanh(self.alpha * _at_least_fp32(x))
+        return torch.tanh(self.alpha * at_least_fp32(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (self.weight * self.squash(x) + self.bias).to(x.dtype)
@@ -99,7 +96,7 @@ class Derf(nn.Module, FusedPatterns):
         self.init_values = {"alpha": float(alpha0), "shift": 0.0}
 
     def squash(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.erf(self.alpha * _at_least_fp32(x) + self.shift)
+        return torch.erf(self.alpha * at_least_fp32(x) + self.shift)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (self.weight * self.squash(x) + self.bias).to(x.dtype)
