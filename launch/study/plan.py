@@ -56,10 +56,12 @@ def _short(key: str, value: Any) -> str:
 
 def run_label(recipe: str, lr: float | None, seed: int | None) -> str:
     """Run directory name: the recipe alone, or with its learning rate and seed."""
-    return point_label(recipe, {LR: lr} if lr is not None else {}, seed)
+    return run_dir_name(recipe, {LR: lr} if lr is not None else {}, seed)
 
 
-def point_label(recipe: str, point: dict[str, Any], seed: int | None) -> str:
+def run_dir_name(recipe: str, point: dict[str, Any], seed: int | None) -> str:
+    """Run directory name: the recipe, its grid point in short form and the seed (claims.point_label
+    is the human-readable text of a grid point)."""
     label = "_".join([recipe, *(_short(k, v) for k, v in point.items())])
     return label + (f"_s{seed}" if seed is not None else "")
 
@@ -97,7 +99,7 @@ def plan(spec: StudySpec, out: Path, window: int | None = None) -> list[Planned]
     for entry in spec.recipes:
         for point in points:
             for seed in spec.seeds or [None]:
-                label = point_label(entry.label, point, seed)
+                label = run_dir_name(entry.label, point, seed)
                 extra = [f"training.steps={spec.steps}"] if spec.steps is not None else []
                 extra += [f"{k}={json.dumps(v)}" for k, v in point.items()]
                 extra += [f"training.seed={seed}"] if seed is not None else []
