@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dist_helpers import env, losses, prepare_tiny, write_recipe
+from tests.dist_helpers import env, losses, prepare_tiny, write_recipe
 from normlab.launch.cli import main
 from normlab.launch.cluster.script import PORT_BASE, PORT_SPAN
 from normlab.launch.config import load_config

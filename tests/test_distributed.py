@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import (
+from tests.dist_helpers import (
     LOSS_TOL,
     assert_same_curve,
     check_ok,
@@ -262,7 +262,7 @@ def test_local_tensors_assemble_the_global_statistics(
 ) -> None:
     """What instruments see on 2 ranks (shards summed, replicas counted once) equals the sums of
     squares of the single-process weights and gradients of the same global batch."""
-    from dist_worker_stats import batch
+    from tests.dist_worker_stats import batch
     from normlab.model import Transformer
     from normlab.model.loss import lm_loss
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from dist_helpers import (
+from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
     launch,

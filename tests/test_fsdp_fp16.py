@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import check_ok, launch, losses, normlab, prepare_tiny, write_recipe
+from tests.dist_helpers import check_ok, launch, losses, normlab, prepare_tiny, write_recipe
 from normlab.launch.config import load_config
 from normlab.launch.instruments import ClampHooks
 from normlab.launch.optim import build_optimizer

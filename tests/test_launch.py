@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dist_helpers import (
+from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
     env,

@@ -138,7 +138,7 @@ def test_selfcheck_on_sharded_engines_passes_whole_and_refuses_each_fallback(
     split reading the partitioned storage's shape instead of ds_shape are each refused. FSDP2
     (row shards of a DTensor): Muon passes; skipped Newton-Schulz, each rank orthogonalising its
     own rows and a factory that built AdamW are each refused."""
-    from dist_helpers import check_ok, env, free_port
+    from tests.dist_helpers import check_ok, env, free_port
 
     here = Path(__file__).parent
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]

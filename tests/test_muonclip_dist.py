@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import (
+from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
     env,

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from dist_helpers import (
+from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
     launch,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import env, free_port, normlab
+from tests.dist_helpers import env, free_port, normlab
 from normlab.launch.engines.memory import GIB, Layout, estimate, saved_per_token
 from normlab.model import ModelConfig, Transformer
 from normlab.model.loss import lm_loss

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from dist_helpers import prepare_tiny, write_recipe
+from tests.dist_helpers import prepare_tiny, write_recipe
 from normlab.data.corpus import bundled_corpus_path
 from normlab.data.loader import PackedLoader
 from normlab.data.prepare import prepare

@@ -18,7 +18,7 @@ from pathlib import Path
 import normlab.model.init as model_init
 import pytest
 import torch
-from dist_helpers import (
+from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
     env,
@@ -61,7 +61,7 @@ def test_sharded_init_equals_single_process_init_for_every_scheme(
     partitions), with generator chunks of 64 elements so shards cut through chunks: the gathered
     weights equal one process's init bit for bit, for every scheme in model.init.SCHEMES and the
     norm-side parameter kinds (DyT/Derf, residual scales, HybridNorm's N_v, Keel)."""
-    from dist_worker_init import SEED, all_configs
+    from tests.dist_worker_init import SEED, all_configs
 
     _torchrun("dist_worker_init.py", str(tmp_path), "64")
     monkeypatch.setattr(model_init, "CHUNK", 64)
@@ -79,7 +79,7 @@ def test_sharded_init_equals_single_process_init_for_every_scheme(
     "scheme", [*sorted(model_init.SCHEMES), "dyt_layerscale", "derf_scalar", "hybrid_star", "keel"]
 )
 def test_meta_build_equals_eager_build(scheme: str) -> None:
-    from dist_worker_init import all_configs
+    from tests.dist_worker_init import all_configs
 
     cfg = all_configs()[scheme]
     module, plan = build_on_meta(cfg)

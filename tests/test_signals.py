@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from dist_helpers import check_ok, env, free_port, losses, normlab, prepare_tiny, write_recipe
+from tests.dist_helpers import check_ok, env, free_port, losses, normlab, prepare_tiny, write_recipe
 from normlab.launch.rundir.signals import GracefulStop
 
 LONG = 100_000  # steps: a run that is still training whenever the signal comes

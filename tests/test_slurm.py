@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dist_helpers import check_ok, env, free_port, losses, normlab, prepare_tiny, write_recipe
+from tests.dist_helpers import check_ok, env, free_port, losses, normlab, prepare_tiny, write_recipe
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
 CLUSTER = Path(__file__).parent / "slurm" / "cluster.sh"

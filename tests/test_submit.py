@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dist_helpers import check_ok, env, normlab, prepare_tiny, write_recipe
+from tests.dist_helpers import check_ok, env, normlab, prepare_tiny, write_recipe
 from normlab.launch.cli import main
 from normlab.launch.cluster.requeue import decide
 from normlab.launch.cluster.spec import time_limit_s

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import assert_same_curve, check_ok, launch, losses, prepare_tiny, write_recipe
+from tests.dist_helpers import assert_same_curve, check_ok, launch, losses, prepare_tiny, write_recipe
 from normlab.launch.cli import main
 
 pytestmark = pytest.mark.distributed

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dist_helpers import env, prepare_tiny, write_recipe
+from tests.dist_helpers import env, prepare_tiny, write_recipe
 
 wandb = pytest.importorskip("wandb")
 from wandb.proto import wandb_internal_pb2  # noqa: E402

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dist_helpers import (
+from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
     env,
