@@ -19,9 +19,13 @@ DEFAULT_OUT = "compare"
 
 
 def compare(
-    run_dirs: list[str | Path], out: str | Path | None, console: Console | None = None
+    run_dirs: list[str | Path],
+    out: str | Path | None,
+    console: Console | None = None,
+    plateau: float | None = None,
 ) -> dict[str, Any]:
-    """Read every run (all are checked before anything is written), then report.
+    """Read every run (all are checked before anything is written), then report. `plateau`:
+    the data's unigram loss where the caller knows it (study, quickstart), drawn in loss.png.
 
     Returns {'rows': table rows, 'cards': spike report cards, 'files': paths written,
     'warnings': lines on runs that are not comparable}."""
@@ -43,7 +47,7 @@ def compare(
         out_dir = make_out_dir(Path(out))
         depth = depth_markdown(runs)
         try:
-            pngs = write_plots(runs, out_dir)
+            pngs = write_plots(runs, out_dir, plateau)
         except OSError as exc:
             raise OutDirError(f"cannot write the figures into {out_dir}: {exc.strerror}") from None
         figures = "".join(f"\n![{p.stem}]({p.name})\n" for p in pngs)
