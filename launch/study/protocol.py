@@ -111,10 +111,10 @@ def protocol_curves(
 
 
 HEAD = [
-    ("rank", "rank"),
     ("recipe", "recipe"),
     ("size", "size"),
     ("lr_sensitivity", "LR sensitivity"),
+    ("rank", "rank (curves that trained)"),
     ("per_seed", "per seed (mean +- sd)"),
     ("best_loss", "best loss"),
     ("best_lr", "best lr"),
@@ -133,11 +133,6 @@ def ranks(found: list[Curve]) -> dict[int, int]:
         for i, c in enumerate(ranking([c for c in found if c.size == size]), start=1):
             out[id(c)] = i
     return out
-
-
-def recipe_label(c: Curve) -> str:
-    """The recipe's name, marked when the curve did not train."""
-    return f"{c.recipe} ({DID_NOT_TRAIN})" if c.trained is False else c.recipe
 
 
 def ranking_lines(found: list[Curve]) -> list[str]:
@@ -161,8 +156,10 @@ def _cells(c: Curve, rank: int | None = None) -> dict[str, str]:
     sd = row["lr_sensitivity_seed_sd"]
     per_seed = f"{row['lr_sensitivity_seed_mean']}" + (f" +- {sd}" if sd != "" else "")
     return {
-        "rank": str(rank) if rank is not None else "-",
-        "recipe": recipe_label(c),
+        "rank": str(rank)
+        if rank is not None
+        else ("-, " + DID_NOT_TRAIN if c.trained is False else "-"),
+        "recipe": c.recipe,
         "size": c.size,
         "lr_sensitivity": f"{c.sensitivity:.3f}",
         "per_seed": per_seed,
@@ -184,6 +181,12 @@ def _cells(c: Curve, rank: int | None = None) -> dict[str, str]:
     }
 
 
+def row_cells(c: Curve, rank: int | None = None) -> list[str]:
+    """The curve's cells in the order of HEAD."""
+    cells = _cells(c, rank)
+    return [cells[key] for key, _ in HEAD]
+
+
 def notes_of(found: list[Curve], left_out: list[str] | None = None) -> list[str]:
     """Every curve's notes (non-finite l_0) and the curves left out, one line each."""
     return [
@@ -200,7 +203,7 @@ def print_sensitivity(
         table.add_column(header, justify="left" if header in ("recipe", "size") else "right")
     order = ranks(found)
     for c in found:
-        table.add_row(*_cells(c, order.get(id(c))).values())
+        table.add_row(*row_cells(c, order.get(id(c))))
     console.print(table)
     for line in [*ranking_lines(found), *notes_of(found, left_out)]:
         console.print(line, highlight=False)
@@ -238,7 +241,7 @@ def sensitivity_markdown(
         "",
         "| " + " | ".join(h for _, h in HEAD) + " |",
         "|" + "---|" * len(HEAD),
-        *("| " + " | ".join(_cells(c, order.get(id(c))).values()) + " |" for c in found),
+        *("| " + " | ".join(row_cells(c, order.get(id(c)))) + " |" for c in found),
         "",
         *(f"- {line}" for line in [*ranking_lines(found), *notes_of(found, left_out)]),
         "",

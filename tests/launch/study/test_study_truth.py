@@ -19,7 +19,14 @@ from normlab.launch.report.runs import Run
 from normlab.launch.study import lr_plots
 from normlab.launch.study.claims import CLAIMS, decide_all, loss_of
 from normlab.launch.study.plots import LOSS, study_figure
-from normlab.launch.study.protocol import _cells, print_sensitivity, ranking_lines, ranks
+from normlab.launch.study.protocol import (
+    HEAD,
+    _cells,
+    print_sensitivity,
+    ranking_lines,
+    ranks,
+    row_cells,
+)
 from normlab.launch.study.report import group_table
 from normlab.launch.study.sensitivity import (
     PROTOCOL_LRS,
@@ -65,7 +72,7 @@ def test_a_curve_that_trained_nowhere_has_empty_ranges_and_says_why() -> None:
     assert row["range_note"].startswith("trained nowhere")
     cells = _cells(c)
     assert cells["stable"] == f"none ({c.range_note})" and cells["trained"] == "nowhere"
-    assert cells["recipe"] == "pre (did not train)"
+    assert cells["rank"] == "-, did not train" and cells["recipe"] == "pre"
     # the same shape 0.2 nats lower trained (5.95 <= 6.058): every point lies within 0.1 of
     # l* = 5.95 (the largest is 6.05), so the whole grid is its stable range
     (ok,) = curves(points({0: [v - 0.2 for v in stalled]}), plateau=PLATEAU)
@@ -214,7 +221,14 @@ def test_a_curve_that_did_not_train_is_not_ranked_however_flat() -> None:
     assert [c.recipe for c in ranking(found)] == ["b", "a"]
     order = ranks(found)
     assert [order.get(id(c)) for c in found] == [2, None, 1]
-    assert _cells(found[1], None)["rank"] == "-"
+    assert [_cells(c, order.get(id(c)))["rank"] for c in found] == ["2", "-, did not train", "1"]
+    at = [key for key, _ in HEAD].index("rank")  # the cells follow the header's order
+    assert [row_cells(c, order.get(id(c)))[: at + 1] for c in found][1] == [
+        "dyt",
+        "-",
+        "0.000",
+        "-, did not train",
+    ]
     assert ranking_lines(found) == [
         f"ranked by LR sensitivity (curves that trained): b ({sens['b']:.3f}) < a "
         f"({sens['a']:.3f}); did not train, not ranked: dyt"
