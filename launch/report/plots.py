@@ -27,11 +27,11 @@ from normlab.launch.instruments.common import (  # noqa: E402
 from normlab.launch.optim.qk_clip import S_MAX  # noqa: E402
 from normlab.launch.report.runs import Run  # noqa: E402
 from normlab.launch.report.table import dataset_label  # noqa: E402
+from normlab.launch.study.sensitivity import DID_NOT_TRAIN  # noqa: E402
 from normlab.launch.study.separation import TRAINED_MARGIN, trained  # noqa: E402
 
 DEPTH_PANELS = 4
 PLATEAU_LABEL = "unigram plateau"  # the legend label draw_plateau starts its line's with
-DID_NOT_TRAIN = "did not train"
 LINESTYLES = ["-", "--", "-.", ":"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 
@@ -148,6 +148,19 @@ def _line_plot(
     if log_y:
         ax.set_yscale("log")
     return fig, ax
+
+
+def untrained_note(runs: list[Run], plateau: float | None) -> str | None:
+    """One line naming the runs that did not train (None: all did, or no plateau)."""
+    if plateau is None:
+        return None
+    out = [r.label for r in runs if not run_trained(r, plateau)]
+    if not out:
+        return None
+    return (
+        f"{DID_NOT_TRAIN} (last eval loss not <= unigram plateau {plateau:.3f} - "
+        f"{TRAINED_MARGIN:g}, or the run did not complete): {', '.join(out)}"
+    )
 
 
 def loss_labels(runs: list[Run], plateau: float | None) -> list[str]:

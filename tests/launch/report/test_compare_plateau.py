@@ -52,6 +52,10 @@ def test_compare_plateau_draws_the_line_and_marks_runs(
     assert labels["unigram plateau 6.250"] == 6.25
     assert labels["trained below: plateau - 0.2"] == pytest.approx(6.05)
     assert "pre" in labels and "post (did not train)" in labels  # 6.1 > 6.25 - 0.2
+    assert (
+        "**did not train (last eval loss not <= unigram plateau 6.250 - 0.2, or the run did not "
+        "complete): post**" in (out / "compare.md").read_text()
+    )
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])
