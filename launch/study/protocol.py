@@ -228,8 +228,9 @@ def sensitivity_markdown(
         "## LR sensitivity (SCIENCE.md 19)",
         "",
         f"Learning rates {grid} ({note}). Per grid point each seed's final eval loss is capped "
-        "at l_0, the eval loss of the initialised model measured before step 0 (a diverged or "
-        "stopped run counts as l_0); the curve is the mean over seeds. LR sensitivity = mean "
+        "at l_0, the eval loss of the initialised model measured before step 0 (a diverged, failed "
+        "or stopped run counts as l_0, in the verdicts too); the curve is the mean over seeds. "
+        "LR sensitivity = mean "
         "over the grid - l* (the curve's minimum); 'per seed': the same from each seed's own "
         f"curve. Stable range: the widest run of grid points within {spec.protocol['margin']} "
         "nats of l* (none for a curve that trained nowhere). Trains at: the widest run of grid "
