@@ -2,14 +2,17 @@
 
 Prints the table and the spike report card (launch.report.card), writes them as compare.md and
 compare.csv, and draws loss.png, grad_norm.png, resid_rms_by_depth.png and max_logit.png into
---out. Runs still in progress and runs that diverged
+--out; `--plateau X` (the data's unigram loss, nats) draws it in loss.png and marks the runs that
+did not train. Runs still in progress and runs that diverged
 are read as they stand; a directory that is not a run is an error (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 
+from normlab.launch.errors import ConfigError
 from normlab.launch.report.compare import DEFAULT_OUT, compare
 
 
@@ -21,9 +24,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out", default=DEFAULT_OUT, help=f"where the report goes (default: ./{DEFAULT_OUT})"
     )
+    p.add_argument(
+        "--plateau",
+        type=float,
+        default=None,
+        help="the data's unigram loss (nats): drawn in loss.png; runs not 0.2 below it are "
+        "marked as not trained",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    compare(args.runs, args.out)
+    if args.plateau is not None and not (math.isfinite(args.plateau) and args.plateau > 0):
+        raise ConfigError(f"--plateau must be a positive finite loss, got {args.plateau}")
+    compare(args.runs, args.out, plateau=args.plateau)
     return 0

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     statuses = [t["status"] for t in timings]
     minutes = (time.perf_counter() - start) / 60
-    report = compare([c.run_dir for c in configs if c.run_dir], out / "report", console)
+    report = compare([c.run_dir for c in configs if c.run_dir], out / "report", console, plateau)
     console.print(f"normlab quickstart: {len(configs)} runs in {minutes:.1f} min", highlight=False)
     for line in what_to_look_at(report["rows"], out / "report", plateau):
         console.print(line, highlight=False)

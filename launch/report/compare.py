@@ -9,7 +9,7 @@ from typing import Any
 
 from normlab.launch.report.card import card_markdown, print_card, report_card
 from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
-from normlab.launch.report.plots import write_plots
+from normlab.launch.report.plots import untrained_note, write_plots
 from normlab.launch.report.provenance import mixed_warnings
 from normlab.launch.report.runs import NotARunError, Run, load_run
 from normlab.launch.report.table import csv_text, depth_markdown, markdown, print_table, summarize
@@ -19,12 +19,16 @@ DEFAULT_OUT = "compare"
 
 
 def compare(
-    run_dirs: list[str | Path], out: str | Path | None, console: Console | None = None
+    run_dirs: list[str | Path],
+    out: str | Path | None,
+    console: Console | None = None,
+    plateau: float | None = None,
 ) -> dict[str, Any]:
-    """Read every run (all are checked before anything is written), then report.
+    """Read every run (all are checked before anything is written), then report. `plateau`:
+    the data's unigram loss where the caller knows it (study, quickstart), drawn in loss.png.
 
     Returns {'rows': table rows, 'cards': spike report cards, 'files': paths written,
-    'warnings': lines on runs that are not comparable}."""
+    'warnings': lines on runs that are not comparable, and the runs that did not train}."""
     if not run_dirs:
         raise NotARunError("give at least one run directory")
     if out is not None:
@@ -34,6 +38,8 @@ def compare(
     console = console or Console(width=None if sys.stdout.isatty() else 240)
     print_table(rows, console)
     warnings = mixed_warnings([r.label for r in runs], [r.config for r in runs])
+    note = untrained_note(runs, plateau)
+    warnings += [note] if note else []
     for line in warnings:
         console.print(line, style="yellow", highlight=False)
     cards = [report_card(run, row["steps"]) for run, row in zip(runs, rows, strict=True)]
@@ -43,7 +49,7 @@ def compare(
         out_dir = make_out_dir(Path(out))
         depth = depth_markdown(runs)
         try:
-            pngs = write_plots(runs, out_dir)
+            pngs = write_plots(runs, out_dir, plateau)
         except OSError as exc:
             raise OutDirError(f"cannot write the figures into {out_dir}: {exc.strerror}") from None
         figures = "".join(f"\n![{p.stem}]({p.name})\n" for p in pngs)

@@ -2,7 +2,10 @@
 threshold), residual RMS by depth at several steps, maximum attention logit over time.
 
 Every run gets its own colour, dash and marker so overlapping curves stay apart; legends sit
-outside the data; each title names the dataset, learning rate, steps and seeds of the runs."""
+outside the data; each title names the dataset, learning rate, steps and seeds of the runs.
+Where the data's unigram plateau is known (a study, quickstart), every loss figure draws it and
+the line TRAINED_MARGIN below it (`draw_plateau`), and a run that did not train (its loss, l_0
+when it did not complete, not <= plateau - margin) is marked '(did not train)' in the legend."""
 
 from __future__ import annotations
 
@@ -24,8 +27,11 @@ from normlab.launch.instruments.common import (  # noqa: E402
 from normlab.launch.optim.qk_clip import S_MAX  # noqa: E402
 from normlab.launch.report.runs import Run  # noqa: E402
 from normlab.launch.report.table import dataset_label  # noqa: E402
+from normlab.launch.study.sensitivity import DID_NOT_TRAIN  # noqa: E402
+from normlab.launch.study.separation import TRAINED_MARGIN, trained  # noqa: E402
 
 DEPTH_PANELS = 4
+PLATEAU_LABEL = "unigram plateau"  # the legend label draw_plateau starts its line's with
 LINESTYLES = ["-", "--", "-.", ":"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 
@@ -75,6 +81,30 @@ def _finish(fig: plt.Figure, ax: plt.Axes) -> plt.Figure:
     return fig
 
 
+def draw_plateau(ax: plt.Axes, plateau: float | None) -> None:
+    """The unigram plateau (dashed black) and the 'trained' threshold TRAINED_MARGIN below it
+    (dotted), both labelled; nothing when the plateau is unknown."""
+    if plateau is None or not math.isfinite(plateau):
+        return
+    ax.axhline(
+        plateau, color="black", linestyle="--", linewidth=1.2,
+        label=f"{PLATEAU_LABEL} {plateau:.3f}",
+    )  # fmt: skip
+    ax.axhline(
+        plateau - TRAINED_MARGIN, color="black", linestyle=":", linewidth=1.0,
+        label=f"trained below: plateau - {TRAINED_MARGIN:g}",
+    )  # fmt: skip
+
+
+def run_trained(run: Run, plateau: float) -> bool:
+    """The run trained: it completed and its last eval loss is <= plateau - TRAINED_MARGIN
+    (a run that did not complete counts as l_0, which lies above the plateau)."""
+    value = run.evals[-1].get("eval_loss") if run.evals else None
+    if run.summary.get("status") != "completed" or not isinstance(value, int | float):
+        return False
+    return trained(float(value), plateau)
+
+
 def save(fig: plt.Figure | None, path: Path) -> Path | None:
     """Write a figure (legends outside the axes included) and free it; None stays None."""
     if fig is None:
@@ -85,9 +115,15 @@ def save(fig: plt.Figure | None, path: Path) -> Path | None:
 
 
 def _line_plot(
-    runs: list[Run], key: str | tuple[str, ...], title: str, ylabel: str, log_y: bool
+    runs: list[Run],
+    key: str | tuple[str, ...],
+    title: str,
+    ylabel: str,
+    log_y: bool,
+    labels: list[str] | None = None,
 ) -> tuple[plt.Figure, plt.Axes] | None:
-    """One curve per run of `key` (a tuple: the first of its keys that the run logged)."""
+    """One curve per run of `key` (a tuple: the first of its keys that the run logged);
+    `labels`: the legend label of each run (default: its label)."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
     drawn = False
     keys = (key,) if isinstance(key, str) else key
@@ -98,7 +134,7 @@ def _line_plot(
             ax.plot(
                 steps,
                 _clean(values),
-                label=run.label,
+                label=labels[i] if labels else run.label,
                 linewidth=1.2,
                 markersize=4,
                 markevery=(i % every, every),
@@ -114,13 +150,35 @@ def _line_plot(
     return fig, ax
 
 
-def loss_figure(runs: list[Run]) -> plt.Figure | None:
+def untrained_note(runs: list[Run], plateau: float | None) -> str | None:
+    """One line naming the runs that did not train (None: all did, or no plateau)."""
+    if plateau is None:
+        return None
+    out = [r.label for r in runs if not run_trained(r, plateau)]
+    if not out:
+        return None
+    return (
+        f"{DID_NOT_TRAIN} (last eval loss not <= unigram plateau {plateau:.3f} - "
+        f"{TRAINED_MARGIN:g}, or the run did not complete): {', '.join(out)}"
+    )
+
+
+def loss_labels(runs: list[Run], plateau: float | None) -> list[str]:
+    """Each run's legend label, '(did not train)' added where the plateau says so."""
+    if plateau is None:
+        return [r.label for r in runs]
+    return [r.label + ("" if run_trained(r, plateau) else f" ({DID_NOT_TRAIN})") for r in runs]
+
+
+def loss_figure(runs: list[Run], plateau: float | None = None) -> plt.Figure | None:
+    """Training and eval loss per run; with `plateau`, its line and the trained threshold."""
     made = _line_plot(
         runs,
         "loss",
         "training loss (lines) and eval loss (open markers)",
         "cross-entropy (nats)",
         log_y=False,
+        labels=loss_labels(runs, plateau),
     )
     if made is None:
         return None
@@ -138,6 +196,7 @@ def loss_figure(runs: list[Run]) -> plt.Figure | None:
                 markerfacecolor="white",
                 label=f"{run.label} (eval)",
             )
+    draw_plateau(ax, plateau)
     return _finish(fig, ax)
 
 
@@ -271,9 +330,10 @@ def domain_figure(runs: list[Run]) -> plt.Figure | None:
     return _finish(fig, ax)
 
 
-def write_plots(runs: list[Run], out: Path) -> list[Path]:
+def write_plots(runs: list[Run], out: Path, plateau: float | None = None) -> list[Path]:
+    """compare's figures; `plateau` (the data's unigram loss, when known) in loss.png."""
     made = [
-        save(loss_figure(runs), out / "loss.png"),
+        save(loss_figure(runs, plateau), out / "loss.png"),
         save(domain_figure(runs), out / "eval_by_domain.png"),
         save(grad_norm_figure(runs), out / "grad_norm.png"),
         save(depth_figure(runs), out / "resid_rms_by_depth.png"),

@@ -9,7 +9,15 @@ API (what `normlab study` calls):
 
 `rows` are compare's summary rows (launch.report.table.summarize) with at least 'recipe', 'lr',
 'status', 'eval_loss' and, for growth claims, 'act_growth'; a row may carry a 'size' (any
-hashable: n_layers, a preset name) and then groups are per (recipe, size, lr). A row's seeds are
+hashable: n_layers, a preset name) and then groups are per (recipe, size, lr), and an
+'init_loss' (l_0, the eval loss of the initialised model; launch.study.report fills it).
+
+Which loss a run counts at (`loss_of`; the same rule as the LR-sensitivity protocol,
+launch.study.sensitivity, and SCIENCE.md 19): min(final eval loss, l_0) when its status is
+'completed' and that loss is finite; l_0 for every other run: diverged, failed, stopped
+(interrupted, preempted), never evaluated. A row without a finite l_0 takes the mean of the
+finite ones of its (recipe, size) (`fill_l0`); with none at all, such a run counts as +inf (it
+did not train either way: l_0 and inf both lie above the plateau). A row's seeds are
 the rows sharing its recipe and grid point. A Verdict has `claim`, `word`, `why` (one line),
 `rule` (the rule it was decided by, numbers included) and `numbers` (per grid point: every
 seed's value and the comparison's outcome). Words:
@@ -41,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from normlab.launch.study.sensitivity import capped_loss, counts_as_l0
 from normlab.launch.study.separation import (
     ALPHA,
     GROWTH_RATIO,
@@ -116,12 +125,34 @@ class Verdict:
         return f"{self.claim}: {self.word} ({self.why}); {self.numbers}; rule: {self.rule}"
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def loss_of(row: dict[str, Any]) -> float:
-    """The last eval loss; +inf for a diverged or unevaluated run (it did not train)."""
+    """The loss the run counts at (module docstring): min(last eval loss, l_0) for a completed
+    run, l_0 for any other (diverged, failed, stopped, unevaluated); +inf in place of an unknown
+    l_0."""
     value = row.get("eval_loss")
-    if row.get("status") == "diverged" or value is None or not math.isfinite(value):
-        return math.inf
-    return float(value)
+    loss = float(value) if _finite(value) else None
+    l0 = float(row["init_loss"]) if _finite(row.get("init_loss")) else math.inf
+    return capped_loss(loss, l0, counts_as_l0(row.get("status"), loss))
+
+
+def fill_l0(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of the rows whose missing or non-finite 'init_loss' is the mean of the finite ones
+    of the same (recipe, size) (the sensitivity protocol's rule); left as is where none is."""
+    found: dict[tuple[str, Any], list[float]] = {}
+    for row in rows:
+        if _finite(row.get("init_loss")):
+            found.setdefault((str(row["recipe"]), row.get("size")), []).append(row["init_loss"])
+    out = []
+    for row in rows:
+        known = found.get((str(row["recipe"]), row.get("size")))
+        if not _finite(row.get("init_loss")) and known:
+            row = {**row, "init_loss": float(np.mean(known))}
+        out.append(row)
+    return out
 
 
 def growth_of(row: dict[str, Any]) -> float:
@@ -282,6 +313,7 @@ def decide(claim: Claim, groups: Groups, plateau: float) -> Verdict:
 def decide_all(
     rows: list[dict[str, Any]], plateau: float, claims: list[Claim] | None = None
 ) -> list[Verdict]:
-    """Every claim (default CLAIMS, the order of SCIENCE.md section 3) over the summary rows."""
-    groups = group_rows(rows)
+    """Every claim (default CLAIMS, the order of SCIENCE.md section 3) over the summary rows
+    (a row's missing l_0 filled by `fill_l0`)."""
+    groups = group_rows(fill_l0(rows))
     return [decide(c, groups, plateau) for c in claims or CLAIMS]

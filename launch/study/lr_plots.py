@@ -1,7 +1,10 @@
 """The LR-sensitivity figures: one panel per size, one line per recipe, learning rate on a log x.
 
 lr_loss.png: final eval loss capped at l_0 (mean over seeds, bars: min..max); grid points with a
-failed (diverged or stopped) seed are ringed in red; the dashed line is the measured l_0.
+failed (diverged or stopped) seed are ringed in red; the grey dashed line is the measured l_0;
+where the plateau is known, the black dashed line is the unigram plateau and the dotted one the
+trained threshold below it, and a curve that did not train is labelled 'did not train' and drawn
+faded (launch.study.sensitivity: Curve.trained).
 lr_logits.png: top row, the max attention logit over training (mean over seeds, log y); bottom
 row, the output logits' log Z = logsumexp(z): the mean over tokens at the last logged step
 (solid) and the minimum over training (dotted): the output-logit divergence signal.
@@ -17,8 +20,13 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from normlab.launch.report.plots import curve_style, readable_log, save  # noqa: E402
-from normlab.launch.study.sensitivity import Curve  # noqa: E402
+from normlab.launch.report.plots import (  # noqa: E402
+    curve_style,
+    draw_plateau,
+    readable_log,
+    save,
+)
+from normlab.launch.study.sensitivity import DID_NOT_TRAIN, Curve  # noqa: E402
 
 
 def _sizes(found: list[Curve]) -> list[str]:
@@ -61,7 +69,12 @@ def loss_figure(found: list[Curve]) -> plt.Figure:
             low = means - [min(p.capped) for p in curve.points]
             high = [max(p.capped) for p in curve.points] - means
             style = curve_style(i)
-            ax.errorbar(lrs, means, yerr=[low, high], label=recipe, capsize=2, **style)
+            untrained = curve.trained is False
+            label = f"{recipe} ({DID_NOT_TRAIN})" if untrained else recipe
+            ax.errorbar(
+                lrs, means, yerr=[low, high], label=label, capsize=2,
+                alpha=0.45 if untrained else 1.0, **style,
+            )  # fmt: skip
             bad = [(p.lr, p.mean) for p in curve.points if p.failed]
             if bad:
                 ax.scatter(
@@ -74,6 +87,7 @@ def loss_figure(found: list[Curve]) -> plt.Figure:
                 )
         l0 = _mean([c.init_loss for c in found if c.size == size])
         ax.axhline(l0, color="grey", linestyle="--", linewidth=1)
+        draw_plateau(ax, next((c.plateau for c in found if c.size == size), None))
         ax.set_xscale("log")
         ax.set_title(f"size {size}" if size != "-" else "final loss")
         ax.set_xlabel("learning rate")

@@ -1,6 +1,9 @@
 """The study's figures: one panel per learning rate, one curve per recipe averaged over seeds.
 
-study_loss.png: mean training loss (band: min..max over seeds) with the mean eval loss as markers.
+study_loss.png: mean training loss (band: min..max over seeds) with the mean eval loss as markers;
+where the data's unigram plateau is known, its line and the trained threshold below it, and a
+recipe whose seeds did not train at a learning rate is marked in the legend ('did not train', or
+'k/n trained' when some did; launch.report.plots.run_trained).
 study_depth.png: mean residual-stream RMS by block at the last logged step. Panels share their y
 range so learning rates compare at a glance; the legend sits outside the data.
 """
@@ -8,6 +11,7 @@ range so learning rates compare at a glance; the legend sits outside the data.
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 
 import matplotlib
@@ -17,7 +21,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from normlab.launch.instruments.common import RESID  # noqa: E402
-from normlab.launch.report.plots import curve_style, readable_log, save  # noqa: E402
+from normlab.launch.report.plots import (  # noqa: E402
+    DID_NOT_TRAIN,
+    curve_style,
+    draw_plateau,
+    readable_log,
+    run_trained,
+    save,
+)
 from normlab.launch.report.runs import Run  # noqa: E402
 from normlab.launch.report.table import dataset_label  # noqa: E402
 
@@ -53,7 +64,19 @@ def _caption(runs: list[Run]) -> str:
     )
 
 
-def _loss_panel(ax: plt.Axes, lr: float, recipes: list[str], groups: dict) -> None:
+def group_label(recipe: str, runs: list[Run], plateau: float | None) -> str:
+    """The recipe's legend label at one learning rate, marked when its seeds did not train."""
+    if plateau is None:
+        return recipe
+    ok = sum(run_trained(r, plateau) for r in runs)
+    if ok == len(runs):
+        return recipe
+    return f"{recipe} ({DID_NOT_TRAIN})" if ok == 0 else f"{recipe} ({ok}/{len(runs)} trained)"
+
+
+def _loss_panel(
+    ax: plt.Axes, lr: float, recipes: list[str], groups: dict, plateau: float | None = None
+) -> None:
     for i, recipe in enumerate(recipes):
         runs = groups.get((recipe, lr))
         if not runs:
@@ -65,7 +88,8 @@ def _loss_panel(ax: plt.Axes, lr: float, recipes: list[str], groups: dict) -> No
         with np.errstate(invalid="ignore"):
             mean = values.mean(0)
         every = max(1, len(steps) // 8)
-        ax.plot(steps, mean, label=recipe, markevery=every, markersize=4, **style)
+        label = group_label(recipe, runs, plateau)
+        ax.plot(steps, mean, label=label, markevery=every, markersize=4, **style)
         ax.fill_between(steps, values.min(0), values.max(0), color=style["color"], alpha=0.15)
         evals = _stack([_eval_series(r) for r in runs])
         if evals[0]:
@@ -78,6 +102,7 @@ def _loss_panel(ax: plt.Axes, lr: float, recipes: list[str], groups: dict) -> No
                 markerfacecolor="white",
                 color=style["color"],
             )
+    draw_plateau(ax, plateau)
     ax.set(title=f"lr {lr:g}", xlabel="step")
     ax.grid(alpha=0.3)
 
@@ -137,9 +162,14 @@ DEPTH = (
 )
 
 
-def write_study_plots(runs: list[Run], out: Path) -> list[Path]:
+def write_study_plots(runs: list[Run], out: Path, plateau: float | None = None) -> list[Path]:
+    """study_loss.png (with the plateau when known) and study_depth.png."""
+    draw, ylabel, title = LOSS
     made = [
-        save(study_figure(runs, *LOSS), out / "study_loss.png"),
+        save(
+            study_figure(runs, partial(draw, plateau=plateau), ylabel, title),
+            out / "study_loss.png",
+        ),
         save(study_figure(runs, *DEPTH), out / "study_depth.png"),
     ]
     return [p for p in made if p is not None]

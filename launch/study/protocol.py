@@ -1,5 +1,11 @@
 """The LR-sensitivity protocol over a study's runs: points read from the run directories, the
-per-curve table (terminal and study.md). The formula lives in launch.study.sensitivity."""
+per-curve table (terminal and study.md). The formula lives in launch.study.sensitivity.
+
+A run counts at its final eval loss only when its status is 'completed' (launch.study.sensitivity
+`counts_as_l0`; the verdicts of launch.study.claims use the same rule). A curve that did not train
+(its best loss not <= plateau - TRAINED_MARGIN) is marked 'did not train', its stable range is
+empty with the reason, and it has no rank: the ranking by LR sensitivity holds only curves that
+trained (a curve flat at the plateau is not insensitive)."""
 
 from __future__ import annotations
 
@@ -17,10 +23,13 @@ from normlab.launch.instruments.output_logits import (
 )
 from normlab.launch.report.runs import Run, finite
 from normlab.launch.study.sensitivity import (
+    DID_NOT_TRAIN,
     PROTOCOL_LRS,
     Curve,
     Point,
+    counts_as_l0,
     curves,
+    ranking,
     summary_row,
 )
 from normlab.launch.study.separation import TRAINED_MARGIN
@@ -84,22 +93,28 @@ def run_point(p: Planned, run: Run) -> Point:
         seed=p.seed,
         loss=float(last) if isinstance(last, int | float) else None,
         init_loss=init_loss_of(run),
-        failed=status != "completed",
+        failed=counts_as_l0(status, float(last) if isinstance(last, int | float) else None),
         extra=extra,
     )
 
 
 def protocol_curves(
-    planned: list[Planned], runs: list[Run], margin: float, plateau: float | None = None
+    planned: list[Planned],
+    runs: list[Run],
+    margin: float,
+    plateau: float | None = None,
+    left_out: list[str] | None = None,
 ) -> list[Curve]:
+    """The curves of the study's runs; curves with no finite l_0 go to `left_out` as notes."""
     points = [run_point(p, r) for p, r in zip(planned, runs, strict=True)]
-    return curves(points, margin, plateau)
+    return curves(points, margin, plateau, left_out)
 
 
 HEAD = [
     ("recipe", "recipe"),
     ("size", "size"),
     ("lr_sensitivity", "LR sensitivity"),
+    ("rank", "rank (curves that trained)"),
     ("per_seed", "per seed (mean +- sd)"),
     ("best_loss", "best loss"),
     ("best_lr", "best lr"),
@@ -111,18 +126,50 @@ HEAD = [
 ]
 
 
-def _cells(c: Curve) -> dict[str, str]:
+def ranks(found: list[Curve]) -> dict[int, int]:
+    """id(curve) -> its rank by LR sensitivity among the curves of its size that trained."""
+    out: dict[int, int] = {}
+    for size in dict.fromkeys(c.size for c in found):
+        for i, c in enumerate(ranking([c for c in found if c.size == size]), start=1):
+            out[id(c)] = i
+    return out
+
+
+def ranking_lines(found: list[Curve]) -> list[str]:
+    """One line per size: the curves that trained by LR sensitivity, then those left out."""
+    lines = []
+    for size in dict.fromkeys(c.size for c in found):
+        mine = [c for c in found if c.size == size]
+        ranked = ranking(mine)
+        out = [c.recipe for c in mine if c.trained is False]
+        where = f"size {size}: " if size != "-" else ""
+        text = " < ".join(f"{c.recipe} ({c.sensitivity:.3f})" for c in ranked) or "none"
+        lines.append(
+            f"{where}ranked by LR sensitivity (curves that trained): {text}"
+            + (f"; {DID_NOT_TRAIN}, not ranked: {', '.join(out)}" if out else "")
+        )
+    return lines
+
+
+def _cells(c: Curve, rank: int | None = None) -> dict[str, str]:
     row: dict[str, Any] = summary_row(c)
     sd = row["lr_sensitivity_seed_sd"]
     per_seed = f"{row['lr_sensitivity_seed_mean']}" + (f" +- {sd}" if sd != "" else "")
     return {
+        "rank": str(rank)
+        if rank is not None
+        else ("-, " + DID_NOT_TRAIN if c.trained is False else "-"),
         "recipe": c.recipe,
         "size": c.size,
         "lr_sensitivity": f"{c.sensitivity:.3f}",
         "per_seed": per_seed,
         "best_loss": f"{c.best.mean:.3f} +- {c.best.sd:.3f}",
         "best_lr": row["best_lr"],
-        "stable": f"{row['stable_lr_low']} .. {row['stable_lr_high']}",
+        "stable": (
+            f"{row['stable_lr_low']} .. {row['stable_lr_high']}"
+            if row["stable_lr_low"] != ""
+            else f"none ({c.range_note})"
+        ),
         "trained": (
             f"{row['trained_lr_low']} .. {row['trained_lr_high']}"
             if row["trained_lr_low"] != ""
@@ -134,17 +181,39 @@ def _cells(c: Curve) -> dict[str, str]:
     }
 
 
-def print_sensitivity(found: list[Curve], console: Console) -> None:
+def row_cells(c: Curve, rank: int | None = None) -> list[str]:
+    """The curve's cells in the order of HEAD."""
+    cells = _cells(c, rank)
+    return [cells[key] for key, _ in HEAD]
+
+
+def notes_of(found: list[Curve], left_out: list[str] | None = None) -> list[str]:
+    """Every curve's notes (non-finite l_0) and the curves left out, one line each."""
+    return [
+        *(left_out or []),
+        *(f"{c.recipe} at size {c.size}: {n}" for c in found for n in c.notes),
+    ]
+
+
+def print_sensitivity(
+    found: list[Curve], console: Console, left_out: list[str] | None = None
+) -> None:
     table = Table(title="LR sensitivity (SCIENCE.md 19): mean over the grid of min(l, l_0) - l*")
     for _, header in HEAD:
         table.add_column(header, justify="left" if header in ("recipe", "size") else "right")
+    order = ranks(found)
     for c in found:
-        table.add_row(*_cells(c).values())
+        table.add_row(*row_cells(c, order.get(id(c))))
     console.print(table)
+    for line in [*ranking_lines(found), *notes_of(found, left_out)]:
+        console.print(line, highlight=False)
 
 
-def sensitivity_markdown(found: list[Curve], spec: StudySpec) -> list[str]:
+def sensitivity_markdown(
+    found: list[Curve], spec: StudySpec, left_out: list[str] | None = None
+) -> list[str]:
     lrs = sorted({p.lr for c in found for p in c.points})
+    order = ranks(found)
     grid = ", ".join(f"{v:g}" for v in lrs)
     same = tuple(lrs) == PROTOCOL_LRS
     note = (
@@ -159,20 +228,23 @@ def sensitivity_markdown(found: list[Curve], spec: StudySpec) -> list[str]:
         "## LR sensitivity (SCIENCE.md 19)",
         "",
         f"Learning rates {grid} ({note}). Per grid point each seed's final eval loss is capped "
-        "at l_0, the eval loss of the initialised model measured before step 0 (a diverged or "
-        "stopped run counts as l_0); the curve is the mean over seeds. LR sensitivity = mean "
+        "at l_0, the eval loss of the initialised model measured before step 0 (a diverged, failed "
+        "or stopped run counts as l_0, in the verdicts too); the curve is the mean over seeds. "
+        "LR sensitivity = mean "
         "over the grid - l* (the curve's minimum); 'per seed': the same from each seed's own "
         f"curve. Stable range: the widest run of grid points within {spec.protocol['margin']} "
-        "nats of l*. Trains at: the widest run of grid points where every seed ended "
-        f"{TRAINED_MARGIN} nats below the data's unigram plateau"
+        "nats of l* (none for a curve that trained nowhere). Trains at: the widest run of grid "
+        f"points where every seed ended {TRAINED_MARGIN} nats below the data's unigram plateau"
         + (f" ({found[0].plateau:.3f})" if found and found[0].plateau is not None else "")
         + " (LR sensitivity is relative to each curve's own best: a curve that trains nowhere "
-        "is flat). Raw values: [sensitivity.csv](sensitivity.csv), "
-        "[sensitivity_grid.csv](sensitivity_grid.csv).",
+        f"is flat, so it is marked '{DID_NOT_TRAIN}' and not ranked). Raw values: "
+        "[sensitivity.csv](sensitivity.csv), [sensitivity_grid.csv](sensitivity_grid.csv).",
         "",
         "| " + " | ".join(h for _, h in HEAD) + " |",
         "|" + "---|" * len(HEAD),
-        *("| " + " | ".join(_cells(c).values()) + " |" for c in found),
+        *("| " + " | ".join(row_cells(c, order.get(id(c)))) + " |" for c in found),
+        "",
+        *(f"- {line}" for line in [*ranking_lines(found), *notes_of(found, left_out)]),
         "",
         "![final loss against learning rate](lr_loss.png)",
         "",

@@ -1,5 +1,11 @@
 """The study's own report: mean and spread per (recipe, size, lr), the LR-sensitivity protocol,
-the verdicts (per size), study.md and figures."""
+the verdicts (per size), study.md and figures.
+
+Every statistic counts a run by one rule (launch.study.sensitivity `counts_as_l0`): its final
+eval loss when it completed, l_0 (its measured init_loss) when it diverged, failed or stopped.
+The tables mark what did not train: per grid point the seeds that trained ('trained k/n', a
+seed's loss <= plateau - TRAINED_MARGIN), per curve 'did not train'; the figures draw the
+plateau and mark the same."""
 
 from __future__ import annotations
 
@@ -23,11 +29,13 @@ from normlab.launch.study.claims import (
 from normlab.launch.study.lr_plots import write_lr_plots
 from normlab.launch.study.plots import write_study_plots
 from normlab.launch.study.protocol import (
+    init_loss_of,
     print_sensitivity,
     protocol_curves,
     sensitivity_markdown,
 )
-from normlab.launch.study.sensitivity import write_csvs
+from normlab.launch.study.sensitivity import counts_as_l0, write_csvs
+from normlab.launch.study.separation import TRAINED_MARGIN, trained
 from normlab.launch.study.unigram import runs_plateau
 from rich.console import Console
 from rich.table import Table
@@ -36,9 +44,17 @@ if TYPE_CHECKING:
     from normlab.launch.study.plan import Planned
     from normlab.launch.study.spec import StudySpec
 
+
+def shown_loss(row: dict[str, Any]) -> float:
+    """The eval loss as the table shows it: +inf ('failed') for a run that counts as l_0."""
+    value = row.get("eval_loss")
+    loss = float(value) if isinstance(value, int | float) else None
+    return math.inf if counts_as_l0(row.get("status"), loss) else float(value)
+
+
 # key, header, how one value is read from a row
 STATS = [
-    ("eval", "eval loss", loss_of),
+    ("eval", "eval loss", shown_loss),
     ("growth", "act. growth", growth_of),
     ("max_logit", "max logit", lambda r: _num(r.get("max_logit"))),
     ("grad_spikes", "grad spike %", lambda r: _num(r.get("spike_grad"))),
@@ -64,17 +80,28 @@ def _spread(values: list[float]) -> str:
     return f"{mean:.3f} +- {sd:.3f} [{min(values):.3f}, {max(values):.3f}]"
 
 
-def group_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+def trained_cell(group: list[dict[str, Any]], plateau: float) -> str:
+    """'k/n' seeds that trained (loss_of <= plateau - margin), marked when not all did."""
+    ok = sum(trained(loss_of(r), plateau) for r in group)
+    return f"{ok}/{len(group)}" + ("" if ok == len(group) else " (did not train)")
+
+
+def group_table(
+    rows: list[dict[str, Any]], plateau: float | None = None
+) -> tuple[list[str], list[list[str]]]:
     """Header and cells: one line per (recipe, grid point: size, lr) with every statistic over
-    its seeds."""
+    its seeds; with a plateau, a 'trained' column (seeds that trained)."""
     stats = STATS + domain_stats(rows)  # one column per validation domain of a mixture
-    head = ["recipe", "grid point", "seeds", "non-finite", *(h for _, h, _ in stats)]
+    head = ["recipe", "grid point", "seeds", "non-finite"]
+    head += ["trained"] if plateau is not None else []
+    head += [h for _, h, _ in stats]
     cells = []
     for (recipe, point), group in group_rows(rows).items():
         seeds = ",".join(str(r.get("seed")) for r in group)
         bad = sum(int(r.get("nonfinite") or 0) for r in group)
+        mark = [trained_cell(group, plateau)] if plateau is not None else []
         spread = [_spread([read(r) for r in group]) for _, _, read in stats]
-        cells.append([recipe, point_label(point), seeds, str(bad), *spread])
+        cells.append([recipe, point_label(point), seeds, str(bad), *mark, *spread])
     return head, cells
 
 
@@ -119,8 +146,9 @@ def markdown(
     title: str = "normlab study",
     invocations: int = 1,
     last_s: float | None = None,
+    plateau: float | None = None,
 ) -> str:
-    head, cells = group_table(rows)
+    head, cells = group_table(rows, plateau)
     lines = [
         f"# {title}",
         "",
@@ -129,8 +157,14 @@ def markdown(
         *(protocol or []),
         "## Every grid point",
         "",
-        "Over seeds: mean +- sd [min, max] (eval loss: the last evaluation; 'failed': diverged "
-        "or never evaluated).",
+        "Over seeds: mean +- sd [min, max] (eval loss: the last evaluation; 'failed': diverged, "
+        "failed, stopped or never evaluated; every statistic counts such a run at l_0)."
+        + (
+            f" Trained: the seeds whose loss ended <= the unigram plateau {plateau:.3f} - "
+            f"{TRAINED_MARGIN:g} nats."
+            if plateau is not None
+            else ""
+        ),
         "",
         *_md_table(head, cells),
         "",
@@ -158,8 +192,13 @@ def markdown(
     return "\n".join(lines)
 
 
-def print_verdicts(rows: list[dict[str, Any]], found: list[Verdict], console: Console) -> None:
-    head, cells = group_table(rows)
+def print_verdicts(
+    rows: list[dict[str, Any]],
+    found: list[Verdict],
+    console: Console,
+    plateau: float | None = None,
+) -> None:
+    head, cells = group_table(rows, plateau)
     table = Table(title="normlab study: mean +- sd [min, max] over seeds")
     for h in head:
         table.add_column(h, justify="left" if h in ("recipe", "seeds") else "right")
@@ -177,13 +216,22 @@ def print_verdicts(rows: list[dict[str, Any]], found: list[Verdict], console: Co
     console.print(claims)
 
 
-def _plateau(runs: list[Run]) -> float | None:
+def _plateau(configs: list[dict[str, Any]]) -> float | None:
     """The runs' unigram plateau for the trained range; None where they have no single one (a
     mixture, several datasets) or their data is gone: the range is then left out, not guessed."""
     try:
-        return runs_plateau([r.config for r in runs])
+        return runs_plateau(configs)
     except (DataError, OSError, KeyError, ValueError):
         return None
+
+
+def study_plateau(configs: list[dict[str, Any]], spec: StudySpec) -> float | None:
+    """The plateau the study's report and figures use, from the runs' configs (as dicts):
+    required (an error when the runs have no single one) when the study decides claims, else
+    None where it cannot be read."""
+    if spec.protocol["claims"]:
+        return runs_plateau(configs)
+    return _plateau(configs)
 
 
 def write_study_report(
@@ -195,8 +243,10 @@ def write_study_report(
     jobs: int = 1,
     invocations: int = 1,
     last_s: float | None = None,
+    plateau: float | None = None,
 ) -> dict[str, Any]:
     """Read every run; the LR-sensitivity protocol, the claims (per size), study.md, figures.
+    `plateau`: the data's unigram loss when the caller read it already (study_plateau).
 
     Returns {'verdicts': [Verdict], 'curves': [Curve]}. Rows carry the grid point (size, lr)
     that the claims compare within."""
@@ -204,25 +254,33 @@ def write_study_report(
     rows = []
     for p, run in zip(planned, runs, strict=True):
         size = None if p.size == "-" else p.size
-        rows.append({**summarize(run), "recipe": p.recipe, "size": size, "lr": p.lr})
+        rows.append(
+            {
+                **summarize(run),
+                "recipe": p.recipe,
+                "size": size,
+                "lr": p.lr,
+                "init_loss": init_loss_of(run),  # l_0: where a failed run counts (claims)
+            }
+        )
     found: list[Verdict] = []
-    plateau = None  # read once: it scans the whole prepared dataset
-    if spec.protocol["claims"]:  # the claims need it: no single plateau is an error there
-        plateau = runs_plateau([r.config for r in runs])
+    if plateau is None:  # read once: it scans the whole prepared dataset
+        plateau = study_plateau([r.config for r in runs], spec)
+    if spec.protocol["claims"]:
+        assert plateau is not None
         found = decide_all(rows, plateau)
-    elif spec.protocol["lr_sensitivity"]:
-        plateau = _plateau(runs)
-    print_verdicts(rows, found, console)
+    print_verdicts(rows, found, console, plateau)
     curves, section = [], []
     if spec.protocol["lr_sensitivity"]:
-        curves = protocol_curves(planned, runs, spec.protocol["margin"], plateau)
+        left_out: list[str] = []
+        curves = protocol_curves(planned, runs, spec.protocol["margin"], plateau, left_out)
         write_csvs(curves, out)
         write_lr_plots(curves, out)
-        print_sensitivity(curves, console)
-        section = sensitivity_markdown(curves, spec)
+        print_sensitivity(curves, console, left_out)
+        section = sensitivity_markdown(curves, spec, left_out)
     if len({r["size"] for r in rows}) == 1:
-        write_study_plots(runs, out)
+        write_study_plots(runs, out, plateau)
     title = f"normlab study {spec.name}" + (f": {spec.description}" if spec.description else "")
-    text = markdown(rows, found, runs, total_s, jobs, section, title, invocations, last_s)
+    text = markdown(rows, found, runs, total_s, jobs, section, title, invocations, last_s, plateau)
     (out / "study.md").write_text(text)
     return {"verdicts": found, "curves": curves}

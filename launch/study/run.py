@@ -31,7 +31,7 @@ def run_spec(
     Returns {'runs', 'total_s', 'stopped', 'rows', 'files', 'verdicts', 'curves'}; a study
     stopped by a signal returns only the first three (no report over unfinished runs)."""
     from normlab.launch.report.compare import compare
-    from normlab.launch.study.report import write_study_report
+    from normlab.launch.study.report import study_plateau, write_study_report
 
     out = Path(out)
     jobs = jobs or spec.jobs
@@ -50,11 +50,14 @@ def run_spec(
         )
         return {"runs": timings, "total_s": total, "stopped": True}
     quiet = Console(file=open("/dev/null", "w"), width=240)  # noqa: SIM115 (table goes to compare.md)
-    report = compare([c.run_dir for c in cfgs if c.run_dir], out, quiet)
+    plateau = study_plateau([c.to_dict() for c in cfgs], spec)  # scans the data: read once
+    report = compare([c.run_dir for c in cfgs if c.run_dir], out, quiet, plateau=plateau)
     record = with_earlier_time(out / "study.json", spec.name, total, timings)
     (out / "study.json").write_text(json.dumps({**record, "jobs": jobs, "runs": timings}, indent=2))
     wall, times = record["wall_s"], record["invocations"]
-    found = write_study_report(planned, spec, out, wall, console, jobs, times, total)
+    found = write_study_report(
+        planned, spec, out, wall, console, jobs, times, total, plateau=plateau
+    )
     earlier = f" ({wall:.0f} s over {times} invocations)" if times > 1 else ""
     console.print(
         f"study: {len(cfgs)} runs in {total:.0f} s{earlier}; report in {out}", highlight=False

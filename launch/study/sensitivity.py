@@ -9,12 +9,26 @@ For one curve (a recipe at one size) over a log-spaced learning-rate grid {eta_i
     l*              = min_i  mean_seeds capped(eta_i)
     LR sensitivity  = mean_i mean_seeds capped(eta_i) - l*      (each grid point weighted equally)
     stable LR range = the widest contiguous run of grid points whose seed-mean is within
-                      `margin` (0.1 nats) of l*; a tie goes to the run holding argmin eta.
+                      `margin` (STABLE_MARGIN, 0.1 nats) of l*; a tie goes to the run holding
+                      argmin eta. EMPTY when the curve trained nowhere (below), with the reason
+                      in `Curve.range_note`: a curve flat at the plateau is not "stable".
     trained LR range = the widest contiguous run of grid points where every seed trained (its
-                      capped loss TRAINED_MARGIN nats below the data's unigram plateau); none
-                      when no point trained. LR sensitivity is relative to each curve's own l*,
-                      so a curve that trains nowhere is "insensitive": this range tells
+                      capped loss TRAINED_MARGIN, 0.2 nats, below the data's unigram plateau);
+                      none when no point trained. LR sensitivity is relative to each curve's
+                      own l*, so a curve that trains nowhere is "insensitive": this range tells
                       the two apart (Post-LN without warm-up trains over fewer rates).
+    trained (curve) = l* <= plateau - TRAINED_MARGIN (the 'trained' rule of SCIENCE.md 19 on the
+                      best seed-mean); unknown (None) without a plateau. Without a plateau a
+                      curve whose l* is l_0 (every run failed or ended at or above l_0) has
+                      trained nowhere too. A curve that did not train is marked in every table
+                      and figure and left out of the ranking by LR sensitivity (`ranking`).
+
+Which runs count as l_0 (the same rule in launch.study.claims): a run counts at its final eval
+loss only when its status is 'completed' and that loss is finite; a diverged, failed or stopped
+(interrupted, preempted) run, or one that never evaluated, counts as l_0. A run's own l_0 that
+is missing or non-finite (NaN: the init_loss instrument measured a broken model) is replaced by
+the mean of the curve's finite ones, and the curve says so in `Curve.notes`; a curve with no
+finite l_0 at all is left out of the protocol with a note (never an exception mid-report).
 
 The curve is the mean over seeds at each grid point (every seed capped first); the sensitivity
 of each seed's own curve is reported beside it as its spread.
@@ -29,10 +43,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from normlab.launch.study.separation import trained
+from normlab.launch.study.separation import TOL, TRAINED_MARGIN, trained
 
 STABLE_MARGIN = 0.1  # nats above l* that still count as stable (SCIENCE.md 19)
 PROTOCOL_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)  # normlab's grid (SCIENCE.md 19)
+COMPLETED = "completed"  # the one run status whose final loss counts as it is
+DID_NOT_TRAIN = "did not train"  # the mark of a curve or run that did not train
+
+
+def counts_as_l0(status: str | None, loss: float | None) -> bool:
+    """A run that counts as l_0: any status but 'completed' (diverged, failed, interrupted,
+    preempted, no summary) or no finite final loss."""
+    return status != COMPLETED or loss is None or not math.isfinite(loss)
 
 
 @dataclass
@@ -74,6 +96,7 @@ class Curve:
     points: list[GridPoint]  # by increasing lr
     margin: float = STABLE_MARGIN
     plateau: float | None = None  # the data's unigram loss (None: unknown, no trained range)
+    notes: list[str] = field(default_factory=list)  # what the numbers rest on (non-finite l_0)
 
     @property
     def best(self) -> GridPoint:
@@ -92,7 +115,29 @@ class Curve:
         ]
 
     @property
-    def stable_range(self) -> tuple[float, float]:
+    def trained(self) -> bool | None:
+        """l* trained (module docstring); None: no plateau, and some run ended below l_0."""
+        if self.plateau is not None:
+            return trained(self.best.mean, self.plateau)
+        return None if self.best.mean < self.init_loss - TOL else False
+
+    @property
+    def range_note(self) -> str:
+        """Why the stable and trained ranges are empty ('' when the curve trained)."""
+        if self.trained is not False:
+            return ""
+        if self.plateau is None:
+            return f"trained nowhere: every run failed or ended at l_0 {self.init_loss:.3f}"
+        return (
+            f"trained nowhere: best loss {self.best.mean:.3f} > plateau {self.plateau:.3f} - "
+            f"{TRAINED_MARGIN:g}"
+        )
+
+    @property
+    def stable_range(self) -> tuple[float, float] | None:
+        """(lowest, highest) lr of the stable range; None when the curve trained nowhere."""
+        if self.trained is False:
+            return None
         i, j = stable_range([p.mean for p in self.points], self.margin)
         return self.points[i].lr, self.points[j].lr
 
@@ -147,31 +192,54 @@ def widest_run(ok: list[bool]) -> tuple[int, int] | None:
     return max(runs, key=lambda r: (r[1] - r[0], -r[0])) if runs else None
 
 
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
 def curves(
-    points: list[Point], margin: float = STABLE_MARGIN, plateau: float | None = None
+    points: list[Point],
+    margin: float = STABLE_MARGIN,
+    plateau: float | None = None,
+    left_out: list[str] | None = None,
 ) -> list[Curve]:
-    """One curve per (recipe, size), in first-seen order; l_0 of a run that never measured it is
-    the mean of the curve's measured ones (the same shape and seeds give the same init).
-    `plateau`: the data's unigram loss, for the trained range."""
+    """One curve per (recipe, size), in first-seen order; l_0 of a run that never measured it,
+    or measured it non-finite, is the mean of the curve's finite ones (the same shape and seeds
+    give the same init; noted in Curve.notes). `plateau`: the data's unigram loss, for the
+    trained range. A curve whose runs measured l_0 but none finitely is left out, its note
+    appended to `left_out`; a curve none of whose runs measured l_0 is a ValueError (the
+    init_loss instrument was off: the protocol cannot be computed at all)."""
     groups: dict[tuple[str, str], list[Point]] = {}
     for p in points:
         groups.setdefault((p.recipe, p.size), []).append(p)
     out = []
     for (recipe, size), runs in groups.items():
-        measured = [p.init_loss for p in runs if p.init_loss is not None]
-        measured = [v for v in measured if math.isfinite(v)]
-        if not measured:
+        if all(p.init_loss is None for p in runs):
             raise ValueError(
                 f"{recipe} at size {size}: no run measured its loss at init (instruments.init_loss)"
             )
+        measured = [float(p.init_loss) for p in runs if _finite(p.init_loss)]
+        bad = [p for p in runs if p.init_loss is not None and not math.isfinite(p.init_loss)]
+        where = ", ".join(f"lr {p.lr:g} seed {p.seed} ({p.init_loss})" for p in bad)
+        if not measured:
+            if left_out is not None:
+                left_out.append(
+                    f"{recipe} at size {size}: left out of the LR-sensitivity protocol: no run "
+                    f"measured a finite l_0 ({where})"
+                )
+            continue
         l0 = float(np.mean(measured))
+        notes = (
+            [f"non-finite l_0 measured at {where}: counted at the curve's mean l_0 {l0:.3f}"]
+            if bad
+            else []
+        )
         by_lr: dict[float, list[Point]] = {}
         for p in runs:
             by_lr.setdefault(float(p.lr), []).append(p)
         grid = []
         for lr in sorted(by_lr):
             seeds = sorted(by_lr[lr], key=lambda p: p.seed)
-            own = [p.init_loss if p.init_loss is not None else l0 for p in seeds]
+            own = [float(p.init_loss) if _finite(p.init_loss) else l0 for p in seeds]
             keys = sorted({k for p in seeds for k in p.extra})
             grid.append(
                 GridPoint(
@@ -186,8 +254,14 @@ def curves(
                     extra={k: [p.extra.get(k, math.nan) for p in seeds] for k in keys},
                 )
             )
-        out.append(Curve(recipe, size, l0, grid, margin, plateau))
+        out.append(Curve(recipe, size, l0, grid, margin, plateau, notes))
     return out
+
+
+def ranking(found: list[Curve]) -> list[Curve]:
+    """The curves that trained (or may have: no plateau), by LR sensitivity, lowest first;
+    a curve that did not train is left out (it is flat at the plateau, not insensitive)."""
+    return sorted((c for c in found if c.trained is not False), key=lambda c: c.sensitivity)
 
 
 SUMMARY_COLUMNS = [
@@ -203,6 +277,8 @@ SUMMARY_COLUMNS = [
     "stable_lr_high",
     "trained_lr_low",
     "trained_lr_high",
+    "trained",
+    "range_note",
     "plateau",
     "init_loss",
     "failed_runs",
@@ -215,7 +291,7 @@ GRID_COLUMNS = ["recipe", "size", "lr", "seeds", "mean", "sd", "min", "max", "fa
 
 def summary_row(c: Curve) -> dict[str, Any]:
     per_seed = c.seed_sensitivities()
-    low, high = c.stable_range
+    stable = c.stable_range
     trained_lrs = c.trained_range
     return {
         "recipe": c.recipe,
@@ -228,10 +304,12 @@ def summary_row(c: Curve) -> dict[str, Any]:
         "best_loss": round(c.best.mean, 4),
         "best_loss_sd": round(c.best.sd, 4),
         "best_lr": f"{c.best.lr:g}",
-        "stable_lr_low": f"{low:g}",
-        "stable_lr_high": f"{high:g}",
+        "stable_lr_low": f"{stable[0]:g}" if stable else "",
+        "stable_lr_high": f"{stable[1]:g}" if stable else "",
         "trained_lr_low": f"{trained_lrs[0]:g}" if trained_lrs else "",
         "trained_lr_high": f"{trained_lrs[1]:g}" if trained_lrs else "",
+        "trained": {True: "yes", False: "no", None: ""}[c.trained],
+        "range_note": c.range_note,
         "plateau": round(c.plateau, 4) if c.plateau is not None else "",
         "init_loss": round(c.init_loss, 4),
         "failed_runs": sum(p.failed for p in c.points),

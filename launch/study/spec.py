@@ -17,19 +17,24 @@
     protocol: {lr_sensitivity: true, margin: 0.1, claims: true}
 
 Files live in recipes/studies/; a bare name finds them there. Unknown keys and impossible grids
-are a ConfigError (one line naming the key and what is allowed); every run's config is validated
-before any training starts (launch.commands.study).
+are a ConfigError (one line naming the key and what is allowed); a dotted recipe key under
+`grid:`, `set:`, `schedule:` or a recipe entry's `set:` that the recipe schema does not know
+gets the recipe loader's "did you mean" (`config_key_problem`), before any other check of the
+file; every run's config is validated before any training starts (launch.commands.study).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from normlab.launch.config.loader import RECIPES_DIR, find_recipe, load_yaml, suggest
+from normlab.launch.config.loader import RECIPES_DIR, find_recipe, key_of, load_yaml, suggest
 from normlab.launch.errors import ConfigError
 
 STUDIES_DIR = RECIPES_DIR / "studies"
@@ -211,6 +216,40 @@ def _recipes(value: Any, where: str) -> list[StudyRecipe]:
     return out
 
 
+def _section_of(hint: Any) -> type | None:
+    """The dataclass a field's type holds (itself, or the dataclass of an Optional); None."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next((s for a in typing.get_args(hint) if (s := _section_of(a))), None)
+    return None
+
+
+def config_key_problem(key: str) -> str | None:
+    """What is wrong with a dotted recipe key, in the recipe loader's words ("unknown key
+    'optim.lrr' (did you mean 'optim.lr'?)"); None for a key the schema has. Keys under a
+    mapping (instruments.NAME.KEY) are left to the run's own validation."""
+    from normlab.launch.config.schema import RunConfig  # the model schema: imported on use
+
+    section: type | None = RunConfig
+    prefix = ""
+    for part in key.split("."):
+        if section is None:
+            return None
+        fields = {key_of(f): f for f in dataclasses.fields(section) if f.init}
+        if part not in fields:
+            return f"unknown key '{prefix}{part}'{suggest(part, list(fields), prefix)}"
+        section = _section_of(typing.get_type_hints(section)[fields[part].name])
+        prefix += f"{part}."
+    return None
+
+
+def _known_key(key: str, what: str, where: str) -> None:
+    problem = config_key_problem(key)
+    if problem:
+        raise ConfigError(f"{where}{what}: {problem}")
+
+
 def _dotted(value: Any, what: str, where: str) -> list[str]:
     """{a.b: v} or nested {a: {b: v}} -> ['a.b=v', ...]; owned keys refused."""
     if not isinstance(value, dict):
@@ -229,6 +268,7 @@ def _dotted(value: Any, what: str, where: str) -> list[str]:
     for key in flat:
         if key in OWNED:
             raise ConfigError(f"{where}{what}: {key} is given by {OWNED[key]}")
+        _known_key(key, what, where)
     return [f"{k}={json.dumps(v)}" for k, v in flat.items()]
 
 
@@ -240,6 +280,7 @@ def _grid(value: Any, where: str) -> dict[str, list[Any]]:
         key = str(key)
         if key in OWNED:
             raise ConfigError(f"{where}grid.{key} is given by {OWNED[key]}, not by the grid")
+        _known_key(key, "grid", where)
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{where}grid.{key} must be a non-empty list, got {values!r}")
         if any(isinstance(v, dict | list) for v in values):

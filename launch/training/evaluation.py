@@ -1,11 +1,17 @@
 """Evaluation during training: each source's validation split separately, the eval loss their
-weighted mean (the mixture's weights); one source is the plain eval loss."""
+weighted mean (the mixture's weights); one source is the plain eval loss.
+
+The console's eval line carries each source's loss beside the mean ("eval loss 5.1234 (web
+5.0012, code 5.4321)"); a source whose validation split holds fewer sequences than one eval
+pass (training.eval_batches global batches) gets one warning line when the run starts: its
+eval loss rests on fewer batches than asked."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from normlab.data.errors import DataError
 
 
 def measure_eval(engine: Any, loader: Any, batches: int) -> tuple[float, list[float]]:
@@ -33,4 +39,35 @@ def evaluate(trainer: Any, step: int) -> None:
     loss = trainer.stats["loss"]  # of the last log step: none yet when eval comes first
     shown = f"loss {loss:.4f}, " if loss is not None else ""
     where = f"{trainer.cfg.name} step {step}/{trainer.cfg.training.steps}"
-    trainer.display.message(f"{where}: {shown}eval loss {value:.4f}")
+    trainer.display.message(f"{where}: {shown}{eval_text(value, loader.names, per_source)}")
+
+
+def eval_text(value: float, names: list[str], per_source: list[float]) -> str:
+    """'eval loss 5.1234', with each source's loss in brackets when there are several."""
+    text = f"eval loss {value:.4f}"
+    if len(per_source) > 1:
+        parts = ", ".join(f"{n} {v:.4f}" for n, v in zip(names, per_source, strict=True))
+        text += f" ({parts})"
+    return text
+
+
+def small_val_warnings(loader: Any, batches: int) -> list[str]:
+    """One line per source whose validation split is smaller than one eval pass of `batches`
+    global batches (each eval then uses fewer batches than training.eval_batches asks for).
+    A split too small for even one batch is left to the eval's own error."""
+    need = batches * loader.global_batch
+    lines = []
+    for name, source in zip(loader.names, loader.sources, strict=True):
+        try:
+            have = source.num_sequences("val")
+        except DataError:
+            continue
+        if have < need:
+            used = have // loader.global_batch
+            lines.append(
+                f"warning: data source {name!r}: its validation split holds {have} sequences of "
+                f"{loader.seq_len + 1} tokens, fewer than one eval pass (training.eval_batches "
+                f"{batches} x global batch {loader.global_batch} = {need}): each eval uses "
+                f"{used} of {batches} batches"
+            )
+    return lines

@@ -34,7 +34,7 @@ from normlab.launch.rundir.signals import (
     stop_status,
 )
 from normlab.launch.training.build_run import build_parts, extra_state, rank_world, restore
-from normlab.launch.training.evaluation import evaluate, measure_eval
+from normlab.launch.training.evaluation import evaluate, measure_eval, small_val_warnings
 from normlab.launch.training.host_rows import boundaries, host_rows, is_finite, log_row
 from normlab.launch.training.metrics import MetricsWriter
 from normlab.launch.training.mfu import run_throughput
@@ -87,6 +87,8 @@ class Trainer:
         )  # fmt: skip
         if self.engine.is_main:
             self.console.print(peak_note, highlight=False)
+            for line in small_val_warnings(self.loader, cfg.training.eval_batches):
+                self.console.print(line, style="yellow", highlight=False)
 
     def _restore(self) -> Path | None:
         restored = restore(self.cfg, self.parts, self.callbacks, self.from_step, self.force)
