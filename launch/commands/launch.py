@@ -153,6 +153,7 @@ def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> lis
         *train, *(["--force"] if args.force else []),
         *(["--from", str(args.from_step)] if args.from_step else []),
         *(["--allow-unverified"] if args.allow_unverified else []),
+        *(["--resume-on-changed-data"] if args.resume_on_changed_data else []),
     ]  # fmt: skip
 
 
