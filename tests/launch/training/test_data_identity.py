@@ -167,3 +167,14 @@ def test_checkpoint_without_identity_resumes_with_a_note(
         "checkpoint step_00000004 records no data identity (written before normlab recorded "
         "it): the data it resumes on is not checked; the next checkpoint records it"
     ]
+
+
+def test_launch_passes_the_flag_to_every_rank(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    over = [*tiny_overrides(tiny_data, tmp_path / "run"), "engine.name=fsdp"]
+    args = ["launch", str(PRE), *over, "--nproc-per-node", "2", "--dry-run"]
+    assert main([*args, "--resume-on-changed-data"]) == 0
+    assert capsys.readouterr().out.split().count("--resume-on-changed-data") == 1
+    assert main(args) == 0
+    assert "--resume-on-changed-data" not in capsys.readouterr().out
