@@ -178,3 +178,21 @@ def test_launch_passes_the_flag_to_every_rank(
     assert capsys.readouterr().out.split().count("--resume-on-changed-data") == 1
     assert main(args) == 0
     assert "--resume-on-changed-data" not in capsys.readouterr().out
+
+
+def test_launch_refuses_changed_data_before_torchrun(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, run, over = _trained(tiny_data, tmp_path)
+    shutil.rmtree(data)
+    lines = _slice(tiny_data).read_text().splitlines(keepends=True)
+    other = tmp_path / "other.txt"
+    other.write_text("".join(lines[:15000]))
+    prepare([str(other)], data, vocab_size=512, val_fraction=0.02, num_proc=1)
+    capsys.readouterr()
+    args = ["launch", str(run), "engine.name=fsdp", "--nproc-per-node", "2", "--dry-run"]
+    assert main([*args, "--force"]) == 2  # the launcher's own check: torchrun never starts
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("normlab launch: error: the data changed since checkpoint step_00000004")
+    assert "source 'corpus'" in err and "shards (other files), sequence count (" in err
+    assert main([*args, "--force", "--resume-on-changed-data"]) == 0
