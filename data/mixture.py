@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from normlab.data.errors import DataError
+from normlab.data.identity import source_identity, tokenizer_id
 from normlab.data.loader import PackedSource, check_layout
 
 MIX_KEY = 0x6D6978  # "mix": separates the source draws from the permutations' streams
@@ -37,12 +38,6 @@ class SourceSpec:
     name: str
     path: Path
     weight: float
-
-
-def tokenizer_id(meta: dict[str, Any]) -> str:
-    """What identifies a prepared directory's tokenizer: the sha256 of its tokenizer file."""
-    tok = meta.get("tokenizer") or {}
-    return str(tok.get("sha256") or f"vocab-{meta.get('vocab_size')}")
 
 
 def check_same_tokenizer(specs: list[SourceSpec], metas: list[dict[str, Any]]) -> None:
@@ -98,6 +93,7 @@ class MixtureLoader:
         self.counts = np.zeros(len(specs), dtype=np.int64)
         self._block: tuple[int, np.ndarray] | None = None
         self._orders: dict[tuple[int, int], np.ndarray] = {}
+        self._identity: list[dict[str, Any]] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -180,6 +176,16 @@ class MixtureLoader:
         )
 
     # --- resume -------------------------------------------------------------------------------
+    def identity(self) -> list[dict[str, Any]]:
+        """Each source's tokenizer, shards fingerprint and sequence count (data.identity), as a
+        checkpoint records them; computed once (it reads meta.json and each shard's ends)."""
+        if self._identity is None:
+            self._identity = [
+                source_identity(spec.name, src.data_dir, src.meta, int(n))
+                for spec, src, n in zip(self.specs, self.sources, self.n, strict=True)
+            ]
+        return self._identity
+
     def state_dict(self) -> dict[str, Any]:
         """Position in the global stream; identical on every rank and for any world size."""
         return {

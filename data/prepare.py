@@ -16,7 +16,6 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from normlab.data.prepare_meta import (
     tokenizer_spec,
 )
 from normlab.data.prepare_split import assign_split, eos_after
+from normlab.data.prepare_tmp import OWNER, make_tmp, remove_stale, stop_signals_unwind
 from normlab.data.tokenizer import MODEL_TYPES
 from normlab.data.tokenizer_select import resolve_tokenizer
 
@@ -46,6 +46,7 @@ __all__ = ["assign_split", "eos_after", "prepare", "read_meta", "token_dtype"]
 def _finalize(tmp: Path, out: Path) -> None:
     """Move the finished temp dir into place; an existing `out` is swapped out, then removed."""
     shutil.rmtree(tmp / ".cache", ignore_errors=True)
+    (tmp / OWNER).unlink(missing_ok=True)
     old = None
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -176,12 +177,28 @@ def prepare(
     spec = None if given else tokenizer_spec(vocab_size, model_type)
     fingerprint = data_fingerprint(srcs, settings)
     existing = check_existing(out, fingerprint, given, spec, overwrite)
+    for line in remove_stale(out):  # the temporary folders of stopped or killed preparations
+        print(line, file=sys.stderr)
     if existing is not None:
         print(f"reusing {out}: already prepared with the same inputs and tokenizer")
         return existing
+    with stop_signals_unwind():  # SIGTERM/SIGHUP: the temporary folder is removed, then exit
+        meta = _build_into(out, srcs, sizes, given, spec, settings, num_proc, batch_mb, scan_s,
+                           fingerprint)  # fmt: skip
+    _report(meta, out, val_fraction, num_proc)
+    return meta
+
+
+def _build_into(
+    out: Path, srcs: list[dict], sizes: Any, given: Any, spec: dict | None,
+    settings: dict[str, Any], num_proc: int, batch_mb: float, scan_s: float, fingerprint: str,
+) -> dict[str, Any]:  # fmt: skip
+    """Build in a temporary sibling (prepare_tmp) and rename it to `out`; nothing is left behind
+    on an error, Ctrl-C or a stop signal."""
+    val_fraction = settings["val_fraction"]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        tmp = make_tmp(out)
     except OSError as exc:
         raise DataError(f"cannot create --out {out}: {exc.strerror or exc}") from None
     try:
@@ -204,6 +221,10 @@ def prepare(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return meta
+
+
+def _report(meta: dict[str, Any], out: Path, val_fraction: float, num_proc: int) -> None:
     n, t = meta["tokens"], meta["timings_s"]
     rate = (n["train"] + n["val"]) / max(t["tokenize"], 1e-9)
     print(
@@ -213,7 +234,6 @@ def prepare(
     )
     _warn_small_val(n, val_fraction)
     print(f"train on it: normlab train pre data.dataset={shlex.quote(str(out))}")
-    return meta
 
 
 def _warn_small_val(tokens: dict[str, int], asked: float) -> None:

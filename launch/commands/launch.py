@@ -153,21 +153,23 @@ def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> lis
         *train, *(["--force"] if args.force else []),
         *(["--from", str(args.from_step)] if args.from_step else []),
         *(["--allow-unverified"] if args.allow_unverified else []),
+        *(["--resume-on-changed-data"] if args.resume_on_changed_data else []),
     ]  # fmt: skip
 
 
 def check_run(args: argparse.Namespace, cfg: RunConfig, world: int) -> None:
     """What every rank would refuse about the run directory, once, before torchrun: another
     config without --force, a live SLURM job owning it, a --from that names no checkpoint, a
-    `latest` pointer naming none, another global batch than the checkpoint's. (A checkpoint's
-    bytes are verified by the ranks as they load it: hashing them here too would read every
-    checkpoint twice.)"""
+    `latest` pointer naming none, another global batch than the checkpoint's, data sources that
+    changed since it (without --resume-on-changed-data). (A checkpoint's bytes are verified by
+    the ranks as they load it: hashing them here too would read every checkpoint twice.)"""
     from normlab.launch.engines.fsdp import trainer_file
     from normlab.launch.engines.single import TRAINER_FILE, read_file
     from normlab.launch.rundir.checkpoint import CheckpointManager
     from normlab.launch.rundir.directory import check_run_dir
     from normlab.launch.rundir.owner import check_owner_job
-    from normlab.launch.rundir.resume import check_global_batch, global_batch
+    from normlab.launch.rundir.resume import check_data_identity, check_global_batch, global_batch
+    from normlab.launch.training.datasets import data_identity
 
     run_dir = Path(cfg.run_dir or "runs/run")
     check_run_dir(run_dir, cfg, args.force)  # read-only
@@ -182,6 +184,9 @@ def check_run(args: argparse.Namespace, cfg: RunConfig, world: int) -> None:
     if trainer_state is not None:
         saved = read_file(trainer_state, weights_only=False)
         check_global_batch(saved, global_batch(cfg, world), args.force)
+        if isinstance(saved.get("data_identity"), list):  # the ranks print the notices
+            now = data_identity(cfg.data)
+            check_data_identity(saved, now, args.resume_on_changed_data, ckpt.name)
 
 
 def run(args: argparse.Namespace) -> int:

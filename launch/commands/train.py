@@ -62,10 +62,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_unverified_arg(p: argparse.ArgumentParser) -> None:
+    """--allow-unverified and --resume-on-changed-data: the resume checks a user may waive."""
     p.add_argument(
         "--allow-unverified",
         action="store_true",
         help="load a checkpoint that has no manifest.json (its files cannot be verified)",
+    )
+    p.add_argument(
+        "--resume-on-changed-data",
+        action="store_true",
+        help="resume although a data source changed since the checkpoint (another tokenizer, "
+        "re-prepared shards or another sequence count); refused otherwise, --force included",
     )
 
 
@@ -77,7 +84,11 @@ def run(args: argparse.Namespace) -> int:
     )
 
     trainer = Trainer(
-        cfg, force=args.force, from_step=args.from_step, allow_unverified=args.allow_unverified
+        cfg,
+        force=args.force,
+        from_step=args.from_step,
+        allow_unverified=args.allow_unverified,
+        resume_on_changed_data=args.resume_on_changed_data,
     )
     status = trainer.run()
     s = trainer.summary

@@ -38,9 +38,20 @@ ModelSection = _model_section()
 
 @dataclass
 class SourceSection:
-    name: str  # a metric key: eval/<name>, tokens/<name>
-    path: str  # a `normlab prepare` directory, or 'bundled'
+    """One source of a data.sources mixture; `name` and `path` are required (the loader turns
+    the TypeError of a missing one into one line naming the source and the key)."""
+
+    name: str = ""  # a metric key: eval/<name>, tokens/<name>
+    path: str = ""  # a `normlab prepare` directory, or 'bundled'
     weight: float = 1.0  # sampling probability per sequence (weights are normalised)
+
+    def __post_init__(self) -> None:
+        for key, what in (("name", "its metric name"), ("path", "a `normlab prepare` directory")):
+            if not getattr(self, key):
+                raise TypeError(
+                    f"no '{key}' ({what}); each source is {{name, path, weight}}, e.g. "
+                    "{name: web, path: data/web, weight: 0.7}"
+                )
 
 
 @dataclass

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from normlab.launch.errors import CheckpointError
+from normlab.launch.rundir.layout import missing_file
 
 MANIFEST = "manifest.json"
 ALGORITHM = "sha256"
@@ -79,14 +80,16 @@ UNVERIFIED_FLAG = "--allow-unverified"
 def find_damage(ckpt_dir: Path, allow_unverified: bool = False) -> str | None:
     """What is wrong with ckpt_dir ('<file>: <why>'), None when every file matches its manifest.
     A checkpoint without manifest.json (deleted, or written by a normlab before manifests) cannot
-    be verified and counts as damaged unless `allow_unverified` (the CLI's --allow-unverified)."""
+    be verified and counts as damaged unless `allow_unverified` (the CLI's --allow-unverified).
+    A file the engine's own index needs and neither the disk nor the manifest has is named too
+    (rundir.layout), before any file is hashed."""
     try:
         manifest = read_manifest(ckpt_dir)
     except CheckpointError as exc:
         return str(exc)
     if manifest is None:
         if allow_unverified:
-            return None
+            return missing_file(ckpt_dir, None)
         return (
             f"{ckpt_dir / MANIFEST} is missing, so none of its files can be verified "
             f"({UNVERIFIED_FLAG} loads it anyway)"
@@ -100,6 +103,9 @@ def find_damage(ckpt_dir: Path, allow_unverified: bool = False) -> str | None:
         if size != entry.get("bytes"):
             want = entry.get("bytes")
             return f"{path} is truncated or corrupt ({size} bytes, the manifest says {want})"
+    missing = missing_file(ckpt_dir, set(entries))  # what the engine's index needs (layout)
+    if missing is not None:
+        return missing
     for path, entry, digest in zip(paths, entries.values(), _digests(ckpt_dir, paths), strict=True):
         if digest != entry.get(ALGORITHM):
             return f"{path} is corrupt (its sha256 differs from the manifest's)"

@@ -125,3 +125,43 @@ def check_global_batch(extra: dict[str, Any], now: dict[str, int], force: bool) 
         f"{_layout(now)}: {keep} to continue the same sample order, or pass --force to go on "
         "with the new global batch"
     )
+
+
+# --- the data a checkpoint was trained on ------------------------------------------------------
+# Every checkpoint records each source's identity (data.identity: tokenizer hash, shards
+# fingerprint, sequence count). The loader state alone matches sources by name and weight, so a
+# directory re-prepared under a run (another tokenizer of the same vocabulary size, another text)
+# would resume without a word; `--force` (another config) does not cover it, only the flag that
+# says so does.
+
+CHANGED_DATA_FLAG = "--resume-on-changed-data"
+
+
+def check_data_identity(
+    extra: dict[str, Any], now: list[dict[str, Any]], allow_changed: bool, ckpt: str
+) -> list[str]:
+    """Refuse, in one line naming each changed source and what changed, to resume checkpoint
+    `ckpt` on other data than it was trained on (unless `allow_changed`). Returns the notices to
+    print: what changed when allowed, or that a checkpoint older than this check records none."""
+    from normlab.data.identity import identity_changes
+
+    saved = extra.get("data_identity")
+    if not isinstance(saved, list):
+        return [
+            f"checkpoint {ckpt} records no data identity (written before normlab recorded it): "
+            "the data it resumes on is not checked; the next checkpoint records it"
+        ]
+    changes = identity_changes(saved, now)
+    if not changes:
+        return []
+    what = "; ".join(changes)
+    if allow_changed:
+        return [
+            f"resuming {ckpt} on changed data ({CHANGED_DATA_FLAG}): {what}; the next checkpoint "
+            "records the new data"
+        ]
+    raise CheckpointError(
+        f"the data changed since checkpoint {ckpt} was written: {what}; the resumed run would "
+        f"train on other tokens than it started on: restore the data, start a new run "
+        f"directory, or pass {CHANGED_DATA_FLAG} to go on with the new data (--force does not)"
+    )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,8 @@ def run_spec(
     quiet = Console(file=open("/dev/null", "w"), width=240)  # noqa: SIM115 (table goes to compare.md)
     plateau = study_plateau([c.to_dict() for c in cfgs], spec)  # scans the data: read once
     report = compare([c.run_dir for c in cfgs if c.run_dir], out, quiet, plateau=plateau)
-    record = with_earlier_time(out / "study.json", spec.name, total, timings)
+    warn = partial(console.print, highlight=False)
+    record = with_earlier_time(out / "study.json", spec.name, total, timings, warn)
     (out / "study.json").write_text(json.dumps({**record, "jobs": jobs, "runs": timings}, indent=2))
     wall, times = record["wall_s"], record["invocations"]
     found = write_study_report(
@@ -66,19 +68,21 @@ def run_spec(
 
 
 def with_earlier_time(
-    path: Path, name: str, total: float, timings: list[dict[str, Any]]
+    path: Path,
+    name: str,
+    total: float,
+    timings: list[dict[str, Any]],
+    warn: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """This invocation's time with the earlier ones of the same study in the same directory
     (study.json): a finished study run again to rewrite its report reuses every run in seconds,
     and the report should still say what training them took. Each run's `seconds_total` adds
     its earlier seconds (a run resumed after a stop counts both parts). An invocation that was
-    killed before the report left no study.json and is not counted."""
-    earlier: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):  # none yet, or unreadable: count from here
-        earlier = json.loads(path.read_text())
-    if not isinstance(earlier, dict) or earlier.get("study") != name:
-        earlier = {}
-    before = {r.get("run_dir"): r for r in earlier.get("runs", []) if isinstance(r, dict)}
+    killed before the report left no study.json and is not counted. A study.json of this study
+    that is damaged (not JSON, or values of the wrong type) counts from here, with a line to
+    `warn`; another study's file counts from here without one."""
+    earlier = _earlier_record(path, name, warn or (lambda line: print(line, file=sys.stderr)))
+    before = {r.get("run_dir"): r for r in earlier.get("runs", [])}
     for t in timings:
         old = before.get(t.get("run_dir"), {})
         spent = old.get("seconds_total", old.get("seconds", 0.0))
@@ -89,6 +93,42 @@ def with_earlier_time(
         "wall_s": round(earlier.get("wall_s", earlier.get("total_s", 0.0)) + total, 1),
         "invocations": int(earlier.get("invocations", 1 if earlier else 0)) + 1,
     }
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _earlier_record(path: Path, name: str, warn: Callable[[str], None]) -> dict[str, Any]:
+    """study.json's record when it is this study's and every value has its type, else {}."""
+    try:
+        earlier = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        warn(f"study: {path} is unreadable ({exc}); the study's time counts from here")
+        return {}
+    if not isinstance(earlier, dict) or earlier.get("study") != name:
+        return {}  # another study's file (or none of ours): nothing to add
+    runs = earlier.get("runs", [])
+    bad = [k for k in ("total_s", "wall_s") if k in earlier and not _is_number(earlier[k])]
+    invocations = earlier.get("invocations", 1)
+    if not isinstance(invocations, int) or isinstance(invocations, bool) or invocations < 0:
+        bad.append("invocations")
+    if not isinstance(runs, list) or not all(
+        isinstance(r, dict)
+        and isinstance(r.get("run_dir"), str | None)
+        and all(_is_number(r[k]) for k in ("seconds", "seconds_total") if k in r)
+        for r in runs
+    ):
+        bad.append("runs")
+    if bad:
+        warn(
+            f"study: {path} is unreadable ({', '.join(bad)} of the wrong type); the study's time "
+            "counts from here"
+        )
+        return {}
+    return earlier
 
 
 def run_study(

@@ -23,7 +23,7 @@ from normlab.launch.errors import ConfigError
 from normlab.launch.optim import build_optimizer, check_optimizer
 from normlab.launch.registry import ENGINES, resolve
 from normlab.launch.rundir.checkpoint import CheckpointManager
-from normlab.launch.rundir.resume import check_global_batch, global_batch
+from normlab.launch.rundir.resume import check_data_identity, check_global_batch, global_batch
 from normlab.launch.rundir.rng import rng_state, seed_everything, set_rng_state
 from normlab.launch.training.datasets import resolve_sources
 from normlab.launch.training.schedule import build_schedule, lr_change, stable_end
@@ -92,22 +92,25 @@ def restore(
     callbacks: list[Callback],
     from_step: str | None,
     force: bool = False,
+    changed_data: bool = False,
 ) -> Restored | None:
     """Load `from_step` (or `latest`) into the engine, the loader, the callbacks and the RNGs;
     None when the run has no checkpoint. The notices name what the recipe changed. Another
     global batch than the checkpoint's is refused (unless `force`); another number of ranks with
-    the same global batch continues its sample order."""
+    the same global batch continues its sample order. A source whose tokenizer, shards or
+    sequence count changed since the checkpoint is refused, `force` included, unless
+    `changed_data` (--resume-on-changed-data)."""
     loaded = parts.ckpt.load(parts.engine, from_step)
     if loaded is None:
         return None
     path, extra = loaded
     check_global_batch(extra, parts.global_batch, force)
+    notices = check_data_identity(extra, parts.loader.identity(), changed_data, path.name)
     parts.loader.load_state_dict(extra["loader"])
     for cb in callbacks:
         if cb.name in extra.get("callbacks", {}):
             cb.load_state_dict(extra["callbacks"][cb.name])
     set_rng_state(extra["rng"])
-    notices = []
     if parts.ckpt.recipe_changes:
         changed = "; ".join(parts.ckpt.recipe_changes[:6])
         notices.append(f"recipe values replace the checkpoint's: {changed}")
@@ -123,6 +126,7 @@ def extra_state(
     return {
         "step": step,
         "loader": loader.state_dict(),
+        "data_identity": loader.identity(),
         "global_batch": global_batch(cfg, loader.world_size),
         "rng": rng_state(),
         "stats": dict(stats),

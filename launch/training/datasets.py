@@ -74,6 +74,18 @@ def resolve_dataset(cfg: DataSection, quiet: bool = False) -> Path:
     return resolve_sources(cfg, quiet)[0].path
 
 
+def data_identity(cfg: DataSection) -> list[dict[str, Any]]:
+    """Each source's identity as a checkpoint records it (data.identity), without a loader."""
+    from normlab.data.identity import source_identity
+    from normlab.data.loader import PackedSource
+
+    out = []
+    for spec in resolve_sources(cfg, quiet=True):
+        src = PackedSource(spec.path, cfg.seq_len)
+        out.append(source_identity(spec.name, src.data_dir, src.meta, src.num_sequences("train")))
+    return out
+
+
 def epoch_plan(cfg: RunConfig, world: int = 1) -> list[dict[str, Any]]:
     """Per source: its probability, training windows and the expected epochs of it the whole run
     draws (training.steps global batches). A bundled corpus not yet prepared has no count."""

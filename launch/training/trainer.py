@@ -54,6 +54,7 @@ class Trainer:
         force: bool = False,
         from_step: str | None = None,
         allow_unverified: bool = False,
+        resume_on_changed_data: bool = False,
         callbacks: list[Callback] | None = None,
         console: Console | None = None,
     ) -> None:
@@ -61,6 +62,8 @@ class Trainer:
         self.force = force
         self.from_step = from_step  # resume from this checkpoint instead of `latest`
         self.allow_unverified = allow_unverified  # a checkpoint without manifest.json loads
+        # resume a checkpoint whose data sources changed (tokenizer, shards, sequence count)
+        self.resume_on_changed_data = resume_on_changed_data
         self.run_dir = Path(cfg.run_dir or "runs/run")
         self.console = console or Console(soft_wrap=True)  # a log line stays one line (grep)
         self.callbacks = (
@@ -91,7 +94,10 @@ class Trainer:
                 self.console.print(line, style="yellow", highlight=False)
 
     def _restore(self) -> Path | None:
-        restored = restore(self.cfg, self.parts, self.callbacks, self.from_step, self.force)
+        restored = restore(
+            self.cfg, self.parts, self.callbacks, self.from_step, self.force,
+            self.resume_on_changed_data,
+        )  # fmt: skip
         if restored is None:
             return None
         for notice in restored.notices if self.engine.is_main else []:
