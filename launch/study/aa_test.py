@@ -45,6 +45,7 @@ class AAResult:
     fpr_gaussian: float  # Gaussian residuals at the pooled SD
     threshold: float
     seconds: float
+    no_test: float = 0.0  # share of replicates where an arm drew one seed-run n times (no test)
 
     @property
     def passed(self) -> bool:
@@ -56,11 +57,18 @@ def statistics_for(plateau: float | None) -> tuple[str, ...]:
 
 
 def directional_share(
-    xa: np.ndarray, xb: np.ndarray, plateau: float | None, loss_margin: float, alpha: float
+    xa: np.ndarray,
+    xb: np.ndarray,
+    plateau: float | None,
+    loss_margin: float,
+    alpha: float,
+    units: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> float:
-    """Share of the batch (B, n, G) of studies where the family gives any directional verdict."""
+    """Share of the batch (B, n, G) of studies where the family gives any directional verdict.
+    `units`: which residual vector each drawn seed is (cross-fitting leaves out its copies)."""
     p3 = np.stack(
-        [vc.claim_p3(s, xa, xb, plateau, loss_margin) for s in statistics_for(plateau)], axis=-2
+        [vc.claim_p3(s, xa, xb, plateau, loss_margin, units) for s in statistics_for(plateau)],
+        axis=-2,
     )
     codes, _ = vc.decide_family(p3, alpha)
     return float(((codes == 0) | (codes == 1)).any(axis=-1).mean())
@@ -89,7 +97,9 @@ def simulate_aa(
     curves = mu + resid[idx]
     if math.isfinite(cell.l0):
         curves = np.where(cell.failed[idx], cell.l0, np.minimum(curves, cell.l0))
-    fpr = directional_share(curves[:, :n], curves[:, n:], plateau, loss_margin, alpha)
+    units = (idx[:, :n], idx[:, n:])
+    one_run = (idx[:, :n] == idx[:, :1]).all(axis=1) | (idx[:, n:] == idx[:, n : n + 1]).all(axis=1)
+    fpr = directional_share(curves[:, :n], curves[:, n:], plateau, loss_margin, alpha, units)
     sd = math.sqrt(float(x.var(axis=0, ddof=1).mean()))
     gauss = mu + rng.normal(0.0, sd, size=(replicates, 2 * n, x.shape[1]))
     fpr_g = directional_share(gauss[:, :n], gauss[:, n:], plateau, loss_margin, alpha)
@@ -102,6 +112,7 @@ def simulate_aa(
         fpr_g,
         fpr_threshold(alpha, replicates),
         time.perf_counter() - start,
+        float(one_run.mean()),
     )
 
 

@@ -64,14 +64,35 @@ def welch(a: np.ndarray, b: np.ndarray) -> Welch:
     na, nb = a.shape[-1], b.shape[-1]
     if na < 2 or nb < 2:
         raise ValueError(f"Welch's t needs >= 2 values per arm, got {na} and {nb}")
-    va, vb = a.var(axis=-1, ddof=1) / na, b.var(axis=-1, ddof=1) / nb
-    se2 = va + vb
     scale = np.maximum(np.abs(a).max(axis=-1), np.abs(b).max(axis=-1))
-    se2 = np.where(se2 > (TOL * np.maximum(scale, 1.0)) ** 2, se2, 0.0)  # rounding is no spread
-    denom = va**2 / (na - 1) + vb**2 / (nb - 1)
+    return welch_from(
+        a.mean(axis=-1) - b.mean(axis=-1),
+        a.var(axis=-1, ddof=1) / na,
+        b.var(axis=-1, ddof=1) / nb,
+        na - 1,
+        nb - 1,
+        scale,
+    )
+
+
+def welch_from(
+    delta: np.ndarray,
+    var_a: np.ndarray,
+    var_b: np.ndarray,
+    df_a: float,
+    df_b: float,
+    scale: np.ndarray | float = 1.0,
+) -> Welch:
+    """Welch from the variances of the two arm means and their degrees of freedom (df_a = n_a - 1
+    for a sample variance / n_a; also for a jackknife variance of n_a seeds). A total below
+    rounding of `scale` counts as zero: no test."""
+    se2 = np.asarray(var_a + var_b, dtype=float)
+    with np.errstate(invalid="ignore"):
+        se2 = np.where(se2 > (TOL * np.maximum(scale, 1.0)) ** 2, se2, 0.0)  # nan: no test too
+    denom = var_a**2 / df_a + var_b**2 / df_b
     with np.errstate(invalid="ignore", divide="ignore"):
-        df = np.where(denom > 0, se2**2 / np.where(denom > 0, denom, 1.0), na + nb - 2.0)
-    return Welch(a.mean(axis=-1) - b.mean(axis=-1), np.sqrt(se2), df)
+        df = np.where(denom > 0, se2**2 / np.where(denom > 0, denom, 1.0), df_a + df_b)
+    return Welch(np.asarray(delta, dtype=float), np.sqrt(se2), df)
 
 
 def _t_tail(diff: np.ndarray, se: np.ndarray, df: np.ndarray, lower: bool) -> np.ndarray:

@@ -6,7 +6,8 @@ Arrays: `X` is (..., n seeds, G lrs) of capped losses by increasing lr, `min(l, 
 failed or stopped run being `l_0` (so every statistic counts it the same way).
 
     (a) loss_at_best_lr  y(s) = X[s, argmin_eta mean_{s' != s} X[s', eta]]   (leave-one-seed-out;
-                         a tie goes to the lowest lr); Welch on y
+                         a tie goes to the lowest lr); Welch on mean y, each arm's variance
+                         the delete-one-seed jackknife of the whole cross-fitted mean (n >= 3)
     (b) lr_sensitivity   S(s) = mean_eta X[s, eta] - min_eta X[s, eta];        Welch on S
     (c) trained_range    W(s) = grid points in the widest contiguous run with
                          X[s, eta] <= plateau - 0.2;                           permutation only
@@ -29,13 +30,57 @@ TOL = 1e-9
 CHUNK = 2_000_000  # batch x relabellings evaluated at once (memory bound)
 
 
-def cross_fitted(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def cross_fitted(x: np.ndarray, units: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(y, pick): y[..., s] = x[..., s, pick[..., s]], pick the argmin over lr of the mean of the
-    other seeds (n >= 2)."""
+    other seeds (n >= 2). `units` (..., n): which seed-run each row is a copy of (the A/A
+    resampling draws some twice); a held-out row's selection then leaves out every copy of it, as
+    cross-fitting requires, and a row with no other unit gets y = nan. Real tables have distinct
+    seeds (units None), where both are the same."""
     n = x.shape[-2]
-    others = (x.sum(axis=-2, keepdims=True) - x) / (n - 1)
+    if units is None:
+        others = (x.sum(axis=-2, keepdims=True) - x) / (n - 1)
+    else:
+        keep = (units[..., :, None] != units[..., None, :]).astype(float)  # (..., n held, n)
+        count = keep.sum(axis=-1)[..., None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            others = np.einsum("...st,...tg->...sg", keep, x) / count
+        others = np.where(count > 0, others, 0.0)
     pick = np.argmin(others, axis=-1)
-    return np.take_along_axis(x, pick[..., None], axis=-1)[..., 0], pick
+    y = np.take_along_axis(x, pick[..., None], axis=-1)[..., 0]
+    if units is not None:
+        y = np.where(count[..., 0] > 0, y, np.nan)
+    return y, pick
+
+
+def jackknife_var(x: np.ndarray, units: np.ndarray | None = None) -> np.ndarray:
+    """Delete-one-seed jackknife variance of the arm's cross-fitted mean (n >= 3): each replicate
+    redoes the whole cross-fitting on the n - 1 remaining seeds. It counts the selection noise
+    that the seeds share (their y values are positively correlated, so var(y) / n is too small:
+    docs/SCIENCE.md, verdict statistics)."""
+    n = x.shape[-2]
+    reps = np.stack(
+        [
+            cross_fitted(
+                np.delete(x, j, axis=-2), None if units is None else np.delete(units, j, axis=-1)
+            )[0].mean(axis=-1)
+            for j in range(n)
+        ]
+    )
+    return (n - 1) / n * ((reps - reps.mean(axis=0)) ** 2).sum(axis=0)
+
+
+def loss_welch(
+    xa: np.ndarray, xb: np.ndarray, ua: np.ndarray | None = None, ub: np.ndarray | None = None
+) -> st.Welch:
+    """Welch's t for claim (a): the difference of cross-fitted means, each arm's variance the
+    jackknife one when it has >= 3 seeds, else var(y) / n (n = 2), df n - 1 per arm. An arm whose
+    y is undefined (A/A draws of one seed-run only) gives no test (p = 1)."""
+    ya, yb = cross_fitted(xa, ua)[0], cross_fitted(xb, ub)[0]
+    na, nb = ya.shape[-1], yb.shape[-1]
+    va = jackknife_var(xa, ua) if na >= 3 else ya.var(axis=-1, ddof=1) / na
+    vb = jackknife_var(xb, ub) if nb >= 3 else yb.var(axis=-1, ddof=1) / nb
+    scale = np.maximum(np.abs(ya).max(axis=-1), np.abs(yb).max(axis=-1))
+    return st.welch_from(ya.mean(axis=-1) - yb.mean(axis=-1), va, vb, na - 1, nb - 1, scale)
 
 
 def naive_best(x: np.ndarray) -> np.ndarray:
@@ -127,11 +172,15 @@ def claim_p3(
     xb: np.ndarray,
     plateau: float | None,
     loss_margin: float = LOSS_MARGIN,
+    units: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """(..., 3) row p-values of one claim on curves xa (..., n_a, G) and xb (..., n_b, G'): Welch
-    for (a) and (b), the exact permutation test for (c)."""
-    a, b = per_seed(statistic, xa, plateau), per_seed(statistic, xb, plateau)
+    for (a) and (b), the exact permutation test for (c). `units`: see cross_fitted."""
     margin = margin_of(statistic, loss_margin)
+    if statistic == LOSS:
+        w = loss_welch(xa, xb, *(units or (None, None)))
+        return st.margin_pvalues(w.p_below, w.p_above, margin)
+    a, b = per_seed(statistic, xa, plateau), per_seed(statistic, xb, plateau)
     if statistic == RANGE:
         return permutation_p3(a, b, margin)
     return welch_p3(a, b, margin)

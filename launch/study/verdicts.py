@@ -213,9 +213,14 @@ def _fill(
     m = vc.margin_of(v.statistic, loss_margin)
     v.mean_a, v.mean_b, v.delta = float(a.mean()), float(b.mean()), float(a.mean() - b.mean())
     v.level, v.p, v.margin = level, float(p3.min()), m
-    pooled_var = ((len(a) - 1) * a.var(ddof=1) + (len(b) - 1) * b.var(ddof=1)) / (
-        len(a) + len(b) - 2
-    )
+    if v.statistic == vc.LOSS:  # the spread the test uses: sqrt(n var(mean)) per arm
+        w = vc.loss_welch(ca.loss, cb.loss)
+        var_a = len(a) * (vc.jackknife_var(ca.loss) if len(a) >= 3 else a.var(ddof=1) / len(a))
+        var_b = len(b) * (vc.jackknife_var(cb.loss) if len(b) >= 3 else b.var(ddof=1) / len(b))
+    else:
+        w = st.welch(a, b)
+        var_a, var_b = a.var(ddof=1), b.var(ddof=1)
+    pooled_var = ((len(a) - 1) * var_a + (len(b) - 1) * var_b) / (len(a) + len(b) - 2)
     v.sd = float(math.sqrt(pooled_var))
     unit = "grid steps" if v.statistic == vc.RANGE else "nats"
     floor = st.permutation_floor(len(a), len(b))
@@ -229,8 +234,9 @@ def _fill(
             n = f"{len(a)}" if len(a) == len(b) else f"{len(a)} and {len(b)}"
             v.note = f"verdict impossible at n = {n}: needs n >= {need} seeds per arm"
     else:
-        v.test = "Welch t"
-        lo, hi = st.welch(a, b).interval(level)
+        jack = v.statistic == vc.LOSS and max(len(a), len(b)) >= 3
+        v.test = "Welch t, jackknife SE" if jack else "Welch t"
+        lo, hi = w.interval(level)
         v.interval = (float(lo), float(hi))
         if reachable and (v.statistic != vc.LOSS or ca.lrs == cb.lrs):
             v.p_permutation = _permutation_min_p(v.statistic, ca.loss, cb.loss, a, b, m)

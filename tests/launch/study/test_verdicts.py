@@ -44,7 +44,7 @@ def test_cross_fitting_by_hand(tmp_path: Path) -> None:
     assert vc.trained_width(x, 2.6).tolist() == [1, 2, 1]
 
 
-def test_loss_claim_is_welch_on_cross_fitted_values(tmp_path: Path) -> None:
+def test_loss_claim_uses_the_jackknife_of_the_cross_fitted_mean(tmp_path: Path) -> None:
     b = A.copy()
     b[2, 0] = 3.2
     b = b + 0.5
@@ -52,19 +52,35 @@ def test_loss_claim_is_welch_on_cross_fitted_values(tmp_path: Path) -> None:
         tmp_path, rows_of("A", A, LRS3, status={(2, 0): "diverged"}), rows_of("B", b, LRS3)
     )
     [v] = decide(cells, [Claim("A", "B", vc.LOSS)])
-    yb = vc.cross_fitted(cells[("B", "-")].loss)[0]
     # B: leave-out means: s0 out [3.7, 2.75, 2.7] -> 2; s1 out [3.6, 2.55, 3.05] -> 1;
     #    s2 out [3.4, 2.7, 2.65] -> 2
-    np.testing.assert_allclose(yb, [3.0, 2.9, 3.1])
-    ya = np.array([2.5, 2.4, 2.6])
-    assert v.delta == pytest.approx(-0.5)
+    np.testing.assert_allclose(vc.cross_fitted(cells[("B", "-")].loss)[0], [3.0, 2.9, 3.1])
+    assert (v.mean_a, v.mean_b, v.delta) == pytest.approx((2.5, 3.0, -0.5))
+    # jackknife of A's cross-fitted mean, each replicate cross-fitted on the two seeds left:
+    # drop s0 -> (2.4 + 2.6) / 2 = 2.5; drop s1 -> (2.0 + 2.1) / 2 = 2.05; drop s2 -> 2.45
+    reps = np.array([2.5, 2.05, 2.45])
+    var = 2 / 3 * ((reps - reps.mean()) ** 2).sum()
+    assert float(vc.jackknife_var(cells[("A", "-")].loss)) == pytest.approx(var)
+    assert float(vc.jackknife_var(cells[("B", "-")].loss)) == pytest.approx(var)  # B = A + .5
+    se, df = math.sqrt(2 * var), 4.0  # equal variances, n - 1 = 2 each: Welch df 4
+    half = stats.t.ppf(0.95, df) * se
     assert v.level == pytest.approx(0.05)  # one claim: Holm level alpha
-    ci = stats.ttest_ind(ya, yb, equal_var=False).confidence_interval(0.9)
-    assert v.interval == pytest.approx((ci.low, ci.high))
-    p = stats.ttest_ind(ya + 0.1, yb, equal_var=False, alternative="less").pvalue
-    assert v.p == pytest.approx(p)
-    assert v.verdict == st.A_LOWER and ci.high < -0.1
+    assert v.interval == pytest.approx((-0.5 - half, -0.5 + half))
+    assert v.p == pytest.approx(stats.t.cdf((-0.5 + 0.1) / se, df))
+    assert v.verdict == st.INCONCLUSIVE and v.test == "Welch t, jackknife SE"
+    # var(y) / n would have claimed "A lower": y_A = [2.5, 2.4, 2.6], y_B = y_A + 0.5
+    naive = stats.ttest_ind([2.5, 2.4, 2.6], [3.0, 2.9, 3.1], equal_var=False)
+    assert naive.confidence_interval(0.9).high < -0.1
     assert v.naive_a == pytest.approx(6.5 / 3) and v.best_lr_a == 1e-2
+
+
+def test_cross_fitting_leaves_out_copies() -> None:
+    """A/A draws may repeat a seed-run: its copies are not 'other seeds' for the selection."""
+    x = np.array([[[1.0, 5.0], [3.0, 2.0], [1.0, 5.0]]])  # rows 0 and 2: the same seed-run
+    y, pick = vc.cross_fitted(x, np.array([[0, 1, 0]]))
+    assert pick[0].tolist() == [1, 0, 1] and y[0].tolist() == [5.0, 3.0, 5.0]
+    y, _ = vc.cross_fitted(x[:, [0, 2]], np.array([[0, 0]]))
+    assert np.isnan(y).all()  # no other seed-run: undefined, and no test follows
 
 
 def _noisy(mu: np.ndarray, n: int, sd: float, seed: int) -> np.ndarray:
