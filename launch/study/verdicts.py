@@ -275,3 +275,39 @@ def _permutation_min_p(
         rows.append((st.permutation_p(dist, True), st.permutation_p(dist, False)))
     (low_le, low_ge), (high_le, high_ge) = rows
     return float(min(low_le, high_ge, max(low_ge, high_le)))
+
+
+def pilot_sd(cell: Cell, statistic: str, plateau: float | None = None) -> float:
+    """The between-seed SD of a claim's per-seed statistic in a pilot cell (>= 2 seeds): for (a)
+    sqrt(n var) with var the jackknife variance of the cross-fitted mean (the spread its test
+    uses; var(y) / n at n = 2), else the sample SD of S(s) or W(s)."""
+    if cell.n < 2:
+        raise ConfigError(f"{cell.recipe}: a pilot spread needs >= 2 seeds, has {cell.n}")
+    if statistic == vc.LOSS:
+        y = vc.cross_fitted(cell.loss)[0]
+        var = vc.jackknife_var(cell.loss) if cell.n >= 3 else y.var(ddof=1) / cell.n
+        return float(math.sqrt(cell.n * var))
+    return float(vc.per_seed(statistic, cell.loss, plateau).std(ddof=1))
+
+
+def seeds_plan(
+    statistic: str,
+    sd: float,
+    delta: float,
+    family_size: int = 3,
+    loss_margin: float = vc.LOSS_MARGIN,
+    alpha: float = st.ALPHA,
+) -> tuple[int | None, str]:
+    """Seeds per arm to plan a claim before it runs: 80 % power for a true difference `delta` at
+    between-seed SD `sd` (stated, or pilot_sd of a pilot study), at the smallest Holm level of a
+    family of `family_size` claims, alpha / family_size (22.5)."""
+    margin = vc.margin_of(statistic, loss_margin)
+    level = alpha / family_size
+    n = st.seeds_needed(delta, sd, margin, level, permutation=statistic == vc.RANGE)
+    unit = "grid-step" if statistic == vc.RANGE else "nat"
+    at = (
+        f"at a {margin:g}-{unit} margin (SD {sd:.3g}, true difference {delta:g}, level {level:.3g})"
+    )
+    if n is None:
+        return None, f"this claim cannot reach 80% power with <= {st.MAX_SEEDS} seeds per arm {at}"
+    return n, f"this claim needs {n} seeds per arm {at}"

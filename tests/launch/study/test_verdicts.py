@@ -158,3 +158,18 @@ def test_rank_flip_flagged(tmp_path: Path) -> None:
     assert flip.deltas[0.25] == pytest.approx(0.4)  # A worse early by 5.0 - 4.6
     assert flip.deltas[1.0] == pytest.approx(-0.3, abs=0.03)
     assert flip.flipped == [0.25, 0.5]
+
+
+def test_seeds_plan_stated_and_pilot(tmp_path: Path) -> None:
+    from normlab.launch.study.verdicts import pilot_sd, seeds_plan
+
+    # SCIENCE.md 22.5's example: SD 0.03, true 0.2, margin 0.1, 3 claims: d = 3.33 at .0167
+    n, text = seeds_plan(vc.LOSS, 0.03, 0.2)
+    assert n == st.seeds_needed(0.2, 0.03, 0.1, 0.05 / 3) == 4
+    assert text.startswith("this claim needs 4 seeds per arm at a 0.1-nat margin")
+    assert seeds_plan(vc.RANGE, 0.5, 3.0)[0] == 4  # raised to the permutation floor at .0167
+    cells = _cells(tmp_path, rows_of("A", A, LRS3, status={(2, 0): "diverged"}))
+    var = 2 / 3 * ((np.array([2.5, 2.05, 2.45]) - 7.0 / 3) ** 2).sum()  # the hand jackknife
+    assert pilot_sd(cells[("A", "-")], vc.LOSS) == pytest.approx(math.sqrt(3 * var))
+    s = vc.seed_sensitivity(cells[("A", "-")].loss)
+    assert pilot_sd(cells[("A", "-")], vc.SENS) == pytest.approx(s.std(ddof=1))
