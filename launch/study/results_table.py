@@ -175,7 +175,8 @@ def _cell(key: tuple[str, str], runs: list[Run], l0_flag: float | None) -> Cell:
     if dropped:
         notes.append(f"seeds {' '.join(map(str, dropped))} miss grid points: left out")
     grid = [[by[(s, lr)] for lr in lrs] for s in seeds]
-    failed = np.array([[r.failed for r in row] for row in grid], dtype=bool).reshape(len(seeds), -1)
+    failed = np.array([[r.failed for r in row] for row in grid], dtype=bool)
+    failed = failed.reshape(len(seeds), len(lrs))
     loss = np.array([[capped(r.eval_loss, l0, r.failed) for r in row] for row in grid])
     loss = loss.reshape(len(seeds), len(lrs))
     usable = True

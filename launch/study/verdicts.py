@@ -1,12 +1,14 @@
 """Verdicts on a table of runs (SCIENCE.md 22): the pre-registered family, Holm, the numbers.
 
 The family: for every (recipe pair, size) three claims, or the claims a file states (Claim):
-(a) loss at each recipe's own best LR, leave-one-seed-out cross-fitted (the naive min_eta mean is
-reported beside it), (b) LR sensitivity per seed S_R(s), (c) trained LR range per seed W_R(s)
-(needs the plateau; the exact permutation test is its only test). Per-seed statistics are in
-verdict_core. **A diverged, failed or stopped run counts as l_0, the initial loss, for every
-statistic** (and so does a non-finite final loss); an unknown l_0 that a run needs makes the claim
-undecidable (a note), never an exception.
+(a) loss at each recipe's own best LR, leave-one-seed-out cross-fitted (Welch with each arm's
+jackknife variance of the cross-fitted mean, docs/SCIENCE.md 22; the naive min_eta mean is
+reported beside it, and the exact permutation test that redoes the selection in every relabelling
+wherever its floor reaches the level), (b) LR sensitivity per seed S_R(s) (Welch), (c) trained LR
+range per seed W_R(s) (needs the plateau; the exact permutation test is its only test).
+Per-seed statistics are in verdict_core. **A diverged, failed or stopped run counts as l_0, the
+initial loss, for every statistic** (and so does a non-finite final loss); an unknown l_0 that a
+run needs makes the claim undecidable (a note), never an exception.
 
 Holm runs over every claim of the report that can be tested (>= 2 complete seed-runs per arm, l_0
 known where needed, the plateau for (c)); the others are 'inconclusive' with the reason ("needs
