@@ -40,6 +40,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="margin in nats for the loss and sensitivity claims (default 0.1)",
     )
     p.add_argument("--out", default="verdicts", help="output folder (default ./verdicts)")
+    p.add_argument(
+        "--aa",
+        type=int,
+        default=None,
+        metavar="B",
+        help="also run the simulated A/A self-test with B replicates (e.g. 2000)",
+    )
     p.set_defaults(func=run)
 
 
@@ -47,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from normlab.launch.study.verdict_report import run_verdicts
 
     for text in run_verdicts(
-        args.results, args.claims, args.plateau, args.l0, args.margin, args.out
+        args.results, args.claims, args.plateau, args.l0, args.margin, args.out, args.aa
     ):
         print(text)
     return 0

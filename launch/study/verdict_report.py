@@ -163,13 +163,17 @@ def run_verdicts(
     l0: float | None = None,
     margin: float = vc.LOSS_MARGIN,
     out: str | Path = "verdicts",
+    aa: int | None = None,
 ) -> list[str]:
-    """Decide, write verdicts.md and verdicts.json into `out`, return the lines to print."""
+    """Decide, write verdicts.md and verdicts.json into `out`, return the lines to print.
+    `aa`: also run the simulated A/A self-test (22.6) with that many replicates per cell."""
     for name, value in (("--plateau", plateau), ("--l0", l0)):
         if value is not None and not math.isfinite(value):
             raise ConfigError(f"{name} must be a finite number, got {value}")
     if not (math.isfinite(margin) and margin >= 0):
         raise ConfigError(f"--margin must be a number >= 0, got {margin}")
+    if aa is not None and not 100 <= aa <= 100_000:
+        raise ConfigError(f"--aa must be between 100 and 100000 replicates, got {aa}")
     out = Path(out)
     check_verdicts_dir(out)
     cells = build_cells(read_results(results), l0)
@@ -186,8 +190,13 @@ def run_verdicts(
     flips = rank_flips(cells, pairs, margin)
     points = exploratory(cells, pairs)
     notes = [f"{r} [{s}]: {n}" for (r, s), c in cells.items() for n in c.notes]
+    aa_lines = _aa_lines(cells, aa, plateau, margin) if aa else []
     make_out_dir(out)
-    write_text(out / "verdicts.md", markdown(verdicts, flips, points, str(results), notes))
+    text = markdown(verdicts, flips, points, str(results), notes)
+    if aa_lines:
+        text += "\n## Simulated A/A self-test (22.6)\n\n" + "\n".join(f"- {a}" for a in aa_lines)
+        text += "\n"
+    write_text(out / "verdicts.md", text)
     by_pair = {(f.a, f.b, f.size): f for f in flips}
     data = [
         as_dict(v, by_pair.get((v.a, v.b, v.size)) if v.statistic == vc.LOSS else None)
@@ -201,6 +210,20 @@ def run_verdicts(
         for f in flips
         if f.flipped
     ]
-    lines += notes
+    lines += notes + aa_lines
     lines.append(f"wrote {out / 'verdicts.md'} and {out / 'verdicts.json'}")
     return lines
+
+
+def _aa_lines(cells: dict, replicates: int, plateau: float | None, margin: float) -> list[str]:
+    from normlab.launch.study.aa_test import aa_study
+
+    found = aa_study(cells, replicates, plateau, margin)
+    if not found:
+        return ["A/A: no cell has >= 2 seeds and a known l_0"]
+    return [
+        f"A/A {r.recipe} [{r.size}] n {r.n}: FPR {r.fpr:.4f} (Gaussian {r.fpr_gaussian:.4f}) "
+        f"<= {r.threshold:.4f}: {'pass' if r.passed else 'FAIL'} (B {r.replicates}; "
+        f"{r.no_test:.0%} draws with one seed-run in an arm; {r.seconds:.2f} s)"
+        for r in found
+    ]

@@ -104,3 +104,14 @@ def test_missing_column_and_bad_out(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["verdicts", str(tmp_path / "nope.csv")]) == 2
     assert "nope.csv" in _one_error_line(capsys)
     assert len(LRS) == 7
+
+
+def test_aa_flag(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "v"
+    assert main(["verdicts", str(_runs(tmp_path)), "--out", str(out), "--aa", "500"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("A/A ")]
+    assert [x.split()[1] for x in lines] == ["pre", "post"]  # "solo" has one seed
+    assert all("<= 0.0695: pass" in x for x in lines), lines  # .05 + 2 sqrt(.05 .95 / 500)
+    assert "Simulated A/A" in (out / "verdicts.md").read_text()
+    assert main(["verdicts", str(_runs(tmp_path)), "--out", str(out), "--aa", "5"]) == 2
+    assert "--aa" in _one_error_line(capsys)
