@@ -7,7 +7,7 @@ CSV columns (a header row; more columns are ignored):
     eval_loss_25, eval_loss_50, eval_loss_75  optional: eval loss at 25/50/75 % of the steps
 status is one of completed, diverged, failed, stopped. A completed run needs an eval_loss ("nan"
 or "inf" is accepted: it counts as l_0); the others may leave it empty. A malformed table raises
-ConfigError naming the row (1 = the first data row, the file's line 2) and the column.
+ConfigError naming the row (1 = the first data row), its line in the file and the column.
 
 Cells: the runs of one (recipe, size) become a (seed, lr) matrix of capped losses
 `min(l, l_0)`, where a diverged, failed or stopped run, and a non-finite loss, count as `l_0`
@@ -69,37 +69,35 @@ class Cell:
         return len(self.seeds)
 
 
-def _number(text: str, row: int, column: str, *, allow_empty: bool = False) -> float:
+def _number(text: str, row: str, column: str, *, allow_empty: bool = False) -> float:
     text = text.strip()
     if not text:
         if allow_empty:
             return math.nan
-        raise ConfigError(f"row {row}, column {column}: empty, a number is needed")
+        raise ConfigError(f"{row}, column {column}: empty, a number is needed")
     try:
         return float(text)
     except ValueError:
-        raise ConfigError(f"row {row}, column {column}: {text!r} is not a number") from None
+        raise ConfigError(f"{row}, column {column}: {text!r} is not a number") from None
 
 
-def _parse(raw: dict[str, str | None], row: int, l0_col: str | None, at_cols: dict) -> Run:
+def _parse(raw: dict[str, str | None], row: str, l0_col: str | None, at_cols: dict) -> Run:
     value = {k: (v or "") for k, v in raw.items() if k is not None}
     if None in raw:
-        raise ConfigError(f"row {row}: more fields than the header has columns")
+        raise ConfigError(f"{row}: more fields than the header has columns")
     recipe = value["recipe"].strip()
     if not recipe:
-        raise ConfigError(f"row {row}, column recipe: empty")
+        raise ConfigError(f"{row}, column recipe: empty")
     lr = _number(value["lr"], row, "lr")
     if not (math.isfinite(lr) and lr > 0):
-        raise ConfigError(f"row {row}, column lr: {value['lr']!r} is not a positive number")
+        raise ConfigError(f"{row}, column lr: {value['lr']!r} is not a positive number")
     try:
         seed = int(value["seed"].strip())
     except ValueError:
-        raise ConfigError(f"row {row}, column seed: {value['seed']!r} is not an integer") from None
+        raise ConfigError(f"{row}, column seed: {value['seed']!r} is not an integer") from None
     status = value["status"].strip()
     if status not in STATUSES:
-        raise ConfigError(
-            f"row {row}, column status: {status!r} is not one of {', '.join(STATUSES)}"
-        )
+        raise ConfigError(f"{row}, column status: {status!r} is not one of {', '.join(STATUSES)}")
     loss = _number(value["eval_loss"], row, "eval_loss", allow_empty=status != "completed")
     l0 = _number(value[l0_col], row, l0_col, allow_empty=True) if l0_col else math.nan
     at = {f: _number(value[c], row, c, allow_empty=True) for f, c in at_cols.items()}
@@ -125,14 +123,15 @@ def read_results(path: str | Path) -> list[Run]:
     runs: list[Run] = []
     seen: dict[tuple, int] = {}
     for row, raw in enumerate(reader, start=1):
+        where = f"row {row} (line {reader.line_num})"
         try:
-            run = _parse(raw, row, l0_col, at_cols)
+            run = _parse(raw, where, l0_col, at_cols)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
         key = (run.recipe, run.size, run.lr, run.seed)
         if key in seen:
             raise ConfigError(
-                f"{path}: row {row}, column seed: recipe {run.recipe} size {run.size} lr {run.lr:g}"
+                f"{path}: {where}, column seed: recipe {run.recipe} size {run.size} lr {run.lr:g}"
                 f" seed {run.seed} repeats row {seen[key]}"
             )
         seen[key] = row
