@@ -30,6 +30,7 @@ COMMANDS = [
     "normlab.launch.commands.status",
     "normlab.launch.commands.theory",
     "normlab.launch.commands.plan",
+    "normlab.launch.commands.verdicts",
 ]
 USER_ERRORS = (NormlabError, DataError)
 

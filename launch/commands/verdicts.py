@@ -1,0 +1,60 @@
+"""`normlab verdicts RESULTS.csv`: decide claims on any table of runs (SCIENCE.md 22).
+
+Prints one line per verdict (numbers, interval, level, rule) and writes verdicts.md and
+verdicts.json into --out. The table needs the columns recipe, lr, seed, eval_loss, status (and
+optionally size, l0/init_loss, eval_loss_25/50/75); see normlab.launch.study.results_table.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "verdicts", help="decide claims on a table of runs: Welch/permutation, Holm, seeds needed"
+    )
+    p.add_argument("results", help="CSV: recipe, size, lr, seed, eval_loss, status (+ l0 ...)")
+    p.add_argument(
+        "--claims",
+        default=None,
+        help="YAML list of {a, b, statistic, expect, size?}"
+        " (default: every recipe pair gets the three claims)",
+    )
+    p.add_argument(
+        "--plateau",
+        type=float,
+        default=None,
+        help="the data's unigram loss: the trained range needs it (plateau - 0.2)",
+    )
+    p.add_argument(
+        "--l0",
+        type=float,
+        default=None,
+        help="the initial loss l_0 for every run (default: the table's l0/init_loss)",
+    )
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.1,
+        help="margin in nats for the loss and sensitivity claims (default 0.1)",
+    )
+    p.add_argument("--out", default="verdicts", help="output folder (default ./verdicts)")
+    p.add_argument(
+        "--aa",
+        type=int,
+        default=None,
+        metavar="B",
+        help="also run the simulated A/A self-test with B replicates (e.g. 2000)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from normlab.launch.study.verdict_report import run_verdicts
+
+    for text in run_verdicts(
+        args.results, args.claims, args.plateau, args.l0, args.margin, args.out, args.aa
+    ):
+        print(text)
+    return 0

@@ -1,0 +1,193 @@
+"""A table of finished runs, from any cluster, as the verdicts (SCIENCE.md 22) read it.
+
+CSV columns (a header row; more columns are ignored):
+    recipe, lr, seed, eval_loss, status     required
+    size                                    optional (missing or empty: one size, shown "-")
+    l0 or init_loss                         optional: the eval loss of the initialised model
+    eval_loss_25, eval_loss_50, eval_loss_75  optional: eval loss at 25/50/75 % of the steps
+status is one of completed, diverged, failed, stopped. A completed run needs an eval_loss ("nan"
+or "inf" is accepted: it counts as l_0); the others may leave it empty. A malformed table raises
+ConfigError naming the row (1 = the first data row), its line in the file and the column.
+
+Cells: the runs of one (recipe, size) become a (seed, lr) matrix of capped losses
+`min(l, l_0)`, where a diverged, failed or stopped run, and a non-finite loss, count as `l_0`
+(SCIENCE.md 19; the same rule for every statistic). A seed missing any of the cell's grid points
+is left out with a note (a seed-run is the unit, 22.2). l_0 is `--l0` when given, else the mean of
+the cell's finite l0 values; when it is unknown and some run needs it, the cell cannot be decided
+(a note, never an exception).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from normlab.launch.errors import ConfigError
+
+REQUIRED = ("recipe", "lr", "seed", "eval_loss", "status")
+STATUSES = ("completed", "diverged", "failed", "stopped")
+FRACTIONS = {0.25: "eval_loss_25", 0.5: "eval_loss_50", 0.75: "eval_loss_75"}
+NO_SIZE = "-"
+
+
+@dataclass(frozen=True)
+class Run:
+    recipe: str
+    size: str
+    lr: float
+    seed: int
+    eval_loss: float  # nan: none
+    status: str
+    l0: float  # nan: none
+    at: dict[float, float] = field(default_factory=dict)  # fraction -> eval loss (nan: none)
+
+    @property
+    def failed(self) -> bool:
+        return self.status != "completed" or not math.isfinite(self.eval_loss)
+
+
+@dataclass
+class Cell:
+    """One (recipe, size): capped losses per (seed, lr), by increasing lr."""
+
+    recipe: str
+    size: str
+    lrs: tuple[float, ...]
+    seeds: tuple[int, ...]
+    loss: np.ndarray  # (n seeds, G lrs), capped at l_0; failed runs = l_0
+    failed: np.ndarray  # (n, G) bool
+    l0: float  # nan: unknown
+    at: dict[float, np.ndarray] = field(default_factory=dict)  # fraction -> (n, G), capped
+    notes: list[str] = field(default_factory=list)
+    usable: bool = True  # False: l_0 unknown but needed
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+
+def _number(text: str, row: str, column: str, *, allow_empty: bool = False) -> float:
+    text = text.strip()
+    if not text:
+        if allow_empty:
+            return math.nan
+        raise ConfigError(f"{row}, column {column}: empty, a number is needed")
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{row}, column {column}: {text!r} is not a number") from None
+
+
+def _parse(raw: dict[str, str | None], row: str, l0_col: str | None, at_cols: dict) -> Run:
+    value = {k: (v or "") for k, v in raw.items() if k is not None}
+    if None in raw:
+        raise ConfigError(f"{row}: more fields than the header has columns")
+    recipe = value["recipe"].strip()
+    if not recipe:
+        raise ConfigError(f"{row}, column recipe: empty")
+    lr = _number(value["lr"], row, "lr")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"{row}, column lr: {value['lr']!r} is not a positive number")
+    try:
+        seed = int(value["seed"].strip())
+    except ValueError:
+        raise ConfigError(f"{row}, column seed: {value['seed']!r} is not an integer") from None
+    status = value["status"].strip()
+    if status not in STATUSES:
+        raise ConfigError(f"{row}, column status: {status!r} is not one of {', '.join(STATUSES)}")
+    loss = _number(value["eval_loss"], row, "eval_loss", allow_empty=status != "completed")
+    l0 = _number(value[l0_col], row, l0_col, allow_empty=True) if l0_col else math.nan
+    at = {f: _number(value[c], row, c, allow_empty=True) for f, c in at_cols.items()}
+    size = value.get("size", "").strip() or NO_SIZE
+    return Run(recipe, size, lr, seed, loss, status, l0, at)
+
+
+def read_results(path: str | Path) -> list[Run]:
+    """Every run of the CSV at `path` (ConfigError: missing file, column, or a malformed row)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the results table ({exc})") from None
+    reader = csv.DictReader(text.splitlines())
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    reader.fieldnames = header
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise ConfigError(f"{path}: missing column {', '.join(missing)} (header row)")
+    l0_col = next((c for c in ("l0", "init_loss") if c in header), None)
+    at_cols = {f: c for f, c in FRACTIONS.items() if c in header}
+    runs: list[Run] = []
+    seen: dict[tuple, int] = {}
+    for row, raw in enumerate(reader, start=1):
+        where = f"row {row} (line {reader.line_num})"
+        try:
+            run = _parse(raw, where, l0_col, at_cols)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        key = (run.recipe, run.size, run.lr, run.seed)
+        if key in seen:
+            raise ConfigError(
+                f"{path}: {where}, column seed: recipe {run.recipe} size {run.size} lr {run.lr:g}"
+                f" seed {run.seed} repeats row {seen[key]}"
+            )
+        seen[key] = row
+        runs.append(run)
+    if not runs:
+        raise ConfigError(f"{path}: no runs (the table has a header and no rows)")
+    return runs
+
+
+def capped(loss: float, l0: float, failed: bool) -> float:
+    """min(l, l_0); a failed run or a non-finite loss is l_0 (nan when l_0 is unknown)."""
+    if failed or not math.isfinite(loss):
+        return l0
+    return min(loss, l0) if math.isfinite(l0) else loss
+
+
+def build_cells(runs: list[Run], l0: float | None = None) -> dict[tuple[str, str], Cell]:
+    """(recipe, size) -> Cell, in the order the recipes first appear."""
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.recipe, run.size), []).append(run)
+    return {key: _cell(key, group, l0) for key, group in groups.items()}
+
+
+def _cell(key: tuple[str, str], runs: list[Run], l0_flag: float | None) -> Cell:
+    recipe, size = key
+    notes: list[str] = []
+    if l0_flag is not None:
+        l0 = float(l0_flag)
+    else:
+        finite = [r.l0 for r in runs if math.isfinite(r.l0)]
+        l0 = float(np.mean(finite)) if finite else math.nan
+        if any(not math.isfinite(r.l0) for r in runs) and any(math.isfinite(r.l0) for r in runs):
+            notes.append("some runs have no finite l0: the cell's mean l0 stands in")
+    lrs = tuple(sorted({r.lr for r in runs}))
+    by = {(r.seed, r.lr): r for r in runs}
+    all_seeds = sorted({r.seed for r in runs})
+    seeds = [s for s in all_seeds if all((s, lr) in by for lr in lrs)]
+    dropped = [s for s in all_seeds if s not in seeds]
+    if dropped:
+        notes.append(f"seeds {' '.join(map(str, dropped))} miss grid points: left out")
+    grid = [[by[(s, lr)] for lr in lrs] for s in seeds]
+    failed = np.array([[r.failed for r in row] for row in grid], dtype=bool)
+    failed = failed.reshape(len(seeds), len(lrs))
+    loss = np.array([[capped(r.eval_loss, l0, r.failed) for r in row] for row in grid])
+    loss = loss.reshape(len(seeds), len(lrs))
+    usable = True
+    if not math.isfinite(l0) and failed.any():
+        usable = False
+        notes.append(
+            f"{int(failed.sum())} runs diverged, failed or stopped and l_0 is unknown "
+            "(no finite l0/init_loss): pass --l0"
+        )
+    at = {}
+    for f in FRACTIONS:
+        if runs and all(f in r.at for r in runs):
+            vals = [[capped(r.at[f], l0, not math.isfinite(r.at[f])) for r in row] for row in grid]
+            at[f] = np.array(vals, dtype=float).reshape(len(seeds), len(lrs))
+    return Cell(recipe, size, lrs, tuple(seeds), loss, failed, l0, at, notes, usable)

@@ -1,0 +1,229 @@
+"""`normlab verdicts`: decide claims on a table of runs and write verdicts.md and verdicts.json.
+
+run_verdicts reads the table (results_table), the claims (a YAML list, or the default family),
+decides them (verdicts.decide), adds the rank flips and the exploratory per-point differences
+(rank_flips), writes both files into the output folder and returns the lines to print. The output
+folder must be new, empty, or hold only earlier verdicts files (nothing else is overwritten).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+from normlab.launch.errors import ConfigError
+from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
+from normlab.launch.study import statistics as st
+from normlab.launch.study import verdict_core as vc
+from normlab.launch.study.rank_flips import (
+    PointDifference,
+    RankFlip,
+    exploratory,
+    pairs_of,
+    rank_flips,
+)
+from normlab.launch.study.results_table import build_cells, read_results
+from normlab.launch.study.verdicts import NOT_TESTED, Verdict, decide, load_claims
+
+OUR_FILES = {"verdicts.md", "verdicts.json"}
+SHOWN = {
+    st.A_LOWER: "A lower",
+    st.B_LOWER: "B lower",
+    st.EQUIVALENT: "equivalent",
+    st.INCONCLUSIVE: "inconclusive",
+    NOT_TESTED: "not tested",
+}
+
+
+def check_verdicts_dir(out: Path) -> None:
+    """Refuse a folder that holds anything but earlier verdicts files."""
+    check_out_dir(out)
+    if out.is_dir():
+        others = sorted(p.name for p in out.iterdir() if p.name not in OUR_FILES)
+        if others:
+            raise OutDirError(
+                f"--out {out} holds other files ({', '.join(others[:3])}): "
+                "choose a new or empty folder"
+            )
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-" if x is None or math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return f"{x:.{digits}g}"
+
+
+def line(v: Verdict) -> str:
+    """One verdict with its numbers, interval, level and rule."""
+    head = f"{v.a} vs {v.b} [{v.size}] {v.statistic}: {SHOWN[v.verdict]}"
+    if v.verdict == NOT_TESTED or math.isnan(v.delta):
+        return f"{head} ({v.note})" if v.note else head
+    lo, hi = v.interval
+    parts = [
+        f"mean A {_fmt(v.mean_a)} B {_fmt(v.mean_b)} (n {v.n_a}/{v.n_b})",
+        f"delta {_fmt(v.delta, 3)} in [{_fmt(lo, 3)}, {_fmt(hi, 3)}]",
+        f"level {_fmt(v.level, 3)}",
+        f"p {_fmt(v.p, 3)}",
+    ]
+    if v.p_permutation is not None and v.test.startswith("Welch"):
+        parts.append(f"permutation p {_fmt(v.p_permutation, 3)}")
+    if v.naive_a is not None:
+        parts.append(f"naive best A {_fmt(v.naive_a)} B {_fmt(v.naive_b)}")
+    parts.append(f"seeds for 80% power {v.seeds_needed if v.seeds_needed else '>10000'}")
+    parts.append(f"rule: {v.test}; {v.rule}")
+    text = f"{head}: " + "; ".join(parts)
+    return f"{text} ({v.note})" if v.note else text
+
+
+def as_dict(v: Verdict, flip: RankFlip | None) -> dict:
+    d = asdict(v)
+    d["interval"] = [_json_num(x) for x in v.interval]
+    d["agrees"] = v.agrees
+    for key, value in d.items():
+        if isinstance(value, float):
+            d[key] = _json_num(value)
+    if flip is not None:
+        d["rank_flip"] = {
+            "deltas": {str(f): _json_num(x) for f, x in flip.deltas.items()},
+            "flipped_at": flip.flipped,
+            "note": flip.note,
+        }
+    return d
+
+
+def _json_num(x: float) -> float | str | None:
+    if x is None or math.isnan(x):
+        return None
+    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
+
+
+def markdown(
+    verdicts: list[Verdict],
+    flips: list[RankFlip],
+    points: list[PointDifference],
+    source: str,
+    notes: list[str],
+) -> str:
+    out = [
+        "# Verdicts (SCIENCE.md 22)",
+        "",
+        f"Runs: `{source}`. Family: {sum(v.verdict != NOT_TESTED for v in verdicts)} claims, "
+        f"Holm at alpha {st.ALPHA:g} over the testable ones. A diverged, failed or stopped run "
+        "counts as l_0 for every statistic.",
+        "",
+        "| A | B | size | statistic | verdict | expected | mean A | mean B | delta | interval "
+        "| level | p | test | seeds needed | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v in verdicts:
+        lo, hi = v.interval
+        out.append(
+            f"| {v.a} | {v.b} | {v.size} | {v.statistic} | {SHOWN[v.verdict]} | {v.expect} "
+            f"({v.agrees}) | {_fmt(v.mean_a)} | {_fmt(v.mean_b)} | {_fmt(v.delta, 3)} "
+            f"| [{_fmt(lo, 3)}, {_fmt(hi, 3)}] | {_fmt(v.level, 3)} | {_fmt(v.p, 3)} | {v.test} "
+            f"| {v.seeds_needed if v.seeds_needed is not None else '-'} | {v.note} |"
+        )
+    out += ["", "Rules:", ""]
+    out += sorted({f"- {v.statistic}: {v.rule}" for v in verdicts if v.rule})
+    out += ["", "## Rank flips during training (descriptive, 22.7)", ""]
+    for f in flips:
+        if f.note:
+            out.append(f"- {f.a} vs {f.b} [{f.size}]: {f.note}")
+        else:
+            ds = ", ".join(f"{int(k * 100)}%: {d:+.3f}" for k, d in f.deltas.items())
+            flag = (
+                f" RANK FLIP at {', '.join(f'{int(k * 100)}%' for k in f.flipped)}"
+                if (f.flipped)
+                else ""
+            )
+            out.append(f"- {f.a} vs {f.b} [{f.size}]: Delta_f {ds}{flag}")
+    out += [
+        "",
+        "## Exploratory per-grid-point differences (Benjamini-Hochberg q 0.05; not verdicts)",
+        "",
+        "| A | B | size | lr | delta | Welch p | BH |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    out += [
+        f"| {d.a} | {d.b} | {d.size} | {d.lr:g} | {d.delta:+.4f} | {d.p:.3g} "
+        f"| {'rejected' if d.bh_rejected else '-'} |"
+        for d in points
+    ]
+    if notes:
+        out += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+def run_verdicts(
+    results: str | Path,
+    claims_file: str | Path | None = None,
+    plateau: float | None = None,
+    l0: float | None = None,
+    margin: float = vc.LOSS_MARGIN,
+    out: str | Path = "verdicts",
+    aa: int | None = None,
+) -> list[str]:
+    """Decide, write verdicts.md and verdicts.json into `out`, return the lines to print.
+    `aa`: also run the simulated A/A self-test (22.6) with that many replicates per cell."""
+    for name, value in (("--plateau", plateau), ("--l0", l0)):
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value}")
+    if not (math.isfinite(margin) and margin >= 0):
+        raise ConfigError(f"--margin must be a number >= 0, got {margin}")
+    if aa is not None and not 100 <= aa <= 100_000:
+        raise ConfigError(f"--aa must be between 100 and 100000 replicates, got {aa}")
+    out = Path(out)
+    check_verdicts_dir(out)
+    cells = build_cells(read_results(results), l0)
+    claims = load_claims(claims_file) if claims_file is not None else None
+    verdicts = decide(cells, claims, plateau, margin)
+    tested = list(
+        dict.fromkeys(
+            (v.a, v.b, v.size)
+            for v in verdicts
+            if (v.a, v.size) in cells and (v.b, v.size) in cells
+        )
+    )
+    pairs = tested if claims is not None else pairs_of(cells)
+    flips = rank_flips(cells, pairs, margin)
+    points = exploratory(cells, pairs)
+    notes = [f"{r} [{s}]: {n}" for (r, s), c in cells.items() for n in c.notes]
+    aa_lines = _aa_lines(cells, aa, plateau, margin) if aa else []
+    make_out_dir(out)
+    text = markdown(verdicts, flips, points, str(results), notes)
+    if aa_lines:
+        text += "\n## Simulated A/A self-test (22.6)\n\n" + "\n".join(f"- {a}" for a in aa_lines)
+        text += "\n"
+    write_text(out / "verdicts.md", text)
+    by_pair = {(f.a, f.b, f.size): f for f in flips}
+    data = [
+        as_dict(v, by_pair.get((v.a, v.b, v.size)) if v.statistic == vc.LOSS else None)
+        for v in verdicts
+    ]
+    write_text(out / "verdicts.json", json.dumps(data, indent=2))
+    lines = [line(v) for v in verdicts]
+    lines += [
+        f"rank flip: {f.a} vs {f.b} [{f.size}] at "
+        f"{', '.join(f'{int(k * 100)}%' for k in f.flipped)}"
+        for f in flips
+        if f.flipped
+    ]
+    lines += notes + aa_lines
+    lines.append(f"wrote {out / 'verdicts.md'} and {out / 'verdicts.json'}")
+    return lines
+
+
+def _aa_lines(cells: dict, replicates: int, plateau: float | None, margin: float) -> list[str]:
+    from normlab.launch.study.aa_test import aa_study
+
+    found = aa_study(cells, replicates, plateau, margin)
+    if not found:
+        return ["A/A: no cell has >= 2 seeds and a known l_0"]
+    return [
+        f"A/A {r.recipe} [{r.size}] n {r.n}: FPR {r.fpr:.4f} (Gaussian {r.fpr_gaussian:.4f}) "
+        f"<= {r.threshold:.4f}: {'pass' if r.passed else 'FAIL'} (B {r.replicates}; "
+        f"{r.no_test:.0%} draws with one seed-run in an arm; {r.seconds:.2f} s)"
+        for r in found
+    ]
