@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from normlab.launch.report.compare import DEFAULT_OUT, compare
+from normlab.launch.report.outdir import DEFAULT_OUT
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,5 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from normlab.launch.report.compare import compare
+
     compare(args.runs, args.out)
     return 0

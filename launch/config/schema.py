@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import yaml
 from normlab.launch.config.loader import to_plain
-from normlab.model import ModelConfig
+from normlab.model.config import ModelConfig
 
 
 def _model_section() -> type:
