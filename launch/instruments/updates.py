@@ -44,8 +44,9 @@ from normlab.launch.instruments.common import (
 )
 from normlab.launch.instruments.gradients import Parts, local_parts, sum_squares
 from normlab.launch.instruments.spikes import run_window
+from normlab.launch.metric_keys import UPDATE_SPIKE_DEFAULTS
 
-DEFAULTS = {"window": 100, "threshold": 4.0}
+DEFAULTS = UPDATE_SPIKE_DEFAULTS
 
 
 def _copy(parts: Parts) -> Parts:
