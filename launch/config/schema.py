@@ -58,6 +58,15 @@ class DataSection:
     val_fraction: float = 0.005
 
 
+
+def source_entries(cfg: DataSection) -> list[tuple[str, str, float]]:
+    """(name, path, weight) of every source as configured; `data.dataset` is one source."""
+    if cfg.sources:
+        return [(s.name, s.path, s.weight) for s in cfg.sources]
+    name = "bundled" if cfg.dataset == "bundled" else Path(cfg.dataset).name or "data"
+    return [(name, cfg.dataset, 1.0)]
+
+
 @dataclass
 class QKClipSection:
     tau: float = 100.0  # threshold on each head's max pre-softmax logit (Kimi K2: 100)
