@@ -22,7 +22,7 @@ def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:
     local=False (a job submitted to other machines) skips the checks of this host's devices."""
     build_callbacks(cfg.instruments)  # each instrument checks its own settings
     # W&B: not installed or broken, refused WANDB_* settings, no credentials, damaged wandb.json
-    check_wandb(cfg.logging.wandb, Path(cfg.run_dir or "runs/run"))
+    check_wandb(cfg.logging.wandb, Path(cfg.run_dir or "runs/run"), credentials=local)
     _check_engine(cfg, world_size, local)
     check_dataset(cfg)
 

@@ -49,8 +49,10 @@ def read_state(path: Path) -> dict[str, Any]:
     return {"run_id": run_id, "last_step": last}
 
 
-def check_wandb(section: Any, run_dir: Path) -> None:
-    """Raise the one-line error that starting W&B for this run would end in (see the module)."""
+def check_wandb(section: Any, run_dir: Path, credentials: bool = True) -> None:
+    """Raise the one-line error that starting W&B for this run would end in (see the module).
+    credentials=False (validate, a job submitted to other machines, whose environment may hold
+    its own key) leaves out the online-mode credentials."""
     if section is None or section.mode == "disabled":
         return
     require("wandb", "logging.wandb")
@@ -63,7 +65,8 @@ def check_wandb(section: Any, run_dir: Path) -> None:
             "'normlab[wandb]') or remove logging.wandb"
         ) from None
     _check_environment(wandb)
-    if section.mode == "online" and os.environ.get("WANDB_MODE") in (None, "", "online", "run"):
+    online = os.environ.get("WANDB_MODE") in (None, "", "online", "run")
+    if credentials and section.mode == "online" and online:
         _check_credentials()
     read_state(run_dir / STATE)
 

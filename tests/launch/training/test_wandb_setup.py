@@ -117,3 +117,20 @@ def test_config_and_summary_are_uploaded_as_files(
         assert (files / name).read_bytes() == (run / name).read_bytes(), name
     summary = json.loads((files / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 4
+
+
+def test_validate_checks_all_but_the_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from normlab.launch.cli import main
+
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "NETRC"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    argv = ["validate", "pre", "--quiet", "logging.wandb={}", f"run_dir={tmp_path / 'run'}"]
+    assert main(argv) == 0  # online without a key here: the job may hold its own
+    assert "pre: valid;" in capsys.readouterr().out
+    monkeypatch.setenv("WANDB_MODE", "garbage")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "W&B refuses WANDB_MODE='garbage'" in err
