@@ -8,12 +8,10 @@ metrics.jsonl through them).
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
-from normlab.launch.config.loader import suggest
-from normlab.launch.errors import ConfigError
+from normlab.launch.instrument_settings import settings_of  # noqa: F401 (re-exported)
 
 # re-exported: the key names live in launch.metric_keys (torch-free, read by the reports)
 from normlab.launch.metric_keys import (  # noqa: F401
@@ -82,32 +80,3 @@ def local(t: torch.Tensor) -> torch.Tensor:
 def is_sharded(t: torch.Tensor) -> bool:
     """DTensor shards must be summed across ranks; plain tensors are replicas."""
     return hasattr(t, "to_local")
-
-
-def settings_of(settings: Any, allowed: dict[str, Any], name: str) -> dict[str, Any]:
-    """Merge an instrument's settings over its defaults; unknown keys are a ConfigError."""
-    if settings is True or settings is None:
-        settings = {}
-    if not isinstance(settings, dict):
-        raise ConfigError(f"instruments.{name} must be a mapping or true/false, got {settings!r}")
-    for key in settings:
-        if key not in allowed:
-            hint = suggest(str(key), list(allowed), f"instruments.{name}.")
-            raise ConfigError(f"unknown key 'instruments.{name}.{key}'{hint}")
-    out = dict(allowed)
-    for key, value in settings.items():
-        out[key] = _typed(value, allowed[key], f"instruments.{name}.{key}")
-    return out
-
-
-def _typed(value: Any, default: Any, where: str) -> Any:
-    """`value` as the type of `default`: bools are no numbers, numbers must be finite."""
-    if not isinstance(default, bool | int | float | str):
-        return value
-    kind = type(default)
-    fits = isinstance(value, kind) or (kind is float and isinstance(value, int))
-    if isinstance(value, bool) != (kind is bool) or not fits:
-        raise ConfigError(f"{where} must be {kind.__name__}, got {value!r}")
-    if kind is float and not math.isfinite(value):
-        raise ConfigError(f"{where} must be a finite number, got {value!r}")
-    return kind(value)

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from normlab.launch.callbacks import build_callbacks
 from normlab.launch.config import RunConfig
 from normlab.launch.errors import ConfigError
 from normlab.launch.extras import require
+from normlab.launch.instrument_settings import check_instruments
 from normlab.launch.training.wandb_setup import check_wandb
 
 
 def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:
     """Raise the ConfigError/DataError/MissingDependency that starting this run would raise.
     local=False (a job submitted to other machines) skips the checks of this host's devices."""
-    build_callbacks(cfg.instruments)  # each instrument checks its own settings
+    check_instruments(cfg.instruments)  # names and settings, without importing the instruments
     # W&B: not installed or broken, refused WANDB_* settings, no credentials, damaged wandb.json
     check_wandb(cfg.logging.wandb, Path(cfg.run_dir or "runs/run"), credentials=local)
     _check_engine(cfg, world_size, local)

@@ -1,14 +1,14 @@
 """Commands that answer at once import nothing heavy they do not need (issue 30, item 3).
 
 Each command runs in a fresh interpreter; at exit the test reads `sys.modules`. `--help` of every
-command, `status`, `plan` and `compare` of finished runs import no torch. Two commands need torch,
-and the test says why instead of leaving them out:
-- `submit --dry-run` runs the same preflight as `train` (a job that would be refused is not
-  submitted): each instrument in the recipe checks its own settings in its constructor, and the
-  instruments are torch modules. It imports no torch._dynamo, DeepSpeed, transformers, ...
-- `validate` additionally counts the model by building it on the meta device (a `torch.device`
-  context imports torch._dynamo) and prints each source's epochs through normlab.data; still no
-  DeepSpeed, transformers, matplotlib or datasets.
+command, `status`, `plan`, `compare` of finished runs and `submit --dry-run` (which runs
+`train`'s preflight: instrument settings are checked by launch.instrument_settings, without the
+instruments) import no torch. The one that needs torch, and why:
+- `validate` counts the model by building it on the meta device (a `torch.device` context imports
+  torch._dynamo) and prints each source's epochs through normlab.data (whose modules import torch
+  and sentencepiece at the top); still no DeepSpeed, transformers, matplotlib or datasets.
+A recipe on a prepared data directory (not the bundled corpus) also loads torch in `submit`:
+preflight's tokenizer check reads it through normlab.data.mixture.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ HEAVY = (
     "torch", "torch._dynamo", "deepspeed", "transformers", "matplotlib", "datasets", "scipy",
     "tensorboard", "wandb", "sentencepiece", "tokenizers", "safetensors",
 )  # fmt: skip
-NEEDS_TORCH = {"torch"}  # submit --dry-run: the instruments check their settings (see above)
 # validate: + the model built on `meta`; its epoch plan reads normlab.data, whose modules import
 # sentencepiece at the top (data/ is another package; a small extension, not a framework)
 META_BUILD = {"torch", "torch._dynamo", "sentencepiece"}
@@ -101,12 +100,12 @@ def test_plan_needs_no_torch() -> None:
     assert heavy == set()
 
 
-def test_submit_dry_run_loads_torch_only_for_the_instrument_checks(tmp_path: Path) -> None:
+def test_submit_dry_run_needs_no_torch(tmp_path: Path) -> None:
     argv = ["submit", "pre", "--dry-run", "--nodes", "1", "--gpus-per-node", "0",
             "--run-dir", str(tmp_path / "run")]  # fmt: skip
     rc, out, heavy = loaded_by(argv)
     assert rc == 0 and out.startswith("#!/bin/bash"), out[:200]
-    assert heavy <= NEEDS_TORCH
+    assert heavy == set()
     assert not (tmp_path / "run").exists()  # a dry run touches nothing
 
 
@@ -188,3 +187,39 @@ def test_count_params_kinds_match_the_wrappers() -> None:
     from normlab.model.placements import SCALED_WRAPPERS
 
     assert set(SCALED_WRAPPERS) == SCALED_KINDS
+
+
+@pytest.mark.parametrize(
+    "section",
+    [{"spike_score": {"window": 0}}, {"spike_score": {"k": True}},
+     {"attention_logits": {"mode": "x"}}, {"update_spikes": {"threshold": 1.0}},
+     {"spike_policy": {"window": 1}},
+     {"spike_policy": {"max_rollbacks": -1}}, {"fp16_clamp": {"mode": "maybe"}},
+     {"activations": {"every": 3}}, {"spike_scor": True}, {"qk_gains": 3}],
+)  # fmt: skip
+def test_preflight_refuses_what_building_the_instruments_refuses(section: dict) -> None:
+    """The torch-free check (launch.instrument_settings) and the instruments' constructors give
+    the same one line for the same bad section."""
+    from normlab.launch.callbacks import build_callbacks
+    from normlab.launch.errors import ConfigError
+    from normlab.launch.instrument_settings import check_instruments
+
+    with pytest.raises(ConfigError) as built:
+        build_callbacks(section)
+    with pytest.raises(ConfigError) as checked:
+        check_instruments(section)
+    assert str(checked.value) == str(built.value)
+
+
+def test_sound_settings_pass_both_ways() -> None:
+    from normlab.launch.callbacks import build_callbacks
+    from normlab.launch.instrument_settings import ATTENTION_MODES, check_instruments
+    from normlab.launch.instruments.attention import MODES
+    from normlab.launch.registry import INSTRUMENTS
+
+    section = {name: True for name in INSTRUMENTS} | {"fp16_clamp": {"mode": False}}
+    check_instruments(section)
+    built = build_callbacks(section)
+    assert [cb.name for cb in built] == list(INSTRUMENTS)
+    assert next(cb for cb in built if cb.name == "fp16_clamp").mode == "off"  # YAML's `off`
+    assert set(ATTENTION_MODES) == set(MODES)
