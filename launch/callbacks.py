@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
 from normlab.launch.config.loader import suggest
 from normlab.launch.errors import ConfigError
 from normlab.launch.registry import INSTRUMENTS, resolve
 
 if TYPE_CHECKING:
+    import torch
     from normlab.launch.config import RunConfig
     from normlab.launch.engines.base import Engine
     from normlab.launch.rundir.checkpoint import CheckpointManager

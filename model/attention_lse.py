@@ -76,10 +76,16 @@ def _fused_attention_lse(
 _FLASH, _EFFICIENT = int(SDPBackend.FLASH_ATTENTION), int(SDPBackend.EFFICIENT_ATTENTION)
 
 
-@torch.compiler.assume_constant_result
 def _sdp_choice(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, gqa: bool
 ) -> int:
     """The kernel SDPA would pick: fixed by shapes, dtypes and device, so torch.compile takes it
     as a constant instead of breaking the graph of a compiled block at this call."""
     return int(torch._fused_sdp_choice(q, k, v, None, dropout_p, True, enable_gqa=gqa))
+
+
+# torch.compiler.assume_constant_result(_sdp_choice) without importing torch._dynamo at import
+# time (seconds of CPU every command that loads the model code would pay): the decorator only sets
+# this attribute, which dynamo reads when it traces; tests/test_cli_startup.py holds the two equal.
+DYNAMO_CONSTANT_MARK = "_dynamo_marked_constant"
+setattr(_sdp_choice, DYNAMO_CONSTANT_MARK, True)

@@ -299,3 +299,19 @@ def _suggest(key: str, known: list[str]) -> str:
 
 def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
+
+
+# Wrapper kinds whose sub-layers carry a residual scale (model.placements.SCALED_WRAPPERS keys;
+# kept here, without torch, so presets.count_params and `normlab plan` need no torch).
+SCALED_KINDS = frozenset({"pre", "peri", "olmo2"})
+
+
+def sublayer_kind(cfg: ModelConfig, layer: int) -> str:
+    """The wrapper kind of block `layer` (1-based): Mix-LN resolves to post or pre by depth."""
+    if cfg.placement == "mix":
+        return "post" if layer <= cfg.n_post_blocks else "pre"
+    if cfg.placement == "hybrid_star":  # HybridNorm*: block 1 is Pre-LN (with QKV-norm)
+        return "pre" if layer == 1 else "hybrid"
+    if cfg.placement == "pre" and cfg.ln_scaling:
+        return "ln_scaling"
+    return cfg.placement

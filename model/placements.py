@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .config import ModelConfig
+from .config import ModelConfig, sublayer_kind  # noqa: F401 (sublayer_kind: re-exported)
 
 MakeNorm = Callable[[], nn.Module]
 
@@ -193,17 +193,6 @@ def deepnorm_constants(n_layers: int) -> tuple[float, float]:
     return (2 * n_layers) ** 0.25, (8 * n_layers) ** -0.25
 
 
-def sublayer_kind(cfg: ModelConfig, layer: int) -> str:
-    """The wrapper kind of block `layer` (1-based): Mix-LN resolves to post or pre by depth."""
-    if cfg.placement == "mix":
-        return "post" if layer <= cfg.n_post_blocks else "pre"
-    if cfg.placement == "hybrid_star":  # HybridNorm*: block 1 is Pre-LN (with QKV-norm)
-        return "pre" if layer == 1 else "hybrid"
-    if cfg.placement == "pre" and cfg.ln_scaling:
-        return "ln_scaling"
-    return cfg.placement
-
-
 def wrap_sublayer(
     cfg: ModelConfig, layer: int, role: str, branch: nn.Module, make_norm: MakeNorm
 ) -> nn.Module:
@@ -235,3 +224,4 @@ SCALED_WRAPPERS: dict[str, type[nn.Module]] = {
     "peri": ScaledBranchPeriNorm,
     "olmo2": ScaledBranchReorderedNorm,
 }
+

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .placements import SCALED_WRAPPERS, sublayer_kind
+from .config import SCALED_KINDS, sublayer_kind
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(n_layers=4, d_model=128, n_heads=4, d_ff=384, max_seq_len=256, vocab_size=4096),
@@ -34,7 +34,7 @@ def norm_params(cfg: Any) -> int:
     return {"layernorm": 2 * d, "rmsnorm": d, "dyt": 2 * d + 1, "derf": 2 * d + 2}[cfg.norm]
 
 
-# norms of one block by its wrapper kind (model.placements.sublayer_kind)
+# norms of one block by its wrapper kind (model.config.sublayer_kind)
 NORMS_PER_BLOCK = {
     "post": 2, "pre": 2, "ln_scaling": 2, "peri": 4, "olmo2": 2, "deepnorm": 2, "hybrid": 1,
     "keel": 4,
@@ -56,7 +56,7 @@ def count_params(cfg: Any) -> int:
     for layer in range(1, cfg.n_layers + 1):
         kind = sublayer_kind(cfg, layer)
         total += block + NORMS_PER_BLOCK[kind] * norm_params(cfg)
-        total += scale if kind in SCALED_WRAPPERS else 0
+        total += scale if kind in SCALED_KINDS else 0
     embed = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     embed += 1 if cfg.norm in ("dyt", "derf") else 0  # the embedding scalar
     extra_norms = int(cfg.has_final_norm) + int(cfg.embed_norm)

@@ -11,6 +11,7 @@ from pathlib import Path
 from tests.conftest import REPO
 
 PACKAGES = ("launch", "model", "data")
+DATA_PACKAGES = {"normlab.recipes": "recipes"}  # folders installed as package data (pyproject)
 
 
 def module_name(path: Path) -> str:
@@ -111,8 +112,10 @@ def test_one_installed_namespace() -> None:
 
     setup = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {f.parent for pkg in PACKAGES for f in (REPO / pkg).rglob("__init__.py")}
-    assert set(setup["packages"]) == {module_name(f / "__init__.py") for f in folders}
-    assert setup["package-dir"] == {f"normlab.{p}": p for p in PACKAGES}
+    code = {module_name(f / "__init__.py") for f in folders}
+    assert set(setup["packages"]) == code | set(DATA_PACKAGES)  # recipes/: data, no code
+    assert setup["package-dir"] == {f"normlab.{p}": p for p in (*PACKAGES, *DATA_PACKAGES.values())}
+    assert not any(any((REPO / d).rglob("*.py")) for d in DATA_PACKAGES.values())
     probe = f"import importlib.util as u; print([u.find_spec(n) is None for n in {PACKAGES!r}])"
     out = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True)
     assert out.stdout.strip() == "[True, True, True]", out.stderr

@@ -13,7 +13,7 @@ import argparse
 import math
 
 from normlab.launch.errors import ConfigError
-from normlab.launch.report.compare import DEFAULT_OUT, compare
+from normlab.launch.report.outdir import DEFAULT_OUT
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from normlab.launch.report.compare import compare
+
     if args.plateau is not None and not (math.isfinite(args.plateau) and args.plateau > 0):
         raise ConfigError(f"--plateau must be a positive finite loss, got {args.plateau}")
     compare(args.runs, args.out, plateau=args.plateau)

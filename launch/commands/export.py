@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from normlab.launch.export import export, resolve_run_dir
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -43,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from normlab.launch.export import export, resolve_run_dir
+
     run_dir = resolve_run_dir(args.run_dir)
     lines = export(
         run_dir,

@@ -31,13 +31,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from normlab.launch.cluster.supervise import SHUTDOWN_TIMEOUT_S, supervise
 from normlab.launch.commands.train import add_recipe_args, add_unverified_arg, resolve
-from normlab.launch.config import RunConfig
-from normlab.launch.engines.dist import EXPECTED_WORLD_ENV
 from normlab.launch.errors import NormlabError
 from normlab.launch.rank_errors import ERRORS_ENV, first_report
+
+if TYPE_CHECKING:
+    from normlab.launch.config import RunConfig
 
 
 class LaunchError(NormlabError):
@@ -206,11 +207,14 @@ def run(args: argparse.Namespace) -> int:
     resolve_dataset(cfg.data)
     if args.node_rank > 0:
         wait_for_endpoint(args.master_addr, port, args.connect_timeout)
+    from normlab.launch.cluster.supervise import SHUTDOWN_TIMEOUT_S, supervise
+    from normlab.launch.engines.dist import EXPECTED_WORLD_ENV
+    from normlab.launch.rundir.directory import TOKEN_ENV, RunDirLock
+
     env = {**os.environ, EXPECTED_WORLD_ENV: str(world), "PYTHONUNBUFFERED": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")
     # seconds torchrun gives signalled ranks to checkpoint before it SIGKILLs them
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
-    from normlab.launch.rundir.directory import TOKEN_ENV, RunDirLock
 
     # node 0 owns the run directory for the whole job; its rank 0 inherits the lock by token
     owner = RunDirLock(Path(cfg.run_dir or "runs/run"), "normlab launch")

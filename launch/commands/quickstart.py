@@ -16,14 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from normlab.launch.config import load_config
-from normlab.launch.config.loader import find_recipe
 from normlab.launch.errors import ConfigError
-from normlab.launch.report.compare import compare
-from normlab.launch.study.pool import train_all
-from normlab.launch.study.unigram import dataset_unigram_loss
-from normlab.launch.training.datasets import resolve_dataset
-from rich.console import Console
 
 DEFAULT = [
     "quickstart/post_nowarmup",
@@ -67,6 +60,14 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("jobs", "threads"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    from normlab.launch.config import load_config
+    from normlab.launch.config.loader import find_recipe
+    from normlab.launch.report.compare import compare
+    from normlab.launch.study.pool import train_all
+    from normlab.launch.study.unigram import dataset_unigram_loss
+    from normlab.launch.training.datasets import resolve_dataset
+    from rich.console import Console
+
     console = Console() if sys.stdout.isatty() else Console(width=240)  # no truncated names
     names = [n.strip() for n in args.recipes.split(",") if n.strip()]
     if not names:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from normlab.launch.errors import RunDirError
 
+STEP_DIR = re.compile(r"^step_(\d{8})$")  # rundir.checkpoint.STEP_DIR
 TAIL = 5
 
 
@@ -42,11 +44,28 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint `latest` names, else the newest complete one; None for a broken pointer
+    or none at all. Reads as rundir.checkpoint.CheckpointManager.latest does (a test holds the
+    two equal) without importing torch, so `status` answers at once on a login node."""
+    root = run_dir / "checkpoints"
+    pointer = root / "latest"
+    if pointer.is_file():
+        try:
+            name = pointer.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return root / name if STEP_DIR.match(name) and (root / name).is_dir() else None
+    if not root.is_dir():
+        return None
+    steps = sorted(p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name))
+    return steps[-1] if steps else None
+
+
 def run_status(run_dir: Path) -> dict[str, Any]:
     """Everything `normlab status` prints about one run, as a dict."""
     from normlab.launch.cluster.slurm import job_state
     from normlab.launch.report.runfiles import read_config, read_summary
-    from normlab.launch.rundir.checkpoint import CheckpointManager
     from normlab.launch.rundir.directory import CONFIG, SUMMARY
     from normlab.launch.rundir.owner import last_job_id
 
@@ -70,10 +89,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     remaining = max(0, total - info["step"])
     timed = step_time is not None and math.isfinite(step_time) and step_time > 0
     info["eta_s"] = remaining * step_time if timed and info["status"] != "completed" else None
-    try:
-        latest = CheckpointManager(run_dir, 1).latest()
-    except Exception:  # noqa: BLE001 (a broken pointer is reported, not raised)
-        latest = None
+    latest = latest_checkpoint(run_dir)
     info["checkpoint"] = str(latest) if latest else None
     logs = sorted(run_dir.glob("slurm-*.out"), key=lambda p: p.stat().st_mtime)
     info["log"] = str(logs[-1]) if logs else None

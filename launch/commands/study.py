@@ -24,7 +24,6 @@ from normlab.launch.study.plan import (
     plan,
     spec_from_flags,
 )
-from normlab.launch.study.run import run_spec
 from normlab.launch.study.spec import LR, StudySpec, check_spec, is_study, load_study
 
 
@@ -155,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
 
         planned = plan(spec, out, args.spike_window or spec.spike_window)
         return submit_study(planned, spec, out, job_spec(args))
+    from normlab.launch.study.run import run_spec
+
     result = run_spec(spec, out, jobs=args.jobs, window=args.spike_window)
     if result["stopped"]:
         return 1

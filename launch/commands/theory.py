@@ -13,11 +13,13 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from normlab.launch.errors import ConfigError
 from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
-from rich.console import Console
-from rich.table import Table
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def _depths(text: str) -> tuple[int, ...]:
@@ -91,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     write_text(out / "theory.md", markdown(res, found, pngs, seconds, cpu, command_line(args)))
     data = _as_json(res, found, seconds) | {"cpu_s": round(cpu, 2), "command": command_line(args)}
     write_text(out / "theory.json", json.dumps(data, indent=2))
+    from rich.console import Console
+
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(_table(found, seconds))
     console.print(f"wrote {out / 'theory.md'}, theory.json, {', '.join(p.name for p in pngs)}")
@@ -109,6 +113,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def _table(found: list, seconds: float) -> Table:
     from normlab.launch.theory.checks import SHOWN
+    from rich.table import Table
 
     table = Table(title=f"normlab theory: Xiong et al. 2020 at initialisation ({seconds:.1f} s)")
     for col in ("prediction", "rule", "measured", "held"):

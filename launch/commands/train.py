@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from normlab.launch.config import RunConfig, load_config
-from normlab.launch.config.loader import find_recipe
 from normlab.launch.errors import ConfigError
+
+if TYPE_CHECKING:
+    from normlab.launch.config import RunConfig
 
 
 def add_recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +31,9 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
 
 def resolve(recipe: str, overrides: list[str]) -> RunConfig:
     """A run directory (holding config.yaml) resumes with its own config and location."""
+    from normlab.launch.config import load_config
+    from normlab.launch.config.loader import find_recipe
+
     path = Path(recipe).expanduser()
     if path.is_dir():
         if not (path / "config.yaml").is_file():

@@ -9,14 +9,13 @@ model's defaults and the tokenizer's vocabulary size filled in).
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import yaml
 from normlab.launch.commands.train import add_recipe_args, resolve
-from normlab.launch.config import RunConfig
 from normlab.launch.errors import ConfigError
-from normlab.model import Transformer, count_params
+
+if TYPE_CHECKING:
+    from normlab.launch.config import RunConfig
 
 META_BUILD_LAYERS = 1024  # deeper models are counted analytically (building is per layer)
 
@@ -24,6 +23,9 @@ META_BUILD_LAYERS = 1024  # deeper models are counted analytically (building is 
 def count_model(cfg: RunConfig) -> tuple[int, int]:
     """(total, embedding-excluded) parameters of the built model, on the meta device (for a
     model deeper than META_BUILD_LAYERS, from the analytic count, so validate stays instant)."""
+    import torch
+    from normlab.model import Transformer, count_params
+
     mc = cfg.model_config()
     if mc.n_layers > META_BUILD_LAYERS:
         total = count_params(mc)
@@ -37,6 +39,8 @@ def count_model(cfg: RunConfig) -> tuple[int, int]:
 
 def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     """cfg as a dict with the model section as built (no null where a default applies)."""
+    import torch
+
     out = cfg.to_dict()
     out["model"] = {"preset": cfg.model.preset, **cfg.model_config().to_dict()}
     if out["model"]["preset"] is None:
@@ -80,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
     if args.world_size < 1:
         raise ConfigError(f"--world-size must be >= 1, got {args.world_size}")
     cfg = resolve(args.recipe, list(args.overrides))
+    import torch
+    import yaml
     from normlab.launch.training.preflight import preflight
+    from normlab.model import count_params
 
     preflight(cfg, local=False)  # GPU recipes validate on a CPU machine (the README's 7b)
     total, non_embed = count_model(cfg)

@@ -172,6 +172,8 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# recipes/ at the top of the repository, or normlab/recipes in an installed wheel (pyproject.toml
+# maps the folder there): two levels above launch/config/ in both layouts.
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
 
@@ -217,10 +219,24 @@ def load_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]
         )
     merged: dict[str, Any] = {}
     for base in _bases(path, data.pop("base")) if "base" in data else []:
-        if not (path.parent / base).expanduser().is_file():
-            raise ConfigError(f"{path}: base {base!r} not found ({path.parent / base})")
-        merged = deep_merge(merged, load_yaml(path.parent / base, (*_chain, path)))
+        merged = deep_merge(merged, load_yaml(_base_path(path, base), (*_chain, path)))
     return deep_merge(merged, data)
+
+
+def _base_path(path: Path, base: str) -> Path:
+    """A `base:` entry of recipe `path`: a file relative to the recipe, else a shipped recipe's
+    name (`base: pre`, `base: 7b`, as on the command line) from any directory and any install."""
+    relative = (path.parent / base).expanduser()
+    if relative.is_file():
+        return relative
+    stem = base.removesuffix(".yaml").removesuffix(".yml")
+    if stem and not Path(stem).expanduser().is_absolute():
+        for folder in (RECIPES_DIR, RECIPES_DIR / "presets"):
+            if (folder / f"{stem}.yaml").is_file():
+                return folder / f"{stem}.yaml"
+    raise ConfigError(
+        f"{path}: base {base!r} not found ({relative}, nor a recipe name in {RECIPES_DIR})"
+    )
 
 
 def _bases(path: Path, bases: Any) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import yaml
 from normlab.launch.config.loader import to_plain
-from normlab.model import ModelConfig
+from normlab.model.config import ModelConfig
 
 
 def _model_section() -> type:
@@ -67,6 +67,15 @@ class DataSection:
     batch_size: int = 16  # sequences per micro-batch per process
     num_proc: int = 2
     val_fraction: float = 0.005
+
+
+
+def source_entries(cfg: DataSection) -> list[tuple[str, str, float]]:
+    """(name, path, weight) of every source as configured; `data.dataset` is one source."""
+    if cfg.sources:
+        return [(s.name, s.path, s.weight) for s in cfg.sources]
+    name = "bundled" if cfg.dataset == "bundled" else Path(cfg.dataset).name or "data"
+    return [(name, cfg.dataset, 1.0)]
 
 
 @dataclass

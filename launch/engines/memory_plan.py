@@ -11,7 +11,7 @@ from dataclasses import replace
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.memory import GIB, Estimate, Layout, estimate
 from normlab.launch.errors import ConfigError
-from normlab.model import ModelConfig
+from normlab.model.config import ModelConfig
 from normlab.model.presets import count_params
 
 HEADROOM = 0.9  # of each GPU for the model: the rest is CUDA context, NCCL buffers, fragmentation

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
-from normlab.launch.errors import ConfigError
+from normlab.launch.instrument_settings import checked_settings
 from normlab.launch.instruments.common import (
     MAX_LOGIT,
     MAX_LOGIT_LOWER,
@@ -41,11 +41,7 @@ class AttentionLogits(Callback):
     name = "attention_logits"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        self.mode = settings_of(settings, {"mode": "exact"}, self.name)["mode"]
-        if self.mode not in MODES:
-            raise ConfigError(
-                f"instruments.{self.name}.mode must be one of {sorted(MODES)}, got {self.mode!r}"
-            )
+        self.mode = checked_settings(self.name, settings)["mode"]
         self._handles: list[RemovableHandle] = []
         self._best: torch.Tensor | None = None  # (blocks, heads): exact max, or [upper, lower]
 

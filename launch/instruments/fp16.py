@@ -33,12 +33,11 @@ from typing import Any
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.engines.recompute import recomputing
-from normlab.launch.errors import ConfigError
+from normlab.launch.instrument_settings import checked_settings
 from normlab.launch.instruments.common import (
     FP16_CLAMPS,
     block_key,
     is_log_step,
-    settings_of,
     unwrap,
 )
 from torch import nn
@@ -136,14 +135,7 @@ class FP16Clamp(Callback):
     name = "fp16_clamp"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        if isinstance(settings, dict) and isinstance(settings.get("mode"), bool):
-            # YAML 1.1 reads a bare `mode: on` / `mode: off` as a boolean
-            settings = {**settings, "mode": "on" if settings["mode"] else "off"}
-        self.mode = settings_of(settings, {"mode": "auto"}, self.name)["mode"]
-        if self.mode not in ("auto", "on", "off"):
-            raise ConfigError(
-                f"instruments.fp16_clamp.mode must be 'auto', 'on' or 'off', got {self.mode!r}"
-            )
+        self.mode = checked_settings(self.name, settings)["mode"]
         self.hooks: ClampHooks | None = None
         self._saved: list[float] | None = None
 

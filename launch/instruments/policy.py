@@ -38,11 +38,11 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, StopRun, TrainerView
-from normlab.launch.errors import ConfigError
-from normlab.launch.instruments.common import ROLLBACKS, ROLLED_BACK, SKIPPED, settings_of
+from normlab.launch.instrument_settings import POLICY_DEFAULTS, checked_settings
+from normlab.launch.instruments.common import ROLLBACKS, ROLLED_BACK, SKIPPED
 from normlab.launch.rundir.checkpoint import STEP_DIR
 
-DEFAULTS = {"window": 1000, "k": 7.0, "max_bad_steps": 5, "rollback": True, "max_rollbacks": 10}
+DEFAULTS = POLICY_DEFAULTS
 KEYS = ("loss", "grad_norm")
 
 
@@ -54,13 +54,7 @@ class SpikePolicy(Callback):
     name = "spike_policy"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        s = settings_of(settings, DEFAULTS, self.name)
-        if s["window"] < 2 or s["k"] <= 0 or s["max_bad_steps"] < 1 or s["max_rollbacks"] < 0:
-            raise ConfigError(
-                "instruments.spike_policy needs window >= 2, k > 0, max_bad_steps >= 1 and "
-                f"max_rollbacks >= 0, got {s['window']}, {s['k']}, {s['max_bad_steps']}, "
-                f"{s['max_rollbacks']}"
-            )
+        s = checked_settings(self.name, settings)
         self.k, self.max_bad, self.rollback = s["k"], s["max_bad_steps"], bool(s["rollback"])
         self.max_rollbacks = s["max_rollbacks"]
         self.windows = {key: deque(maxlen=s["window"]) for key in KEYS}

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
-from normlab.launch.errors import ConfigError
+from normlab.launch.instrument_settings import checked_settings
 from normlab.launch.instruments.common import (
     NONFINITE,
     SCALER_SKIPS,
@@ -37,7 +37,6 @@ from normlab.launch.instruments.common import (
     SPIKE_LOSS,
     SPIKE_WINDOW,
     is_log_step,
-    settings_of,
 )
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -125,11 +124,7 @@ class SpikeScore(Callback):
     name = "spike_score"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        s = settings_of(settings, {"window": 1000, "k": 7.0}, self.name)
-        if s["window"] < 1 or s["k"] <= 0:
-            raise ConfigError(
-                f"instruments.spike_score needs window >= 1 and k > 0, got {s['window']}, {s['k']}"
-            )
+        s = checked_settings(self.name, settings)
         self.loss = RollingSpikeScore(s["window"], s["k"])
         self.grad = RollingSpikeScore(s["window"], s["k"])
         self.nonfinite = self.scaler_skips = 0

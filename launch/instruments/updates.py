@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
-from normlab.launch.errors import ConfigError
+from normlab.launch.instrument_settings import checked_settings
 from normlab.launch.instruments.common import (
     ROLLBACKS,
     UPDATE_NORM,
@@ -40,12 +40,12 @@ from normlab.launch.instruments.common import (
     block_key,
     blocks,
     is_log_step,
-    settings_of,
 )
 from normlab.launch.instruments.gradients import Parts, local_parts, sum_squares
 from normlab.launch.instruments.spikes import run_window
+from normlab.launch.metric_keys import UPDATE_SPIKE_DEFAULTS
 
-DEFAULTS = {"window": 100, "threshold": 4.0}
+DEFAULTS = UPDATE_SPIKE_DEFAULTS
 
 
 def _copy(parts: Parts) -> Parts:
@@ -90,12 +90,7 @@ class UpdateSpikes(Callback):
     name = "update_spikes"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        s = settings_of(settings, DEFAULTS, self.name)
-        if s["window"] < 1 or s["threshold"] <= 1:
-            raise ConfigError(
-                "instruments.update_spikes needs window >= 1 and threshold > 1, got "
-                f"{s['window']}, {s['threshold']}"
-            )
+        s = checked_settings(self.name, settings)
         self.window, self.threshold = s["window"], s["threshold"]
         self.blocks: list[BlockUpdateSpikes] = []
         self.spike_steps = 0

@@ -22,10 +22,9 @@ import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.engines.base import RowScaler, scale_rows_
 from normlab.launch.instruments.common import attention_of, block_key, unwrap
+from normlab.launch.metric_keys import CLIP_EVENTS, CLIPS, S_MAX  # noqa: F401 (re-exported)
 from normlab.model.attention import Attention, FlatQKNorm, HeadQKNorm
 from torch import nn
-
-S_MAX, CLIPS, CLIP_EVENTS = "s_max", "qk_clips", "qk_clip_events"
 
 
 def clip_factors(s_max: torch.Tensor, tau: float) -> torch.Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from normlab.launch.instruments.common import (
+from normlab.launch.metric_keys import (
     FP16_CLAMPS,
     NONFINITE,
     ROLLBACKS,
@@ -32,7 +32,7 @@ from normlab.launch.instruments.common import (
     UPDATE_SPIKES,
     parse_block_key,
 )
-from normlab.launch.instruments.updates import DEFAULTS
+from normlab.launch.metric_keys import UPDATE_SPIKE_DEFAULTS as DEFAULTS
 from normlab.launch.report.runs import Run
 from rich.console import Console
 from rich.table import Table

@@ -15,8 +15,6 @@ from normlab.launch.report.runs import NotARunError, Run, load_run
 from normlab.launch.report.table import csv_text, depth_markdown, markdown, print_table, summarize
 from rich.console import Console
 
-DEFAULT_OUT = "compare"
-
 
 def compare(
     run_dirs: list[str | Path],

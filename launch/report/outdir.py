@@ -8,6 +8,8 @@ from pathlib import Path
 
 from normlab.launch.errors import NormlabError
 
+DEFAULT_OUT = "compare"  # `normlab compare`'s report folder (here: its --help needs no plots)
+
 
 class OutDirError(NormlabError):
     """An --out folder cannot be created or written."""

@@ -18,13 +18,13 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter  # noqa: E402
-from normlab.launch.instruments.common import (  # noqa: E402
+from normlab.launch.metric_keys import (  # noqa: E402
     MAX_LOGIT,
     PRE_NORM,
     RESID,
+    S_MAX,  # noqa: E402
     parse_block_key,
 )
-from normlab.launch.optim.qk_clip import S_MAX  # noqa: E402
 from normlab.launch.report.runs import Run  # noqa: E402
 from normlab.launch.report.table import dataset_label  # noqa: E402
 from normlab.launch.study.sensitivity import DID_NOT_TRAIN  # noqa: E402

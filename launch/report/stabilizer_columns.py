@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from normlab.launch.instruments.common import parse_block_key
+from normlab.launch.metric_keys import parse_block_key
 from normlab.launch.report.runs import Run
 
 # key -> (column label, format, reduction over blocks)

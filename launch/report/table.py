@@ -9,18 +9,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from normlab.launch.instruments.common import (
+from normlab.launch.metric_keys import (
+    CLIP_EVENTS,
     FP16_CLAMPS,
     MAX_LOGIT,
     NONFINITE,
     RESID,
+    S_MAX,
     SCALER_SKIPS,
     SKIPPED,
     SPIKE_GRAD,
     SPIKE_LOSS,
     SPIKE_WINDOW,
 )
-from normlab.launch.optim.qk_clip import CLIP_EVENTS, S_MAX
 from normlab.launch.report.domains import domain_columns, domain_values
 from normlab.launch.report.norm_columns import NORM_COLUMNS, norm_columns, norm_label
 from normlab.launch.report.provenance import tokenizer_id

@@ -14,20 +14,13 @@ from normlab.data.errors import DataError
 from normlab.data.mixture import SourceSpec, check_same_tokenizer
 from normlab.data.prepare import prepare, read_meta
 from normlab.launch.config import DataSection, RunConfig
+from normlab.launch.config.schema import source_entries  # noqa: F401 (re-exported)
 
 
 def bundled_dir(cfg: DataSection) -> Path:
     """Cache directory of the bundled corpus prepared with this tokenizer setting."""
     name = f"bundled-{cfg.tokenizer}{cfg.vocab_size}-val{cfg.val_fraction:g}"
     return cache_dir() / "prepared" / name
-
-
-def source_entries(cfg: DataSection) -> list[tuple[str, str, float]]:
-    """(name, path, weight) of every source as configured; `data.dataset` is one source."""
-    if cfg.sources:
-        return [(s.name, s.path, s.weight) for s in cfg.sources]
-    name = "bundled" if cfg.dataset == "bundled" else Path(cfg.dataset).name or "data"
-    return [(name, cfg.dataset, 1.0)]
 
 
 def _prepared(path: str, cfg: DataSection, key: str, quiet: bool) -> Path:

@@ -10,27 +10,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from normlab.launch.callbacks import build_callbacks
 from normlab.launch.config import RunConfig
 from normlab.launch.errors import ConfigError
 from normlab.launch.extras import require
+from normlab.launch.instrument_settings import check_instruments
+from normlab.launch.training.wandb_setup import check_wandb
 
 
 def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:
     """Raise the ConfigError/DataError/MissingDependency that starting this run would raise.
     local=False (a job submitted to other machines) skips the checks of this host's devices."""
-    build_callbacks(cfg.instruments)  # each instrument checks its own settings
-    if cfg.logging.wandb is not None and cfg.logging.wandb.mode != "disabled":
-        require("wandb", "logging.wandb")
+    check_instruments(cfg.instruments)  # names and settings, without importing the instruments
+    # W&B: not installed or broken, refused WANDB_* settings, no credentials, damaged wandb.json
+    check_wandb(cfg.logging.wandb, Path(cfg.run_dir or "runs/run"), credentials=local)
     _check_engine(cfg, world_size, local)
     check_dataset(cfg)
 
 
 def _check_engine(cfg: RunConfig, world_size: int, local: bool) -> None:
-    from normlab.launch.engines.single import resolve_device
+    # 'cuda' without a GPU is an error here, not on a login node submitting to GPU nodes (which
+    # checks no device, so `submit --dry-run` and `validate` need no torch for it)
+    if local:
+        from normlab.launch.engines.single import resolve_device
 
-    # 'cuda' without a GPU is an error here, not on a login node submitting to GPU nodes
-    device = resolve_device(cfg.training.device if local else "cpu")
+        device_type = resolve_device(cfg.training.device).type
+    else:
+        device_type = cfg.training.device
     if cfg.engine.name == "single" and world_size > 1:
         raise ConfigError(
             f"engine.name is 'single' but the launch asks for {world_size} processes; set "
@@ -47,7 +52,7 @@ def _check_engine(cfg: RunConfig, world_size: int, local: bool) -> None:
     from normlab.launch.engines.deepspeed_engine import ds_config
 
     ds_config(cfg, world_size)  # the generated config and engine.deepspeed_config
-    on_cpu = device.type == "cpu" if local else cfg.training.device == "cpu"
+    on_cpu = device_type == "cpu"
     if cfg.precision.dtype == "fp16" and on_cpu:
         raise ConfigError(
             "precision.dtype fp16 with engine deepspeed needs CUDA devices: DeepSpeed's CPU "
@@ -57,9 +62,7 @@ def _check_engine(cfg: RunConfig, world_size: int, local: bool) -> None:
 
 def check_dataset(cfg: RunConfig) -> None:
     """Every prepared source must be complete, share one tokenizer, and fit model.vocab_size."""
-    from normlab.data.mixture import SourceSpec, check_same_tokenizer
-    from normlab.data.prepare import read_meta
-    from normlab.launch.training.datasets import source_entries
+    from normlab.launch.config.schema import source_entries
 
     entries = source_entries(cfg.data)
     keys = (
@@ -70,6 +73,11 @@ def check_dataset(cfg: RunConfig) -> None:
     # the bundled corpus is prepared into the cache on first use
     prepared = [(n, Path(p).expanduser(), w) for n, p, w in entries if p != "bundled"]
     keys = [k for k, e in zip(keys, entries, strict=True) if e[1] != "bundled"]
+    if not prepared:
+        return
+    from normlab.data.mixture import SourceSpec, check_same_tokenizer  # imports torch (data/)
+    from normlab.data.prepare import read_meta
+
     metas = [read_meta(path) for _, path, _ in prepared]  # DataError: missing or damaged
     if not metas:
         return

@@ -1,0 +1,45 @@
+"""Names of the metrics normlab logs (metrics.jsonl, TensorBoard), without torch.
+
+The instruments write these keys and the report commands (`compare`, `status`, study reports)
+read them, so this module imports nothing heavy: `normlab compare` of finished runs needs no torch.
+Per-block keys use the 0-based index of `blocks.{i}` padded to two digits so TensorBoard sorts
+them by depth; `block_key` / `parse_block_key` are the only place that format lives.
+"""
+
+from __future__ import annotations
+
+import re
+
+RESID, ATTN_OUT, MLP_OUT = "resid_rms", "attn_out_rms", "mlp_out_rms"
+PRE_NORM = "pre_norm_rms"  # post-norm blocks: the residual sum before the closing norm
+GRAD, UPDATE = "grad_norm", "update_ratio"
+MAX_LOGIT, QK_GAIN = "max_logit", "qk_gain"
+MAX_LOGIT_LOWER, MAX_LOGIT_UPPER = "max_logit_lower", "max_logit_upper"  # the lse bound
+FP16_CLAMPS = "fp16_clamps"
+SPIKE_LOSS, SPIKE_GRAD = "spike_score/loss", "spike_score/grad_norm"
+SPIKE_WINDOW = "spike_score/window"  # the window used (scaled down for short runs)
+SKIPPED, ROLLBACKS, NONFINITE = "skipped_steps", "rollbacks", "nonfinite_steps"
+SCALER_SKIPS = "scaler_skips"  # fp16: updates the loss scaler skipped (inf/NaN gradients)
+Z_LOSS = "z_loss"  # the z-loss term, logged beside the cross-entropy `loss`
+UPDATE_NORM, UPDATE_SPIKES = "update_norm", "update_spikes"  # per block (update_spikes.py)
+UPDATE_RATIO_MAX, UPDATE_SPIKE_STEPS = "update_ratio_max", "update_spike_steps"
+ROLLED_BACK = "rolled_back_steps"  # steps whose updates a rollback discarded
+
+_BLOCK_KEY = re.compile(r"^(?P<kind>[a-z0-9_]+)/(?P<block>\d+)(?:/(?P<sub>[a-z0-9_]+))?$")
+
+
+def block_key(kind: str, block: int, sub: str | None = None) -> str:
+    """'resid_rms/03', or with a sub-key 'max_logit/03/h1'."""
+    return f"{kind}/{block:02d}" + (f"/{sub}" if sub else "")
+
+
+def parse_block_key(key: str) -> tuple[str, int, str | None] | None:
+    """(kind, block, sub) for a per-block key, None for any other key."""
+    m = _BLOCK_KEY.match(key)
+    return (m["kind"], int(m["block"]), m["sub"]) if m else None
+
+
+S_MAX, CLIPS, CLIP_EVENTS = "s_max", "qk_clips", "qk_clip_events"  # QK-Clip (optim.qk_clip)
+
+# the update_spikes instrument's settings when a recipe gives none (instruments.updates)
+UPDATE_SPIKE_DEFAULTS = {"window": 100, "threshold": 4.0}
