@@ -23,12 +23,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.dist_helpers import env, losses, prepare_tiny, write_recipe
 from normlab.launch.cli import main
 from normlab.launch.cluster.script import PORT_BASE, PORT_SPAN
 from normlab.launch.config import load_config
 from normlab.launch.rundir.directory import RunDirLock, write_config
 from normlab.launch.rundir.owner import check_owner_job
+
+from tests.dist_helpers import env, losses, prepare_tiny, write_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 NORMLAB = Path(sys.executable).parent / "normlab"

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from normlab.launch.config import load_config
+
 from tests.dist_helpers import (
     LOSS_TOL,
     assert_same_curve,
@@ -30,7 +32,6 @@ from tests.dist_helpers import (
     start_and_kill,
     write_recipe,
 )
-from normlab.launch.config import load_config
 
 pytestmark = pytest.mark.distributed
 HALF = "data.batch_size=2"  # per rank: 2 ranks x 2 = the single run's batch of 4
@@ -262,9 +263,10 @@ def test_local_tensors_assemble_the_global_statistics(
 ) -> None:
     """What instruments see on 2 ranks (shards summed, replicas counted once) equals the sums of
     squares of the single-process weights and gradients of the same global batch."""
-    from tests.dist_worker_stats import batch
     from normlab.model import Transformer
     from normlab.model.loss import lm_loss
+
+    from tests.dist_worker_stats import batch
 
     out = tiny["root"] / f"stats_{'_'.join(overrides)}.json"
     worker = Path(__file__).with_name("dist_worker_stats.py")

@@ -10,6 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from normlab.launch.export import check_hf_family
+from normlab.model import ModelConfig, Transformer
+from safetensors.torch import load_file
+
+from tests.conftest import REPO
 from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
@@ -19,11 +24,6 @@ from tests.dist_helpers import (
     prepare_tiny,
     write_recipe,
 )
-from normlab.launch.export import check_hf_family
-from normlab.model import ModelConfig, Transformer
-from safetensors.torch import load_file
-
-from tests.conftest import REPO
 
 pytestmark = pytest.mark.distributed
 # weights of 2-rank and 1-rank runs after 8 AdamW steps differ by ~1e-5 (reduction order)

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.dist_helpers import check_ok, launch, losses, normlab, prepare_tiny, write_recipe
 from normlab.launch.config import load_config
 from normlab.launch.instruments import ClampHooks
 from normlab.launch.optim import build_optimizer
 from normlab.launch.registry import ENGINES, resolve
+
+from tests.dist_helpers import check_ok, launch, losses, normlab, prepare_tiny, write_recipe
 
 pytestmark = pytest.mark.distributed
 TOKENS = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(1))

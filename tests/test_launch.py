@@ -12,6 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from normlab.launch.cli import main
+from normlab.launch.config import load_config
+from normlab.launch.rundir.directory import write_config
+
 from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
@@ -23,9 +27,6 @@ from tests.dist_helpers import (
     prepare_tiny,
     write_recipe,
 )
-from normlab.launch.cli import main
-from normlab.launch.config import load_config
-from normlab.launch.rundir.directory import write_config
 
 pytestmark = pytest.mark.distributed
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from normlab.launch.cli import main
+
 from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
@@ -35,7 +37,6 @@ from tests.dist_helpers import (
     start_and_kill,
     write_recipe,
 )
-from normlab.launch.cli import main
 
 pytestmark = pytest.mark.distributed
 MUONCLIP = (

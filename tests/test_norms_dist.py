@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from tests.dist_helpers import (
     assert_same_curve,
     check_ok,

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.dist_helpers import env, free_port, normlab
 from normlab.launch.engines.memory import GIB, Layout, estimate, saved_per_token
 from normlab.model import ModelConfig, Transformer
 from normlab.model.loss import lm_loss
 from normlab.model.presets import PRESETS, count_params
+
+from tests.dist_helpers import env, free_port, normlab
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(n_layers=2, d_model=64, n_heads=4, d_ff=192, vocab_size=512, max_seq_len=64)

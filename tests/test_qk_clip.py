@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tests.dist_helpers import prepare_tiny, write_recipe
 from normlab.data.corpus import bundled_corpus_path
 from normlab.data.loader import PackedLoader
 from normlab.data.prepare import prepare
 from normlab.launch.cli import main
 from normlab.launch.optim.qk_clip import clip_factors, qk_clip_
 from normlab.model import ModelConfig, Transformer
+
+from tests.dist_helpers import prepare_tiny, write_recipe
 
 BASE = dict(n_layers=2, d_model=64, n_heads=4, d_ff=64, vocab_size=64, max_seq_len=32)
 CASES = {

@@ -18,6 +18,9 @@ from pathlib import Path
 import normlab.model.init as model_init
 import pytest
 import torch
+from normlab.launch.engines.construct import build_on_meta, materialize
+from normlab.model import Transformer
+
 from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
@@ -31,8 +34,6 @@ from tests.dist_helpers import (
     prepare_tiny,
     write_recipe,
 )
-from normlab.launch.engines.construct import build_on_meta, materialize
-from normlab.model import Transformer
 
 pytestmark = pytest.mark.distributed
 HERE = Path(__file__).resolve().parent

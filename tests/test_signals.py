@@ -20,8 +20,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tests.dist_helpers import check_ok, env, free_port, losses, normlab, prepare_tiny, write_recipe
 from normlab.launch.rundir.signals import GracefulStop
+
+from tests.dist_helpers import check_ok, env, free_port, losses, normlab, prepare_tiny, write_recipe
 
 LONG = 100_000  # steps: a run that is still training whenever the signal comes
 

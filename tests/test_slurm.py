@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tests.dist_helpers import check_ok, env, free_port, losses, normlab, prepare_tiny, write_recipe
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed]

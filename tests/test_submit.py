@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.dist_helpers import check_ok, env, normlab, prepare_tiny, write_recipe
 from normlab.launch.cli import main
 from normlab.launch.cluster.requeue import decide
 from normlab.launch.cluster.spec import time_limit_s
+
+from tests.dist_helpers import check_ok, env, normlab, prepare_tiny, write_recipe
 
 
 @pytest.fixture(scope="module")

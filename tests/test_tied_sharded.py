@@ -8,8 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.dist_helpers import assert_same_curve, check_ok, launch, losses, prepare_tiny, write_recipe
 from normlab.launch.cli import main
+
+from tests.dist_helpers import (
+    assert_same_curve,
+    check_ok,
+    launch,
+    losses,
+    prepare_tiny,
+    write_recipe,
+)
 
 pytestmark = pytest.mark.distributed
 TIED = "model.tie_embeddings=true"

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tests.dist_helpers import env, prepare_tiny, write_recipe
 
 wandb = pytest.importorskip("wandb")

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
