@@ -1,122 +1,107 @@
 """The settings of every instrument in a recipe's `instruments:` section, checked without torch.
 
-The instruments are torch modules; their settings are plain values. Each instrument's constructor
-checks its settings here, and preflight checks a whole section here without importing any
-instrument, so `submit --dry-run` refuses what `train` would refuse without loading torch.
+Each instrument's settings are a frozen dataclass (named by its entry in
+launch.registry.INSTRUMENT_SETTINGS), built by the one typed loader (launch.config.loader.build):
+unknown keys get the closest valid key, wrong types and values name their dotted key, and each
+class's cross-field rule lives in its `__post_init__`. The instruments are torch modules; their
+constructors call `checked_settings`, and preflight and the config checks call `check_instruments`
+on a whole section without importing any instrument, so `validate` and `submit --dry-run` refuse
+what `train` would refuse without loading torch.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any, Literal
 
-from normlab.launch.config.loader import suggest
+from normlab.launch.config.loader import build, suggest
 from normlab.launch.errors import ConfigError
-from normlab.launch.metric_keys import UPDATE_SPIKE_DEFAULTS
-from normlab.launch.registry import INSTRUMENTS
-
-ATTENTION_MODES = ("exact", "lse_bound")  # instruments.attention.MODES (a test holds them equal)
-POLICY_DEFAULTS = {
-    "window": 1000, "k": 7.0, "max_bad_steps": 5, "rollback": True, "max_rollbacks": 10,
-}  # fmt: skip
+from normlab.launch.registry import INSTRUMENT_SETTINGS, INSTRUMENTS
 
 
-def settings_of(settings: Any, allowed: dict[str, Any], name: str) -> dict[str, Any]:
-    """Merge an instrument's settings over its defaults; unknown keys are a ConfigError."""
+@dataclass(frozen=True)
+class NoSettings:
+    """An instrument with nothing to set: `true` or an empty mapping switches it on."""
+
+
+@dataclass(frozen=True)
+class AttentionLogitsSettings:
+    # exact: max |q.k| per layer from the logits; lse_bound: an upper bound without them
+    mode: Literal["exact", "lse_bound"] = "exact"
+
+
+@dataclass(frozen=True)
+class SpikeScoreSettings:
+    window: int = 1000  # steps in the rolling mean/std (OLMo 2 section 3.2)
+    k: float = 7.0  # a value more than k std above the rolling mean is a spike
+
+    def __post_init__(self) -> None:
+        _need(self.window >= 1 and self.k > 0, "spike_score", "window >= 1 and k > 0",
+              self.window, self.k)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class UpdateSpikesSettings:
+    window: int = 100  # steps in each block's running update-norm median
+    threshold: float = 4.0  # an update norm this many times the median is a spike
+
+    def __post_init__(self) -> None:
+        _need(self.window >= 1 and self.threshold > 1, "update_spikes",
+              "window >= 1 and threshold > 1", self.window, self.threshold)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SpikePolicySettings:
+    window: int = 1000  # steps of loss and grad-norm history judged against
+    k: float = 7.0  # a step more than k robust std above the window is bad
+    max_bad_steps: int = 5  # bad steps in a row before a rollback
+    rollback: bool = True  # False: only skip bad steps
+    max_rollbacks: int = 10  # the run stops after this many
+
+    def __post_init__(self) -> None:
+        ok = self.window >= 2 and self.k > 0 and self.max_bad_steps >= 1
+        _need(ok and self.max_rollbacks >= 0, "spike_policy",
+              "window >= 2, k > 0, max_bad_steps >= 1 and max_rollbacks >= 0",
+              self.window, self.k, self.max_bad_steps, self.max_rollbacks)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FP16ClampSettings:
+    # auto: clamp only where activations run in fp16; on/off force it
+    mode: Literal["auto", "on", "off"] = "auto"
+
+
+def _need(ok: bool, name: str, rule: str, *values: Any) -> None:
+    if not ok:
+        got = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+        raise ConfigError(f"instruments.{name} needs {rule}, got {got}")
+
+
+def settings_class(name: str) -> type:
+    """The settings dataclass of instrument `name` (NoSettings for one without a registry entry)."""
+    path = INSTRUMENT_SETTINGS.get(name)
+    if path is None:
+        return NoSettings
+    module, attr = path.split(":")
+    cls: type = getattr(import_module(module), attr)
+    return cls
+
+
+def checked_settings(name: str, settings: Any) -> Any:
+    """Instrument `name`'s settings as its dataclass (defaults filled in), or the ConfigError
+    naming the bad key; `true`/null mean the defaults, an instance passes through."""
+    cls = settings_class(name)
+    if isinstance(settings, cls):
+        return settings
     if settings is True or settings is None:
         settings = {}
     if not isinstance(settings, dict):
         raise ConfigError(f"instruments.{name} must be a mapping or true/false, got {settings!r}")
-    for key in settings:
-        if key not in allowed:
-            hint = suggest(str(key), list(allowed), f"instruments.{name}.")
-            raise ConfigError(f"unknown key 'instruments.{name}.{key}'{hint}")
-    out = dict(allowed)
-    for key, value in settings.items():
-        out[key] = _typed(value, allowed[key], f"instruments.{name}.{key}")
-    return out
-
-
-def _typed(value: Any, default: Any, where: str) -> Any:
-    """`value` as the type of `default`: bools are no numbers, numbers must be finite."""
-    if not isinstance(default, bool | int | float | str):
-        return value
-    kind = type(default)
-    fits = isinstance(value, kind) or (kind is float and isinstance(value, int))
-    if isinstance(value, bool) != (kind is bool) or not fits:
-        raise ConfigError(f"{where} must be {kind.__name__}, got {value!r}")
-    if kind is float and not math.isfinite(value):
-        raise ConfigError(f"{where} must be a finite number, got {value!r}")
-    return kind(value)
-
-
-def _attention_logits(settings: Any) -> dict[str, Any]:
-    s = settings_of(settings, {"mode": "exact"}, "attention_logits")
-    if s["mode"] not in ATTENTION_MODES:
-        raise ConfigError(
-            f"instruments.attention_logits.mode must be one of {sorted(ATTENTION_MODES)}, got "
-            f"{s['mode']!r}"
-        )
-    return s
-
-
-def _spike_score(settings: Any) -> dict[str, Any]:
-    s = settings_of(settings, {"window": 1000, "k": 7.0}, "spike_score")
-    if s["window"] < 1 or s["k"] <= 0:
-        raise ConfigError(
-            f"instruments.spike_score needs window >= 1 and k > 0, got {s['window']}, {s['k']}"
-        )
-    return s
-
-
-def _update_spikes(settings: Any) -> dict[str, Any]:
-    s = settings_of(settings, UPDATE_SPIKE_DEFAULTS, "update_spikes")
-    if s["window"] < 1 or s["threshold"] <= 1:
-        raise ConfigError(
-            "instruments.update_spikes needs window >= 1 and threshold > 1, got "
-            f"{s['window']}, {s['threshold']}"
-        )
-    return s
-
-
-def _spike_policy(settings: Any) -> dict[str, Any]:
-    s = settings_of(settings, POLICY_DEFAULTS, "spike_policy")
-    if s["window"] < 2 or s["k"] <= 0 or s["max_bad_steps"] < 1 or s["max_rollbacks"] < 0:
-        raise ConfigError(
-            "instruments.spike_policy needs window >= 2, k > 0, max_bad_steps >= 1 and "
-            f"max_rollbacks >= 0, got {s['window']}, {s['k']}, {s['max_bad_steps']}, "
-            f"{s['max_rollbacks']}"
-        )
-    return s
-
-
-def _fp16_clamp(settings: Any) -> dict[str, Any]:
-    if isinstance(settings, dict) and isinstance(settings.get("mode"), bool):
+    if cls is FP16ClampSettings and isinstance(settings.get("mode"), bool):
         # YAML 1.1 reads a bare `mode: on` / `mode: off` as a boolean
         settings = {**settings, "mode": "on" if settings["mode"] else "off"}
-    s = settings_of(settings, {"mode": "auto"}, "fp16_clamp")
-    if s["mode"] not in ("auto", "on", "off"):
-        raise ConfigError(
-            f"instruments.fp16_clamp.mode must be 'auto', 'on' or 'off', got {s['mode']!r}"
-        )
-    return s
-
-
-# instruments with settings; every other one takes none (`true`, or an empty mapping)
-CHECKS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "attention_logits": _attention_logits,
-    "spike_score": _spike_score,
-    "update_spikes": _update_spikes,
-    "spike_policy": _spike_policy,
-    "fp16_clamp": _fp16_clamp,
-}
-
-
-def checked_settings(name: str, settings: Any) -> dict[str, Any]:
-    """Instrument `name`'s settings over its defaults, or the ConfigError naming the bad one."""
-    check = CHECKS.get(name)
-    return check(settings) if check else settings_of(settings, {}, name)
+    return build(cls, settings, f"instruments.{name}.")
 
 
 def check_instruments(section: dict[str, Any]) -> None:
@@ -124,7 +109,7 @@ def check_instruments(section: dict[str, Any]) -> None:
     closest one) or bad settings; an entry set to false/null is switched off."""
     for name, settings in section.items():
         if name not in INSTRUMENTS:
-            hint = suggest(name, list(INSTRUMENTS), "instruments.")
+            hint = suggest(str(name), list(INSTRUMENTS), "instruments.")
             raise ConfigError(f"unknown instrument 'instruments.{name}'{hint}")
         if settings is not False and settings is not None:
             checked_settings(name, settings)

@@ -38,6 +38,15 @@ INSTRUMENTS = {
     "output_logits": "normlab.launch.instruments.output_logits:OutputLogits",
 }
 
+# Each instrument's settings dataclass (launch.instrument_settings); one not named here takes none.
+INSTRUMENT_SETTINGS = {
+    "attention_logits": "normlab.launch.instrument_settings:AttentionLogitsSettings",
+    "spike_score": "normlab.launch.instrument_settings:SpikeScoreSettings",
+    "update_spikes": "normlab.launch.instrument_settings:UpdateSpikesSettings",
+    "spike_policy": "normlab.launch.instrument_settings:SpikePolicySettings",
+    "fp16_clamp": "normlab.launch.instrument_settings:FP16ClampSettings",
+}
+
 
 def resolve(table: dict[str, str], name: str) -> Any:
     """The component registered under `name` (a KeyError for an unknown one: check names first)."""

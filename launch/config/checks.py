@@ -9,7 +9,8 @@ from typing import Any
 from normlab.launch.config.loader import find_non_finite, suggest
 from normlab.launch.config.schema import RunConfig
 from normlab.launch.errors import ConfigError
-from normlab.launch.registry import ENGINES, INSTRUMENTS, OPTIMIZERS
+from normlab.launch.instrument_settings import check_instruments
+from normlab.launch.registry import ENGINES, OPTIMIZERS
 
 
 def validate(cfg: RunConfig) -> None:
@@ -80,6 +81,8 @@ def _names(cfg: RunConfig) -> None:
             f"name must be a plain name (no '/', not '.' or '..'; run_dir sets the location), "
             f"got {cfg.name!r}"
         )
+
+
 SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a metric key: eval/<name>
 
 
@@ -115,14 +118,13 @@ def _lookup(data: Any, dotted: str) -> Any:
 
 
 def _validate_instruments(cfg: RunConfig) -> None:
+    """Names and each instrument's typed settings (launch.instrument_settings), at load time."""
     for name, settings in cfg.instruments.items():
-        if name not in INSTRUMENTS:
-            hint = suggest(str(name), list(INSTRUMENTS), "instruments.")
-            raise ConfigError(f"unknown instrument 'instruments.{name}'{hint}")
         if not isinstance(settings, dict | bool | None):
             raise ConfigError(
                 f"instruments.{name} must be a mapping of settings, true or false, got {settings!r}"
             )
+    check_instruments(cfg.instruments)
 
 
 def _validate_optim(cfg: RunConfig) -> None:

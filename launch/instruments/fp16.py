@@ -135,7 +135,7 @@ class FP16Clamp(Callback):
     name = "fp16_clamp"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        self.mode = checked_settings(self.name, settings)["mode"]
+        self.mode = checked_settings(self.name, settings).mode
         self.hooks: ClampHooks | None = None
         self._saved: list[float] | None = None
 
