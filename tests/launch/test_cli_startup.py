@@ -212,8 +212,10 @@ def test_preflight_refuses_what_building_the_instruments_refuses(section: dict) 
 
 
 def test_sound_settings_pass_both_ways() -> None:
+    import typing
+
     from normlab.launch.callbacks import build_callbacks
-    from normlab.launch.instrument_settings import ATTENTION_MODES, check_instruments
+    from normlab.launch.instrument_settings import AttentionLogitsSettings, check_instruments
     from normlab.launch.instruments.attention import MODES
     from normlab.launch.registry import INSTRUMENTS
 
@@ -222,4 +224,5 @@ def test_sound_settings_pass_both_ways() -> None:
     built = build_callbacks(section)
     assert [cb.name for cb in built] == list(INSTRUMENTS)
     assert next(cb for cb in built if cb.name == "fp16_clamp").mode == "off"  # YAML's `off`
-    assert set(ATTENTION_MODES) == set(MODES)
+    modes = typing.get_args(typing.get_type_hints(AttentionLogitsSettings)["mode"])
+    assert set(modes) == set(MODES)

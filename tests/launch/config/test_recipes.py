@@ -13,7 +13,7 @@ from normlab.model import Transformer, count_params
 from tests.conftest import REPO
 
 # recipes/clusters holds cluster files for `normlab submit` and recipes/studies study files (their
-# own test: tests/test_study_file.py), not recipes
+# own test: tests/launch/study/test_study_file.py), not recipes
 RECIPES = sorted(
     p for p in (REPO / "recipes").rglob("*.yaml") if not {"clusters", "studies"} & set(p.parts)
 )
