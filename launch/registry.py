@@ -38,13 +38,13 @@ INSTRUMENTS = {
     "output_logits": "normlab.launch.instruments.output_logits:OutputLogits",
 }
 
-# Each instrument's settings dataclass (launch.instrument_settings); one not named here takes none.
+# Each instrument's settings dataclass (launch.config.instruments); one not named here takes none.
 INSTRUMENT_SETTINGS = {
-    "attention_logits": "normlab.launch.instrument_settings:AttentionLogitsSettings",
-    "spike_score": "normlab.launch.instrument_settings:SpikeScoreSettings",
-    "update_spikes": "normlab.launch.instrument_settings:UpdateSpikesSettings",
-    "spike_policy": "normlab.launch.instrument_settings:SpikePolicySettings",
-    "fp16_clamp": "normlab.launch.instrument_settings:FP16ClampSettings",
+    "attention_logits": "normlab.launch.config.instruments:AttentionLogitsSettings",
+    "spike_score": "normlab.launch.config.instruments:SpikeScoreSettings",
+    "update_spikes": "normlab.launch.config.instruments:UpdateSpikesSettings",
+    "spike_policy": "normlab.launch.config.instruments:SpikePolicySettings",
+    "fp16_clamp": "normlab.launch.config.instruments:FP16ClampSettings",
 }
 
 

@@ -6,10 +6,10 @@ import math
 import re
 from typing import Any
 
+from normlab.launch.config.instruments import check_instruments
 from normlab.launch.config.loader import find_non_finite, suggest
 from normlab.launch.config.schema import RunConfig
 from normlab.launch.errors import ConfigError
-from normlab.launch.instrument_settings import check_instruments
 from normlab.launch.registry import ENGINES, OPTIMIZERS
 
 
@@ -118,7 +118,7 @@ def _lookup(data: Any, dotted: str) -> Any:
 
 
 def _validate_instruments(cfg: RunConfig) -> None:
-    """Names and each instrument's typed settings (launch.instrument_settings), at load time."""
+    """Names and each instrument's typed settings (launch.config.instruments), at load time."""
     for name, settings in cfg.instruments.items():
         if not isinstance(settings, dict | bool | None):
             raise ConfigError(

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
-from normlab.launch.instrument_settings import checked_settings
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import (
     MAX_LOGIT,
     MAX_LOGIT_LOWER,

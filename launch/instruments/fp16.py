@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.engines.recompute import recomputing
-from normlab.launch.instrument_settings import checked_settings
 from normlab.launch.instruments.common import (
     FP16_CLAMPS,
     block_key,

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, StopRun, TrainerView
-from normlab.launch.instrument_settings import checked_settings
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import ROLLBACKS, ROLLED_BACK, SKIPPED
 from normlab.launch.rundir.checkpoint import STEP_DIR
 

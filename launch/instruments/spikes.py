@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
-from normlab.launch.instrument_settings import checked_settings
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import (
     NONFINITE,
     SCALER_SKIPS,

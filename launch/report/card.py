@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from normlab.launch.instrument_settings import UpdateSpikesSettings
+from normlab.launch.config.instruments import UpdateSpikesSettings
 from normlab.launch.metric_keys import (
     FP16_CLAMPS,
     NONFINITE,

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from normlab.launch.config import RunConfig
+from normlab.launch.config.instruments import check_instruments
 from normlab.launch.errors import ConfigError
 from normlab.launch.extras import require
-from normlab.launch.instrument_settings import check_instruments
 from normlab.launch.training.wandb_setup import check_wandb
 
 

@@ -6,14 +6,14 @@ import dataclasses
 
 import pytest
 from normlab.launch.config import load_config
-from normlab.launch.config.loader import find_recipe
-from normlab.launch.errors import ConfigError
-from normlab.launch.instrument_settings import (
+from normlab.launch.config.instruments import (
     NoSettings,
     SpikePolicySettings,
     checked_settings,
     settings_class,
 )
+from normlab.launch.config.loader import find_recipe
+from normlab.launch.errors import ConfigError
 from normlab.launch.registry import INSTRUMENT_SETTINGS, INSTRUMENTS
 
 
