@@ -137,3 +137,17 @@ def test_tests_mirror_the_package() -> None:
             continue
         assert (REPO / folder).is_dir() and (REPO / folder / "__init__.py").is_file(), test
         assert (test.parent / "__init__.py").is_file(), f"{test.parent} needs an __init__.py"
+
+
+def test_type_checker_debt_only_shrinks() -> None:
+    """pyproject.toml's list of modules the type checker skips (.ci/typecheck) was 55 long when
+    mypy came in; a module leaves it when clean, none joins (new code is checked from the start)."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
+    skipped = [m for o in config.get("overrides", []) if o.get("ignore_errors") for m in o["module"]]
+    assert config["disallow_untyped_defs"] and config["check_untyped_defs"]
+    assert len(skipped) <= 55, len(skipped)
+    for module in skipped:
+        path = REPO / module.removeprefix("normlab.").replace(".", "/")
+        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), module
