@@ -38,16 +38,16 @@ class SingleEngine(Engine):
     name = "single"
 
     def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
-        self._device = resolve_device(self.cfg.training.device)
+        self._device = resolve_device(self.run.device)
         module, plan = build_on_meta(model_cfg)  # allocated once, on the device
-        materialize(module, plan, self.cfg.training.seed, self._device)
+        materialize(module, plan, self.run.seed, self._device)
         self._module = module
-        e = self.cfg.engine
+        e = self.section
         self._model: nn.Module = (
             torch.compile(module, backend=e.compile_backend) if e.compile else module
         )
         self._optimizer = build_optimizer(module)
-        prec = self.cfg.precision
+        prec = self.precision
         self._amp_dtype = AMP_DTYPES.get(prec.dtype)
         self._scaler = torch.amp.GradScaler(
             self._device.type,
@@ -67,7 +67,7 @@ class SingleEngine(Engine):
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss = self._loss(inputs, targets)
-        self._scaler.scale(loss / self.cfg.training.grad_accum).backward()
+        self._scaler.scale(loss / self.run.grad_accum).backward()
         return loss.detach()
 
     def clip_and_step(

@@ -218,7 +218,7 @@ def _engine(tiny: dict[str, Path], *overrides: str):
 
     cfg = load_config(tiny["r8"], list(overrides))
     torch.manual_seed(0)
-    engine = resolve(ENGINES, cfg.engine.name)(cfg)
+    engine = resolve(ENGINES, cfg.engine.name).for_run(cfg)
     engine.setup(cfg.model_config(), partial(build_optimizer, cfg=cfg.optim))
     return engine
 

@@ -103,7 +103,7 @@ def test_newton_schulz_singular_values_in_band() -> None:
 
 
 def _engine() -> SingleEngine:
-    engine = SingleEngine(RunConfig())
+    engine = SingleEngine.for_run(RunConfig())
     engine._device = torch.device("cpu")
     return engine
 
