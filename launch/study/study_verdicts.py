@@ -158,8 +158,10 @@ def _num(x: float) -> str:
     return f"{x:+.3f}" if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
-def verdict_section(decided: Decided) -> list[str]:
-    """study.md's section: the verdict table, rank flips, the A/A self-test, where the rest is."""
+def verdict_section(decided: Decided, growth: list[Any] | None = None) -> list[str]:
+    """study.md's section: the verdict table, rank flips, the A/A self-test, where the rest is;
+    `growth`: the descriptive growth claims (launch.study.claims Verdicts) of a study without
+    claims of its own, when the report has no section of its own for them."""
     lines = [
         SECTION,
         "",
@@ -193,6 +195,16 @@ def verdict_section(decided: Decided) -> list[str]:
             f"{'pass' if ok else 'FAIL'}; the highest false-positive rate {worst.fpr:.4f} "
             f"(Gaussian {worst.fpr_gaussian:.4f}) at {worst.recipe} [{worst.size}] n {worst.n}, "
             f"threshold {worst.threshold:.4f}.",
+            "",
+        ]
+    if growth:
+        lines += [
+            "Growth claims (descriptive: a per-grid-point rule, not a SCIENCE.md 22 verdict; "
+            "launch/study/claims.py):",
+            "",
+            "| claim | outcome | why | numbers |",
+            "|---|---|---|---|",
+            *(f"| {v.claim} | {v.word} | {v.why} | {v.numbers} |" for v in growth),
             "",
         ]
     return lines
@@ -246,6 +258,7 @@ def committed_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, An
                 "eval_loss": _float(row.get("eval_loss")),
                 "status": row.get("status"),
                 "init_loss": _float(l0.get((p.recipe, p.size))),
+                "act_growth": _float(row.get("act_growth")),
             }
         )
     if not l0 and any(status_of(r["status"]) != "completed" for r in rows):
@@ -281,8 +294,15 @@ def protocol_csv(
     return True
 
 
-def rebuild(spec: StudySpec, out: Path, console: Console, aa: int = B_DEFAULT) -> dict[str, Any]:
+def rebuild(
+    spec: StudySpec,
+    out: Path,
+    console: Console,
+    aa: int = B_DEFAULT,
+    plateau: float | None = None,
+) -> dict[str, Any]:
     """`normlab study STUDY --report-only`: the report of a finished study, without training.
+    `plateau`: the data's unigram loss when known (else read from the study's data).
     Returns {'decided': Decided, 'source': 'runs' | 'compare.csv', 'seconds': deciding time}."""
     from normlab.launch.errors import ConfigError
     from normlab.launch.study.plan import plan
@@ -292,7 +312,8 @@ def rebuild(spec: StudySpec, out: Path, console: Console, aa: int = B_DEFAULT) -
     have_runs = all(
         (Path(str(p.cfg.run_dir)) / "summary.json").is_file() for p in planned if p.cfg.run_dir
     )
-    plateau = study_plateau([p.cfg.to_dict() for p in planned], spec)
+    if plateau is None:
+        plateau = study_plateau([p.cfg.to_dict() for p in planned], spec)
     if have_runs:
         from normlab.launch.study.run import report_runs
 
@@ -317,9 +338,15 @@ def rebuild(spec: StudySpec, out: Path, console: Console, aa: int = B_DEFAULT) -
         rows, spec.protocol["margin"], plateau, out
     ):
         decided.notes.append("sensitivity.csv not rewritten: l_0 unknown")
+    growth = None
+    if spec.claims is None and spec.protocol["claims"] and plateau is not None:
+        from normlab.launch.study.claims import CLAIMS, decide_all
+
+        growth = decide_all(rows, plateau, [c for c in CLAIMS if c.metric == "growth"])
     if (out / "study.md").is_file():
         text = (out / "study.md").read_text()
-        (out / "study.md").write_text(replace_section(text, verdict_section(decided)))
+        section = verdict_section(decided, growth)
+        (out / "study.md").write_text(replace_section(text, section))
     print_decided(decided, console, seconds)
     return {"decided": decided, "source": "compare.csv", "seconds": seconds}
 

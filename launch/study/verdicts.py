@@ -217,8 +217,8 @@ def decide(
     )
     codes, levels = vc.decide_family(p3, alpha)
     for (v, ca, cb), code, level, p in zip(tested, codes, levels, p3, strict=True):
+        v.verdict = st.OUTCOMES[int(code)]  # before _fill: "needs k seeds" only when undecided
         _fill(v, ca, cb, plateau, loss_margin, float(level), p)
-        v.verdict = st.OUTCOMES[int(code)]
     return verdicts
 
 
@@ -263,6 +263,10 @@ def _fill(
         if reachable and (v.statistic != vc.LOSS or ca.lrs == cb.lrs):
             v.p_permutation = _permutation_min_p(v.statistic, ca.loss, cb.loss, a, b, m)
     v.seeds_needed = st.seeds_needed(v.delta, v.sd, m, level, permutation=v.statistic == vc.RANGE)
+    if v.verdict == st.INCONCLUSIVE and v.seeds_needed is not None:
+        # the calculator's pooled-SD power (df 2n - 2) can name the seeds already run when the
+        # arms' spreads differ (the test's Welch df is then near n - 1): never "needs" <= n
+        v.seeds_needed = max(v.seeds_needed, max(len(a), len(b)) + 1)
     v.rule = (
         f"A-B in {unit}, (1-2a') interval at a'={level:.4g} (Holm, alpha {st.ALPHA:g}): "
         f"a_lower if hi < -{m:g}; b_lower if lo > {m:g}; equivalent if -{m:g} < lo and hi < {m:g} "
