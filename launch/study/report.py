@@ -39,10 +39,12 @@ from normlab.launch.study.protocol import (
 from normlab.launch.study.sensitivity import counts_as_l0, write_csvs
 from normlab.launch.study.separation import TRAINED_MARGIN, trained
 from normlab.launch.study.study_verdicts import (
+    RESULTS_CSV,
     decide_study,
     losses_at_fractions,
     print_decided,
     verdict_section,
+    write_results_csv,
     write_verdicts,
 )
 from normlab.launch.study.unigram import runs_plateau
@@ -286,11 +288,13 @@ def write_study_report(
     if claims:
         assert plateau is not None
         start = time.perf_counter()
-        decided = decide_study(rows, claims, plateau, spec.protocol["margin"])
+        decided = decide_study(rows, claims, plateau, spec.protocol["margin"], source=RESULTS_CSV)
         seconds = time.perf_counter() - start
         write_verdicts(decided, out)
+        write_results_csv(rows, out)
         section = verdict_section(decided)
-        found = decide_all(rows, plateau, [c for c in CLAIMS if c.metric == "growth"])
+        if spec.claims is None:  # the seed articles' claims: their growth claims, descriptive
+            found = decide_all(rows, plateau, [c for c in CLAIMS if c.metric == "growth"])
     print_verdicts(rows, found, console, plateau)
     if decided is not None:
         print_decided(decided, console, seconds)

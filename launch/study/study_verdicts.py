@@ -11,9 +11,10 @@ diverged (interrupted, preempted, no summary, failed) counts as "stopped"/"faile
 statistic counts it at l_0 either way.
 
 rebuild: from DIR/runs/<run> when every planned run is there (the full report, no training);
-else from the committed table DIR/compare.csv (the runs' summary rows; a committed study keeps
-no run directories): l_0 from DIR/sensitivity.csv's init_loss per (recipe, size) where it is
-there, the plateau read from the study's data. It writes verdicts.md, verdicts.json, the
+else from DIR/results.csv (the table the report writes: l_0 per run, eval loss at 25/50/75 %),
+else from DIR/compare.csv (the runs' summary rows, all a study committed before results.csv
+keeps): l_0 from DIR/sensitivity.csv's init_loss per (recipe, size) where it is there. The
+plateau is read from the study's data. It writes verdicts.md, verdicts.json, the
 LR-sensitivity summary sensitivity.csv (where l_0 is known) and the Verdicts section of
 study.md. The A/A self-test (22.6, B = 2000) runs on every cell.
 """
@@ -234,6 +235,43 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+RESULTS_CSV = "results.csv"
+RESULT_COLUMNS = ["recipe", "size", "lr", "seed", "eval_loss", "status", "l0", *FRACTIONS.values()]
+
+
+def write_results_csv(rows: list[dict[str, Any]], out: Path) -> Path:
+    """DIR/results.csv: the study's runs as the table `normlab verdicts` reads (and
+    --report-only prefers): l_0 per run and the eval loss at 25/50/75 % for the rank flips."""
+    path = out / RESULTS_CSV
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(RESULT_COLUMNS)
+        for r in results_of(rows):
+            at = [repr(r.at[f]) if f in r.at else "" for f in FRACTIONS]
+            loss = "" if math.isnan(r.eval_loss) else repr(r.eval_loss)
+            l0 = "" if math.isnan(r.l0) else repr(r.l0)
+            writer.writerow([r.recipe, r.size, repr(r.lr), r.seed, loss, r.status, l0, *at])
+    return path
+
+
+def results_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The planned runs' rows from DIR/results.csv (written by the study's report)."""
+    from normlab.launch.study.results_table import read_results
+
+    runs = {(r.recipe, r.size, r.lr, r.seed): r for r in read_results(out / RESULTS_CSV)}
+    rows, notes = [], []
+    for p in planned:
+        r = runs.get((p.recipe, p.size, float(p.lr), p.seed))
+        if r is None:
+            notes.append(f"{Path(str(p.cfg.run_dir)).name}: not in {RESULTS_CSV} (not run)")
+            continue
+        rows.append(
+            {"recipe": p.recipe, "size": p.size, "lr": p.lr, "seed": p.seed,
+             "eval_loss": r.eval_loss, "status": r.status, "init_loss": r.l0, "at": r.at}
+        )  # fmt: skip
+    return rows, notes
+
+
 def committed_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """The planned runs' rows from DIR/compare.csv (matched by run name), l_0 from
     DIR/sensitivity.csv where it has one; notes for what is missing."""
@@ -319,17 +357,19 @@ def rebuild(
 
         found = report_runs(spec, planned, out, console, plateau)
         return {"decided": found["decided"], "source": "runs", "seconds": found["seconds"]}
-    if not (out / "compare.csv").is_file():
+    source = RESULTS_CSV if (out / RESULTS_CSV).is_file() else "compare.csv"
+    if not (out / source).is_file():
         raise ConfigError(
             f"--report-only: {out} has neither the study's runs ({out}/runs/...) nor its "
-            "compare.csv: run the study first"
+            f"{RESULTS_CSV} or compare.csv: run the study first"
         )
-    rows, notes = committed_rows(planned, out)
+    read = results_rows if source == RESULTS_CSV else committed_rows
+    rows, notes = read(planned, out)
     if not rows:
-        raise ConfigError(f"--report-only: no run of study {spec.name} is in {out}/compare.csv")
+        raise ConfigError(f"--report-only: no run of study {spec.name} is in {out}/{source}")
     start = time.perf_counter()
     decided = decide_study(
-        rows, spec.claims_to_decide(), plateau, spec.protocol["margin"], aa, "compare.csv"
+        rows, spec.claims_to_decide(), plateau, spec.protocol["margin"], aa, source
     )
     seconds = time.perf_counter() - start
     decided.notes += notes
@@ -348,7 +388,7 @@ def rebuild(
         section = verdict_section(decided, growth)
         (out / "study.md").write_text(replace_section(text, section))
     print_decided(decided, console, seconds)
-    return {"decided": decided, "source": "compare.csv", "seconds": seconds}
+    return {"decided": decided, "source": source, "seconds": seconds}
 
 
 def write_verdicts(decided: Decided, out: Path) -> None:
