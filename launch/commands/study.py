@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--report-only trains nothing: it cannot be given with --submit")
         import sys
 
-        from normlab.launch.study.study_verdicts import rebuild
+        from normlab.launch.study.rebuild import rebuild
         from rich.console import Console
 
         rebuild(spec, out, Console(width=None if sys.stdout.isatty() else 240))

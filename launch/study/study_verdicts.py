@@ -2,7 +2,7 @@
 
     decided = decide_study(rows, spec.claims_to_decide(), plateau, margin)  # a Decided
     section = verdict_section(decided)          # study.md's "Verdicts (SCIENCE.md 22)" lines
-    rebuild(spec, out, console)                 # `normlab study STUDY --report-only --out DIR`
+    rebuild(spec, out, console)                 # launch.study.rebuild: --report-only
 
 `rows` are the study report's summary rows (recipe, size, lr, seed, eval_loss, status, init_loss,
 and optionally 'at': {fraction: eval loss}); they become results_table.Run rows, so a study and
@@ -10,11 +10,11 @@ and optionally 'at': {fraction: eval loss}); they become results_table.Run rows,
 diverged (interrupted, preempted, no summary, failed) counts as "stopped"/"failed": every
 statistic counts it at l_0 either way.
 
-rebuild: from DIR/runs/<run> when every planned run is there (the full report, no training);
-else from DIR/results.csv (the table the report writes: l_0 per run, eval loss at 25/50/75 %),
-else from DIR/compare.csv (the runs' summary rows, all a study committed before results.csv
-keeps): l_0 from DIR/sensitivity.csv's init_loss per (recipe, size) where it is there. The
-plateau is read from the study's data. It writes verdicts.md, verdicts.json, the
+rebuild (launch.study.rebuild): from DIR/runs/<run> when every planned run is there (the full
+report, no training); else from DIR/results.csv (the table the report writes: l_0 per run, eval
+loss at 25/50/75 %); else from DIR/compare.csv (the runs' summary rows, all a study committed
+before results.csv keeps), l_0 from DIR/sensitivity.csv's init_loss per (recipe, size) where it
+is there. The plateau is read from the study's data. It writes verdicts.md, verdicts.json, the
 LR-sensitivity summary sensitivity.csv (where l_0 is known) and the Verdicts section of
 study.md. The A/A self-test (22.6, B = 2000) runs on every cell.
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import math
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +33,6 @@ from normlab.launch.study.verdicts import NOT_TESTED
 
 if TYPE_CHECKING:
     from normlab.launch.study.plan import Planned
-    from normlab.launch.study.spec import StudySpec
     from rich.console import Console
 
 SECTION = "## Verdicts (SCIENCE.md 22)"
@@ -332,65 +330,6 @@ def protocol_csv(
     return True
 
 
-def rebuild(
-    spec: StudySpec,
-    out: Path,
-    console: Console,
-    aa: int = B_DEFAULT,
-    plateau: float | None = None,
-) -> dict[str, Any]:
-    """`normlab study STUDY --report-only`: the report of a finished study, without training.
-    `plateau`: the data's unigram loss when known (else read from the study's data).
-    Returns {'decided': Decided, 'source': 'runs' | 'compare.csv', 'seconds': deciding time}."""
-    from normlab.launch.errors import ConfigError
-    from normlab.launch.study.plan import plan
-    from normlab.launch.study.report import study_plateau
-
-    planned = plan(spec, out)
-    have_runs = all(
-        (Path(str(p.cfg.run_dir)) / "summary.json").is_file() for p in planned if p.cfg.run_dir
-    )
-    if plateau is None:
-        plateau = study_plateau([p.cfg.to_dict() for p in planned], spec)
-    if have_runs:
-        from normlab.launch.study.run import report_runs
-
-        found = report_runs(spec, planned, out, console, plateau)
-        return {"decided": found["decided"], "source": "runs", "seconds": found["seconds"]}
-    source = RESULTS_CSV if (out / RESULTS_CSV).is_file() else "compare.csv"
-    if not (out / source).is_file():
-        raise ConfigError(
-            f"--report-only: {out} has neither the study's runs ({out}/runs/...) nor its "
-            f"{RESULTS_CSV} or compare.csv: run the study first"
-        )
-    read = results_rows if source == RESULTS_CSV else committed_rows
-    rows, notes = read(planned, out)
-    if not rows:
-        raise ConfigError(f"--report-only: no run of study {spec.name} is in {out}/{source}")
-    start = time.perf_counter()
-    decided = decide_study(
-        rows, spec.claims_to_decide(), plateau, spec.protocol["margin"], aa, source
-    )
-    seconds = time.perf_counter() - start
-    decided.notes += notes
-    write_verdicts(decided, out)
-    if spec.protocol["lr_sensitivity"] and not protocol_csv(
-        rows, spec.protocol["margin"], plateau, out
-    ):
-        decided.notes.append("sensitivity.csv not rewritten: l_0 unknown")
-    growth = None
-    if spec.claims is None and spec.protocol["claims"] and plateau is not None:
-        from normlab.launch.study.claims import CLAIMS, decide_all
-
-        growth = decide_all(rows, plateau, [c for c in CLAIMS if c.metric == "growth"])
-    if (out / "study.md").is_file():
-        text = (out / "study.md").read_text()
-        section = verdict_section(decided, growth)
-        (out / "study.md").write_text(replace_section(text, section))
-    print_decided(decided, console, seconds)
-    return {"decided": decided, "source": source, "seconds": seconds}
-
-
 def write_verdicts(decided: Decided, out: Path) -> None:
     """verdicts.md (no timings: rebuilt files must match byte for byte) and verdicts.json."""
     (out / "verdicts.md").write_text(decided.markdown(timed=False))
@@ -407,4 +346,4 @@ def print_decided(decided: Decided, console: Console, seconds: float) -> None:
     )
 
 
-__all__ = ["aa_line", "decide_study", "rebuild", "verdict_section"]
+__all__ = ["aa_line", "decide_study", "verdict_section"]

@@ -2,8 +2,8 @@
 number in the repository is what the tool gives from the committed run data.
 
 For each committed study directory (docs/study, docs/study/<name>) the report is rebuilt without
-training (`normlab study STUDY --report-only`, launch.study.study_verdicts.rebuild) from copies
-of its committed compare.csv, sensitivity.csv (l_0) and study.md: verdicts.md, verdicts.json,
+training (`normlab study STUDY --report-only`, launch.study.rebuild) from copies of its committed
+compare.csv (or results.csv), sensitivity.csv (l_0) and study.md: verdicts.md, verdicts.json,
 sensitivity.csv and study.md must come out byte for byte as committed, and the A/A self-test
 (SCIENCE.md 22.6, B = 2000) on every cell of its loss table must keep the false-positive rate
 <= 0.0597. The generated blocks of the README and docs must match their verdicts.json, and the
@@ -20,8 +20,8 @@ import pytest
 from normlab.launch.study.aa_test import fpr_threshold
 from normlab.launch.study.doc_blocks import stale
 from normlab.launch.study.plan import DEFAULT_LRS, DEFAULT_RECIPES, DEFAULT_SEEDS, spec_from_flags
+from normlab.launch.study.rebuild import rebuild
 from normlab.launch.study.spec import load_study
-from normlab.launch.study.study_verdicts import rebuild
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -64,7 +64,7 @@ def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, d
         if not (src / "compare.csv").is_file():
             continue
         dst = tmp_path_factory.mktemp(name)
-        for f in ("compare.csv", "sensitivity.csv", "study.md"):
+        for f in ("compare.csv", "results.csv", "sensitivity.csv", "study.md"):
             if (src / f).is_file():
                 shutil.copy(src / f, dst / f)
         out[name] = (dst, rebuild(spec_of(name), dst, quiet, aa=B, plateau=plateau))
@@ -76,7 +76,7 @@ def test_committed_study_rebuilds_byte_for_byte(name: str, rebuilt: dict) -> Non
     if name not in rebuilt:
         pytest.skip(f"{name}: no committed compare.csv")
     dst, found = rebuilt[name]
-    assert found["source"] == "compare.csv"
+    assert found["source"] == ("results.csv" if name == "aa" else "compare.csv")
     for f in FILES:
         committed = study_dir(name) / f
         if not committed.is_file():
