@@ -19,6 +19,7 @@ from normlab.launch.study.study_verdicts import (
     decide_study,
     print_decided,
     protocol_csv,
+    replace_protocol,
     replace_section,
     results_rows,
     verdict_section,
@@ -71,10 +72,11 @@ def rebuild(
     seconds = time.perf_counter() - start
     decided.notes += notes
     write_verdicts(decided, out)
-    if spec.protocol["lr_sensitivity"] and not protocol_csv(
-        rows, spec.protocol["margin"], plateau, out
-    ):
-        decided.notes.append("sensitivity.csv not rewritten: l_0 unknown")
+    curves = None
+    if spec.protocol["lr_sensitivity"]:
+        curves = protocol_csv(rows, spec.protocol["margin"], plateau, out)
+        if curves is None:
+            decided.notes.append("sensitivity.csv not rewritten: l_0 unknown")
     growth = None
     if spec.claims is None and spec.protocol["claims"] and plateau is not None:
         from normlab.launch.study.claims import CLAIMS, decide_all
@@ -83,6 +85,11 @@ def rebuild(
     if (out / "study.md").is_file():
         text = (out / "study.md").read_text()
         section = verdict_section(decided, growth)
-        (out / "study.md").write_text(replace_section(text, section))
+        text = replace_section(text, section)
+        if curves:  # the protocol's table from the committed losses (the figures stay as run)
+            from normlab.launch.study.protocol import sensitivity_markdown
+
+            text = replace_protocol(text, sensitivity_markdown(curves, spec))
+        (out / "study.md").write_text(text)
     print_decided(decided, console, seconds)
     return {"decided": decided, "source": source, "seconds": seconds}

@@ -304,13 +304,14 @@ def committed_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, An
 
 def protocol_csv(
     rows: list[dict[str, Any]], margin: float, plateau: float | None, out: Path
-) -> bool:
+) -> list[Any] | None:
     """sensitivity.csv regenerated from the rows (l_0 known): the summary only (the per-point
-    file keeps the run metrics the table does not have). False when l_0 is unknown."""
+    file keeps the run metrics the table does not have). Returns the curves; None when l_0 is
+    unknown."""
     from normlab.launch.study.sensitivity import SUMMARY_COLUMNS, Point, curves, summary_row
 
     if any(math.isnan(r["init_loss"]) for r in rows):
-        return False
+        return None
     points = [
         Point(
             r["recipe"],
@@ -323,11 +324,23 @@ def protocol_csv(
         )
         for r in rows
     ]
+    found = curves(points, margin, plateau)
     with (out / "sensitivity.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, SUMMARY_COLUMNS)
         writer.writeheader()
-        writer.writerows(summary_row(c) for c in curves(points, margin, plateau))
-    return True
+        writer.writerows(summary_row(c) for c in found)
+    return found
+
+
+def replace_protocol(text: str, section: list[str]) -> str:
+    """study.md with its "## LR sensitivity" section (up to the next "## ") replaced; unchanged
+    when it has none."""
+    lines = text.split("\n")
+    start = next((i for i, x in enumerate(lines) if x.startswith("## LR sensitivity")), None)
+    if start is None:
+        return text
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return "\n".join(lines[:start] + section + lines[end:])
 
 
 def write_verdicts(decided: Decided, out: Path) -> None:
