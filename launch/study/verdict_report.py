@@ -281,3 +281,43 @@ def aa_line(r, timed: bool = True) -> str:  # noqa: ANN001 (aa_test.AAResult, im
         f"<= {r.threshold:.4f}: {'pass' if r.passed else 'FAIL'} (B {r.replicates}; "
         f"{r.no_test:.0%} draws with one seed-run in an arm{took})"
     )
+
+
+def plan_lines(
+    results: str | Path | None,
+    delta: float,
+    sd: float | None,
+    statistic: str,
+    family: int,
+    plateau: float | None = None,
+    margin: float = vc.LOSS_MARGIN,
+    l0: float | None = None,
+) -> list[str]:
+    """`normlab verdicts --plan DELTA`: seeds per arm for 80 % power at a true difference DELTA,
+    from a stated SD (--sd, one statistic) or from each cell of a pilot table (every statistic
+    the pilot can give; trained_range needs --plateau), at Holm's first level alpha / family."""
+    from normlab.launch.study.verdicts import pilot_sd, seeds_plan
+
+    if not (math.isfinite(delta) and delta > 0):
+        raise ConfigError(f"--plan must be a positive difference, got {delta}")
+    if family < 1:
+        raise ConfigError(f"--family must be >= 1, got {family}")
+    if statistic not in vc.STATISTICS:
+        raise ConfigError(f"--statistic must be one of {', '.join(vc.STATISTICS)}")
+    if (sd is None) == (results is None):
+        raise ConfigError("--plan needs either --sd SD or a pilot RESULTS table, not both")
+    if sd is not None:
+        if not (math.isfinite(sd) and sd > 0):
+            raise ConfigError(f"--sd must be a positive number, got {sd}")
+        return [seeds_plan(statistic, sd, delta, family, margin)[1]]
+    cells = build_cells(read_results(results), l0)
+    stats = vc.STATISTICS if plateau is not None else (vc.LOSS, vc.SENS)
+    out = []
+    for (recipe, size), cell in cells.items():
+        if cell.n < 2 or not cell.usable:
+            out.append(f"{recipe} [{size}]: no pilot spread (needs >= 2 seeds and a known l_0)")
+            continue
+        for s in stats:
+            pilot = pilot_sd(cell, s, plateau)
+            out.append(f"{recipe} [{size}] {s}: {seeds_plan(s, pilot, delta, family, margin)[1]}")
+    return out

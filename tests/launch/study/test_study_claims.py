@@ -163,3 +163,29 @@ def test_report_only_refuses_submit_and_a_study_never_run(
     assert "--report-only trains nothing" in capsys.readouterr().err
     assert main(["study", "zloss", "--report-only", "--out", out]) == 2
     assert "has neither the study's runs" in capsys.readouterr().err
+
+
+def test_plan_a_study_from_a_stated_or_pilot_spread(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from normlab.launch.study import statistics as st
+
+    # SCIENCE.md 22.5's example: SD 0.03, true difference 0.2, margin 0.1, 3 claims
+    assert main(["verdicts", "--plan", "0.2", "--sd", "0.03"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("this claim needs 4 seeds per arm at a 0.1-nat margin")
+    assert st.seeds_needed(0.2, 0.03, 0.1, 0.05 / 3) == 4
+    pilot = tmp_path / "pilot.csv"
+    lines = ["recipe,lr,seed,eval_loss,status,l0"]
+    for seed, shift in enumerate((0.0, 0.04, -0.03)):
+        for lr, loss in ((1e-3, 5.6), (3e-3, 5.4)):
+            lines.append(f"pre,{lr},{seed},{loss + shift},completed,8.3")
+    pilot.write_text("\n".join(lines) + "\n")
+    assert main(["verdicts", str(pilot), "--plan", "0.3"]) == 0
+    out = capsys.readouterr().out
+    assert "pre [-] loss_at_best_lr: this claim needs" in out
+    assert "pre [-] lr_sensitivity: this claim needs" in out
+    assert main(["verdicts", "--plan", "0.2"]) == 2
+    assert "either --sd SD or a pilot RESULTS table" in capsys.readouterr().err
+    assert main(["verdicts"]) == 2
+    assert "a results table is needed" in capsys.readouterr().err
