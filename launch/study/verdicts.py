@@ -172,9 +172,7 @@ def _expand(claims: list[Claim], cells: dict[tuple[str, str], Cell]) -> list[Ver
                     c.a, c.b, c.size or "-", c.statistic, c.expect, NOT_TESTED, c.name, note=why
                 )
             )
-        out += [
-            Verdict(c.a, c.b, s, c.statistic, c.expect, st.INCONCLUSIVE, c.name) for s in found
-        ]
+        out += [Verdict(c.a, c.b, s, c.statistic, c.expect, st.INCONCLUSIVE, c.name) for s in found]
     return out
 
 
