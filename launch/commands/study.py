@@ -8,6 +8,8 @@ the report: the compare table, mean and spread per (recipe, size, lr), the LR-se
 protocol (SCIENCE.md 19; sensitivity.csv, figures) and the claims' verdicts.
 Runs live in DIR/runs/<name>; DIR/plan.json lists them before training starts (`normlab status
 DIR`). Started again, a study reuses finished runs and resumes stopped or killed ones.
+`--report-only` rebuilds a finished study's report in --out without training (from its runs, or
+from the compare.csv a committed study keeps): the claims decided by SCIENCE.md 22.
 """
 
 from __future__ import annotations
@@ -99,6 +101,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="one requeueable SLURM job per run instead; the same command again submits only "
         "what is missing",
     )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rebuild the report of a finished study in --out without training: from its runs, "
+        "or from its committed compare.csv (verdicts.md/json by SCIENCE.md 22, the A/A "
+        "self-test, sensitivity.csv, study.md's verdict section)",
+    )
     add_submit_options(p)
     p.set_defaults(func=run)
 
@@ -149,6 +158,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     spec = spec_from_args(args)
     out = Path(args.out or ("study" if spec.path is None else f"studies/{spec.name}"))
+    if args.report_only:
+        if args.submit:
+            raise ConfigError("--report-only trains nothing: it cannot be given with --submit")
+        import sys
+
+        from normlab.launch.study.rebuild import rebuild
+        from rich.console import Console
+
+        rebuild(spec, out, Console(width=None if sys.stdout.isatty() else 240))
+        return 0
     if args.submit:
         from normlab.launch.study.submit import submit_study
 

@@ -14,7 +14,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "verdicts", help="decide claims on a table of runs: Welch/permutation, Holm, seeds needed"
     )
-    p.add_argument("results", help="CSV: recipe, size, lr, seed, eval_loss, status (+ l0 ...)")
+    p.add_argument(
+        "results",
+        nargs="?",
+        help="CSV: recipe, size, lr, seed, eval_loss, status (+ l0 ...); with --plan: a pilot "
+        "study's table whose seed spread plans the claims",
+    )
     p.add_argument(
         "--claims",
         default=None,
@@ -47,11 +52,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="B",
         help="also run the simulated A/A self-test with B replicates (e.g. 2000)",
     )
+    p.add_argument(
+        "--plan",
+        type=float,
+        default=None,
+        metavar="DELTA",
+        help="plan a study instead: seeds per arm for 80%% power at a true difference DELTA "
+        "(nats; grid steps for trained_range; above the margin a directional claim, below it "
+        "equivalence), from --sd or the RESULTS pilot's spread",
+    )
+    p.add_argument("--sd", type=float, default=None, help="with --plan: the stated seed SD")
+    p.add_argument(
+        "--statistic",
+        default="loss_at_best_lr",
+        help="with --plan --sd: loss_at_best_lr, lr_sensitivity or trained_range",
+    )
+    p.add_argument(
+        "--family",
+        type=int,
+        default=3,
+        help="with --plan: the claims in the family (Holm's first level alpha / K; default 3)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from normlab.launch.study.verdict_report import run_verdicts
+    from normlab.launch.errors import ConfigError
+    from normlab.launch.study.verdict_report import plan_lines, run_verdicts
+
+    if args.plan is not None:
+        for text in plan_lines(
+            args.results, args.plan, args.sd, args.statistic, args.family, args.plateau,
+            args.margin, args.l0,
+        ):  # fmt: skip
+            print(text)
+        return 0
+    if args.results is None:
+        raise ConfigError("a results table is needed (or --plan DELTA with --sd SD)")
 
     for text in run_verdicts(
         args.results, args.claims, args.plateau, args.l0, args.margin, args.out, args.aa

@@ -98,7 +98,7 @@ def plan(spec: StudySpec, out: Path, window: int | None = None) -> list[Planned]
     points = [dict(zip(spec.grid, vals, strict=True)) for vals in combos]
     for entry in spec.recipes:
         for point in points:
-            for seed in spec.seeds or [None]:
+            for seed in entry.seeds or spec.seeds or [None]:
                 label = run_dir_name(entry.label, point, seed)
                 extra = [f"training.steps={spec.steps}"] if spec.steps is not None else []
                 extra += [f"{k}={json.dumps(v)}" for k, v in point.items()]

@@ -10,6 +10,7 @@ plateau and mark the same."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from normlab.launch.report.domains import domain_stats
 from normlab.launch.report.runs import Run, load_run
 from normlab.launch.report.table import summarize
 from normlab.launch.study.claims import (
+    CLAIMS,
     Verdict,
     decide_all,
     group_rows,
@@ -36,6 +38,15 @@ from normlab.launch.study.protocol import (
 )
 from normlab.launch.study.sensitivity import counts_as_l0, write_csvs
 from normlab.launch.study.separation import TRAINED_MARGIN, trained
+from normlab.launch.study.study_verdicts import (
+    RESULTS_CSV,
+    decide_study,
+    losses_at_fractions,
+    print_decided,
+    verdict_section,
+    write_results_csv,
+    write_verdicts,
+)
 from normlab.launch.study.unigram import runs_plateau
 from rich.console import Console
 from rich.table import Table
@@ -147,6 +158,7 @@ def markdown(
     invocations: int = 1,
     last_s: float | None = None,
     plateau: float | None = None,
+    verdicts: list[str] | None = None,
 ) -> str:
     head, cells = group_table(rows, plateau)
     lines = [
@@ -168,17 +180,18 @@ def markdown(
         "",
         *_md_table(head, cells),
         "",
+        *(verdicts or []),
     ]
     if found:
         lines += [
-            "## Verdicts",
+            "## Growth claims (descriptive: a per-grid-point rule, not a SCIENCE.md 22 verdict)",
             "",
-            "| claim | verdict | why | numbers | rule |",
+            "| claim | outcome | why | numbers | rule |",
             "|---|---|---|---|---|",
-            *(f"| {v.claim} | **{v.word}** | {v.why} | {v.numbers} | {v.rule} |" for v in found),
+            *(f"| {v.claim} | {v.word} | {v.why} | {v.numbers} | {v.rule} |" for v in found),
             "",
-            "Rules: launch/study/claims.py (a claim rests only on groups that trained; 'not "
-            "tested': its recipes were not run).",
+            "Rules: launch/study/claims.py (growth of groups that trained; 'not tested': its "
+            "recipes were not run).",
             "",
         ]
     if len({r.get("size") for r in rows}) == 1:
@@ -207,7 +220,7 @@ def print_verdicts(
     console.print(table)
     if not found:
         return
-    claims = Table(title="claims", show_lines=True)
+    claims = Table(title="growth claims (descriptive, not SCIENCE.md 22)", show_lines=True)
     for h in ("claim", "verdict", "numbers", "rule"):
         claims.add_column(h)
     for v in found:
@@ -248,8 +261,9 @@ def write_study_report(
     """Read every run; the LR-sensitivity protocol, the claims (per size), study.md, figures.
     `plateau`: the data's unigram loss when the caller read it already (study_plateau).
 
-    Returns {'verdicts': [Verdict], 'curves': [Curve]}. Rows carry the grid point (size, lr)
-    that the claims compare within."""
+    Returns {'verdicts': [Verdict] (descriptive growth claims), 'decided': Decided (the claims
+    by SCIENCE.md 22; None when the study decides none), 'seconds': the time deciding them
+    took (A/A self-test included), 'curves': [Curve]}. Rows carry the grid point (size, lr)."""
     runs = [load_run(p.cfg.run_dir) for p in planned if p.cfg.run_dir]
     rows = []
     for p, run in zip(planned, runs, strict=True):
@@ -261,26 +275,42 @@ def write_study_report(
                 "size": size,
                 "lr": p.lr,
                 "init_loss": init_loss_of(run),  # l_0: where a failed run counts (claims)
+                "at": losses_at_fractions(
+                    run.evals, int(run.config.get("training", {}).get("steps") or 0)
+                ),
             }
         )
     found: list[Verdict] = []
     if plateau is None:  # read once: it scans the whole prepared dataset
         plateau = study_plateau([r.config for r in runs], spec)
-    if spec.protocol["claims"]:
+    decided, seconds, section = None, 0.0, []
+    claims = spec.claims_to_decide()
+    if claims:
         assert plateau is not None
-        found = decide_all(rows, plateau)
+        start = time.perf_counter()
+        decided = decide_study(rows, claims, plateau, spec.protocol["margin"], source=RESULTS_CSV)
+        seconds = time.perf_counter() - start
+        write_verdicts(decided, out)
+        write_results_csv(rows, out)
+        section = verdict_section(decided)
+        if spec.claims is None:  # the seed articles' claims: their growth claims, descriptive
+            found = decide_all(rows, plateau, [c for c in CLAIMS if c.metric == "growth"])
     print_verdicts(rows, found, console, plateau)
-    curves, section = [], []
+    if decided is not None:
+        print_decided(decided, console, seconds)
+    curves, protocol_md = [], []
     if spec.protocol["lr_sensitivity"]:
         left_out: list[str] = []
         curves = protocol_curves(planned, runs, spec.protocol["margin"], plateau, left_out)
         write_csvs(curves, out)
         write_lr_plots(curves, out)
         print_sensitivity(curves, console, left_out)
-        section = sensitivity_markdown(curves, spec, left_out)
+        protocol_md = sensitivity_markdown(curves, spec, left_out)
     if len({r["size"] for r in rows}) == 1:
         write_study_plots(runs, out, plateau)
     title = f"normlab study {spec.name}" + (f": {spec.description}" if spec.description else "")
-    text = markdown(rows, found, runs, total_s, jobs, section, title, invocations, last_s, plateau)
+    text = markdown(
+        rows, found, runs, total_s, jobs, protocol_md, title, invocations, last_s, plateau, section
+    )
     (out / "study.md").write_text(text)
-    return {"verdicts": found, "curves": curves}
+    return {"verdicts": found, "decided": decided, "seconds": seconds, "curves": curves}

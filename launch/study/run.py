@@ -31,8 +31,7 @@ def run_spec(
 
     Returns {'runs', 'total_s', 'stopped', 'rows', 'files', 'verdicts', 'curves'}; a study
     stopped by a signal returns only the first three (no report over unfinished runs)."""
-    from normlab.launch.report.compare import compare
-    from normlab.launch.study.report import study_plateau, write_study_report
+    from normlab.launch.study.report import study_plateau
 
     out = Path(out)
     jobs = jobs or spec.jobs
@@ -50,21 +49,52 @@ def run_spec(
             highlight=False,
         )
         return {"runs": timings, "total_s": total, "stopped": True}
-    quiet = Console(file=open("/dev/null", "w"), width=240)  # noqa: SIM115 (table goes to compare.md)
     plateau = study_plateau([c.to_dict() for c in cfgs], spec)  # scans the data: read once
-    report = compare([c.run_dir for c in cfgs if c.run_dir], out, quiet, plateau=plateau)
     warn = partial(console.print, highlight=False)
     record = with_earlier_time(out / "study.json", spec.name, total, timings, warn)
     (out / "study.json").write_text(json.dumps({**record, "jobs": jobs, "runs": timings}, indent=2))
     wall, times = record["wall_s"], record["invocations"]
-    found = write_study_report(
-        planned, spec, out, wall, console, jobs, times, total, plateau=plateau
-    )
+    found = report_runs(spec, planned, out, console, plateau, wall, jobs, times, total)
+    report = found.pop("compare")
     earlier = f" ({wall:.0f} s over {times} invocations)" if times > 1 else ""
     console.print(
         f"study: {len(cfgs)} runs in {total:.0f} s{earlier}; report in {out}", highlight=False
     )
     return {"runs": timings, "total_s": total, "stopped": False, **report, **found}
+
+
+def report_runs(
+    spec: StudySpec,
+    planned: list[Any],
+    out: Path,
+    console: Console,
+    plateau: float | None,
+    wall: float | None = None,
+    jobs: int | None = None,
+    invocations: int | None = None,
+    last_s: float | None = None,
+) -> dict[str, Any]:
+    """The compare report and the study's report of finished runs (no training); without the
+    times, the earlier ones from study.json. Returns write_study_report's dict and 'compare'."""
+    from normlab.launch.report.compare import compare
+    from normlab.launch.study.report import write_study_report
+
+    if wall is None:
+        try:
+            record = json.loads((out / "study.json").read_text())
+        except (OSError, ValueError):
+            record = {}
+        record = record if isinstance(record, dict) else {}
+        wall = float(record.get("wall_s", record.get("total_s", 0.0)) or 0.0)
+        jobs = jobs or int(record.get("jobs") or spec.jobs)
+        invocations = int(record.get("invocations") or 1)
+    quiet = Console(file=open("/dev/null", "w"), width=240)  # noqa: SIM115 (table goes to compare.md)
+    dirs = [p.cfg.run_dir for p in planned if p.cfg.run_dir]
+    report = compare(dirs, out, quiet, plateau=plateau)
+    found = write_study_report(
+        planned, spec, out, wall, console, jobs or 1, invocations or 1, last_s, plateau=plateau
+    )
+    return {**found, "compare": report}
 
 
 def with_earlier_time(

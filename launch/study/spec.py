@@ -15,6 +15,15 @@
     steps: 200
     jobs: 2
     protocol: {lr_sensitivity: true, margin: 0.1, claims: true}
+    claims:                             # decided by SCIENCE.md 22 (launch.study.verdicts)
+      - {name: "z-loss lowers LR sensitivity", a: pre_zloss, b: pre,
+         statistic: lr_sensitivity, expect: a_lower}
+
+A claim names two recipe labels, a statistic (loss_at_best_lr, lr_sensitivity, trained_range),
+what it expects (a_lower, b_lower, equivalent, any) and optionally a size; a claim whose recipes
+were not run is "not tested". Without `claims:` a study with protocol.claims true decides the
+seed articles' claims (recipes/studies/articles.yaml). A recipe entry may carry its own
+`seeds:` (an A/A study: one recipe under two names with disjoint seeds).
 
 Files live in recipes/studies/; a bare name finds them there. Unknown keys and impossible grids
 are a ConfigError (one line naming the key and what is allowed); a dotted recipe key under
@@ -52,8 +61,10 @@ KEYS = [
     "jobs",
     "spike_window",
     "protocol",
+    "claims",
 ]
-RECIPE_KEYS = ["recipe", "name", "set"]
+RECIPE_KEYS = ["recipe", "name", "set", "seeds"]
+ARTICLES = "articles"  # the study file whose claims are the seed articles' (the default claims)
 PROTOCOL = {"lr_sensitivity": True, "margin": 0.1, "claims": True}
 # keys a study owns through its own fields: a grid or `set:` giving them is refused
 OWNED = {
@@ -69,6 +80,7 @@ class StudyRecipe:
     label: str  # the run-name prefix and the recipe's name in the report
     path: Path
     overrides: list[str] = field(default_factory=list)
+    seeds: list[int] | None = None  # this entry's own seeds (None: the study's)
 
 
 @dataclass
@@ -85,6 +97,16 @@ class StudySpec:
     protocol: dict[str, Any] = field(default_factory=lambda: dict(PROTOCOL))
     description: str = ""
     path: Path | None = None
+    claims: list[Any] | None = None  # verdicts.Claim; None: the seed articles' (when deciding)
+
+    def claims_to_decide(self) -> list[Any]:
+        """The claims the report decides: the file's, else the seed articles' (protocol.claims),
+        else none."""
+        if not self.protocol["claims"]:
+            return []
+        if self.claims is not None:
+            return self.claims
+        return article_claims()
 
 
 def is_study(name: str) -> bool:
@@ -155,9 +177,30 @@ def load_study(name: str) -> StudySpec:
         spike_window=_int(data.get("spike_window"), "spike_window", where),
         protocol=protocol,
         path=path,
+        claims=_claims(data, protocol, where),
     )
     check_spec(spec, where)
     return spec
+
+
+def _claims(data: dict[str, Any], protocol: dict[str, Any], where: str) -> list[Any] | None:
+    from normlab.launch.study.verdicts import claims_from_data
+
+    if "claims" not in data:
+        return None
+    value = data["claims"]
+    if not isinstance(value, list) or not value:
+        raise ConfigError(
+            f"{where}'claims' must be a non-empty list of {{a, b, statistic, expect, size, name}}"
+        )
+    if not protocol["claims"]:
+        raise ConfigError(f"{where}claims are given but protocol.claims is false: drop one")
+    return claims_from_data(value, f"{where}claims: ")
+
+
+def article_claims() -> list[Any]:
+    """The seed articles' claims: the `claims:` of recipes/studies/articles.yaml."""
+    return load_study(ARTICLES).claims or []
 
 
 def check_spec(spec: StudySpec, where: str = "") -> None:
@@ -212,7 +255,10 @@ def _recipes(value: Any, where: str) -> list[StudyRecipe]:
         if not label.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"{where}recipe entry name {label!r}: letters, digits, _ and - only")
         overrides = _dotted(entry.get("set") or {}, f"recipes.{label}.set", where)
-        out.append(StudyRecipe(label, path, overrides))
+        seeds = entry.get("seeds")
+        if seeds is not None:
+            seeds = _int_list(seeds, f"recipes.{label}.seeds", where, low=0)
+        out.append(StudyRecipe(label, path, overrides, seeds))
     return out
 
 

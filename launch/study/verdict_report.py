@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from normlab.launch.errors import ConfigError
@@ -167,6 +167,17 @@ def run_verdicts(
 ) -> list[str]:
     """Decide, write verdicts.md and verdicts.json into `out`, return the lines to print.
     `aa`: also run the simulated A/A self-test (22.6) with that many replicates per cell."""
+    check_options(plateau, l0, margin, aa)
+    out = Path(out)
+    check_verdicts_dir(out)
+    runs = read_results(results)
+    claims = load_claims(claims_file) if claims_file is not None else None
+    decided = decide_table(runs, claims, plateau, l0, margin, aa, str(results))
+    make_out_dir(out)
+    return write_decided(decided, out)
+
+
+def check_options(plateau: float | None, l0: float | None, margin: float, aa: int | None) -> None:
     for name, value in (("--plateau", plateau), ("--l0", l0)):
         if value is not None and not math.isfinite(value):
             raise ConfigError(f"{name} must be a finite number, got {value}")
@@ -174,10 +185,64 @@ def run_verdicts(
         raise ConfigError(f"--margin must be a number >= 0, got {margin}")
     if aa is not None and not 100 <= aa <= 100_000:
         raise ConfigError(f"--aa must be between 100 and 100000 replicates, got {aa}")
-    out = Path(out)
-    check_verdicts_dir(out)
-    cells = build_cells(read_results(results), l0)
-    claims = load_claims(claims_file) if claims_file is not None else None
+
+
+@dataclass
+class Decided:
+    """What one table's claims came to: the verdicts, the rank flips, the exploratory
+    differences, the notes, the A/A results, and the seconds deciding them took."""
+
+    verdicts: list[Verdict]
+    flips: list[RankFlip]
+    points: list[PointDifference]
+    notes: list[str]
+    aa: list  # aa_test.AAResult
+    source: str
+    seconds: float = 0.0
+    aa_seconds: float = 0.0
+
+    def markdown(self, timed: bool = True) -> str:
+        text = markdown(self.verdicts, self.flips, self.points, self.source, self.notes)
+        if self.aa:
+            lines = [aa_line(r, timed) for r in self.aa]
+            text += "\n## Simulated A/A self-test (22.6)\n\n" + "\n".join(f"- {a}" for a in lines)
+            text += "\n"
+        return text
+
+    def json(self) -> str:
+        by_pair = {(f.a, f.b, f.size): f for f in self.flips}
+        data = [
+            as_dict(v, by_pair.get((v.a, v.b, v.size)) if v.statistic == vc.LOSS else None)
+            for v in self.verdicts
+        ]
+        return json.dumps(data, indent=2) + "\n"
+
+    def lines(self) -> list[str]:
+        out = [line(v) for v in self.verdicts]
+        out += [
+            f"rank flip: {f.a} vs {f.b} [{f.size}] at "
+            f"{', '.join(f'{int(k * 100)}%' for k in f.flipped)}"
+            for f in self.flips
+            if f.flipped
+        ]
+        return out + self.notes + [aa_line(r) for r in self.aa]
+
+
+def decide_table(
+    runs: list,
+    claims: list | None = None,
+    plateau: float | None = None,
+    l0: float | None = None,
+    margin: float = vc.LOSS_MARGIN,
+    aa: int | None = None,
+    source: str = "",
+) -> Decided:
+    """The verdicts of a table of runs (results_table.Run), its rank flips, exploratory
+    differences and (aa: replicates) the simulated A/A self-test."""
+    import time
+
+    start = time.perf_counter()
+    cells = build_cells(runs, l0)
     verdicts = decide(cells, claims, plateau, margin)
     tested = list(
         dict.fromkeys(
@@ -190,40 +255,69 @@ def run_verdicts(
     flips = rank_flips(cells, pairs, margin)
     points = exploratory(cells, pairs)
     notes = [f"{r} [{s}]: {n}" for (r, s), c in cells.items() for n in c.notes]
-    aa_lines = _aa_lines(cells, aa, plateau, margin) if aa else []
-    make_out_dir(out)
-    text = markdown(verdicts, flips, points, str(results), notes)
-    if aa_lines:
-        text += "\n## Simulated A/A self-test (22.6)\n\n" + "\n".join(f"- {a}" for a in aa_lines)
-        text += "\n"
-    write_text(out / "verdicts.md", text)
-    by_pair = {(f.a, f.b, f.size): f for f in flips}
-    data = [
-        as_dict(v, by_pair.get((v.a, v.b, v.size)) if v.statistic == vc.LOSS else None)
-        for v in verdicts
-    ]
-    write_text(out / "verdicts.json", json.dumps(data, indent=2))
-    lines = [line(v) for v in verdicts]
-    lines += [
-        f"rank flip: {f.a} vs {f.b} [{f.size}] at "
-        f"{', '.join(f'{int(k * 100)}%' for k in f.flipped)}"
-        for f in flips
-        if f.flipped
-    ]
-    lines += notes + aa_lines
-    lines.append(f"wrote {out / 'verdicts.md'} and {out / 'verdicts.json'}")
-    return lines
+    mid = time.perf_counter()
+    found = []
+    if aa:
+        from normlab.launch.study.aa_test import aa_study
+
+        found = aa_study(cells, aa, plateau, margin)
+        if not found:
+            notes.append("A/A: no cell has >= 2 seeds and a known l_0")
+    end = time.perf_counter()
+    return Decided(verdicts, flips, points, notes, found, source, end - start, end - mid)
 
 
-def _aa_lines(cells: dict, replicates: int, plateau: float | None, margin: float) -> list[str]:
-    from normlab.launch.study.aa_test import aa_study
+def write_decided(decided: Decided, out: Path) -> list[str]:
+    """verdicts.md and verdicts.json into `out` (made already); the lines to print."""
+    write_text(out / "verdicts.md", decided.markdown())
+    write_text(out / "verdicts.json", decided.json())
+    return [*decided.lines(), f"wrote {out / 'verdicts.md'} and {out / 'verdicts.json'}"]
 
-    found = aa_study(cells, replicates, plateau, margin)
-    if not found:
-        return ["A/A: no cell has >= 2 seeds and a known l_0"]
-    return [
+
+def aa_line(r, timed: bool = True) -> str:  # noqa: ANN001 (aa_test.AAResult, imported on use)
+    took = f"; {r.seconds:.2f} s" if timed else ""
+    return (
         f"A/A {r.recipe} [{r.size}] n {r.n}: FPR {r.fpr:.4f} (Gaussian {r.fpr_gaussian:.4f}) "
         f"<= {r.threshold:.4f}: {'pass' if r.passed else 'FAIL'} (B {r.replicates}; "
-        f"{r.no_test:.0%} draws with one seed-run in an arm; {r.seconds:.2f} s)"
-        for r in found
-    ]
+        f"{r.no_test:.0%} draws with one seed-run in an arm{took})"
+    )
+
+
+def plan_lines(
+    results: str | Path | None,
+    delta: float,
+    sd: float | None,
+    statistic: str,
+    family: int,
+    plateau: float | None = None,
+    margin: float = vc.LOSS_MARGIN,
+    l0: float | None = None,
+) -> list[str]:
+    """`normlab verdicts --plan DELTA`: seeds per arm for 80 % power at a true difference DELTA,
+    from a stated SD (--sd, one statistic) or from each cell of a pilot table (every statistic
+    the pilot can give; trained_range needs --plateau), at Holm's first level alpha / family."""
+    from normlab.launch.study.verdicts import pilot_sd, seeds_plan
+
+    if not (math.isfinite(delta) and delta > 0):
+        raise ConfigError(f"--plan must be a positive difference, got {delta}")
+    if family < 1:
+        raise ConfigError(f"--family must be >= 1, got {family}")
+    if statistic not in vc.STATISTICS:
+        raise ConfigError(f"--statistic must be one of {', '.join(vc.STATISTICS)}")
+    if (sd is None) == (results is None):
+        raise ConfigError("--plan needs either --sd SD or a pilot RESULTS table, not both")
+    if sd is not None:
+        if not (math.isfinite(sd) and sd > 0):
+            raise ConfigError(f"--sd must be a positive number, got {sd}")
+        return [seeds_plan(statistic, sd, delta, family, margin)[1]]
+    cells = build_cells(read_results(results), l0)
+    stats = vc.STATISTICS if plateau is not None else (vc.LOSS, vc.SENS)
+    out = []
+    for (recipe, size), cell in cells.items():
+        if cell.n < 2 or not cell.usable:
+            out.append(f"{recipe} [{size}]: no pilot spread (needs >= 2 seeds and a known l_0)")
+            continue
+        for s in stats:
+            pilot = pilot_sd(cell, s, plateau)
+            out.append(f"{recipe} [{size}] {s}: {seeds_plan(s, pilot, delta, family, margin)[1]}")
+    return out

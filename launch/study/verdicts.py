@@ -45,6 +45,7 @@ class Claim:
     statistic: str
     expect: str = "any"
     size: str | None = None
+    name: str = ""  # what the claim says in words ("DeepNorm stabilises Post-LN (Wang 2022)")
 
     def __post_init__(self) -> None:
         if self.statistic not in vc.STATISTICS:
@@ -63,6 +64,7 @@ class Verdict:
     statistic: str
     expect: str
     verdict: str
+    claim: str = ""  # the claim's name, when it has one
     test: str = ""
     n_a: int = 0
     n_b: int = 0
@@ -94,8 +96,11 @@ class Verdict:
         return "as expected" if self.verdict == self.expect else "contrary"
 
 
+CLAIM_KEYS = ("a", "b", "statistic", "expect", "size", "name")
+
+
 def load_claims(path: str | Path) -> list[Claim]:
-    """The claims file: a YAML list of {a, b, statistic, expect, size?}."""
+    """The claims file: a YAML list of {a, b, statistic, expect?, size?, name?}."""
     import yaml
 
     path = Path(path)
@@ -105,15 +110,25 @@ def load_claims(path: str | Path) -> list[Claim]:
         raise ConfigError(f"{path}: cannot read the claims ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, list) or not data:
         raise ConfigError(f"{path}: the claims file must be a non-empty YAML list")
+    return claims_from_data(data, f"{path}: ")
+
+
+def claims_from_data(data: list, where: str = "") -> list[Claim]:
+    """Claims from parsed YAML (a claims file, or a study file's `claims:`); a bad entry is one
+    ConfigError line naming the claim's number and the key."""
     claims = []
     for i, item in enumerate(data, start=1):
         if not isinstance(item, dict):
-            raise ConfigError(f"{path}: claim {i} is not a mapping")
-        unknown = set(item) - {"a", "b", "statistic", "expect", "size"}
-        missing = {"a", "b", "statistic"} - set(item)
+            raise ConfigError(f"{where}claim {i} is not a mapping with keys {list(CLAIM_KEYS)}")
+        unknown = sorted(str(k) for k in set(item) - set(CLAIM_KEYS))
+        missing = [k for k in ("a", "b", "statistic") if k not in item]
         if unknown or missing:
-            what = f"unknown key {sorted(unknown)[0]}" if unknown else f"missing {sorted(missing)}"
-            raise ConfigError(f"{path}: claim {i}: {what}")
+            what = (
+                f"unknown key {unknown[0]!r}; allowed: {', '.join(CLAIM_KEYS)}"
+                if unknown
+                else f"missing {', '.join(missing)}"
+            )
+            raise ConfigError(f"{where}claim {i}: {what}")
         size = item.get("size")
         try:
             claims.append(
@@ -123,10 +138,11 @@ def load_claims(path: str | Path) -> list[Claim]:
                     str(item["statistic"]),
                     str(item.get("expect", "any")),
                     None if size is None else str(size),
+                    str(item.get("name") or ""),
                 )
             )
         except ConfigError as exc:
-            raise ConfigError(f"{path}: claim {i}: {exc}") from None
+            raise ConfigError(f"{where}claim {i}: {exc}") from None
     return claims
 
 
@@ -152,9 +168,11 @@ def _expand(claims: list[Claim], cells: dict[tuple[str, str], Cell]) -> list[Ver
             missing = [r for r in (c.a, c.b) if not any(k[0] == r for k in cells)]
             why = f"not run: {', '.join(missing)}" if missing else f"not both run{where}"
             out.append(
-                Verdict(c.a, c.b, c.size or "-", c.statistic, c.expect, NOT_TESTED, note=why)
+                Verdict(
+                    c.a, c.b, c.size or "-", c.statistic, c.expect, NOT_TESTED, c.name, note=why
+                )
             )
-        out += [Verdict(c.a, c.b, s, c.statistic, c.expect, st.INCONCLUSIVE) for s in found]
+        out += [Verdict(c.a, c.b, s, c.statistic, c.expect, st.INCONCLUSIVE, c.name) for s in found]
     return out
 
 
@@ -197,8 +215,8 @@ def decide(
     )
     codes, levels = vc.decide_family(p3, alpha)
     for (v, ca, cb), code, level, p in zip(tested, codes, levels, p3, strict=True):
+        v.verdict = st.OUTCOMES[int(code)]  # before _fill: "needs k seeds" only when undecided
         _fill(v, ca, cb, plateau, loss_margin, float(level), p)
-        v.verdict = st.OUTCOMES[int(code)]
     return verdicts
 
 
@@ -243,6 +261,10 @@ def _fill(
         if reachable and (v.statistic != vc.LOSS or ca.lrs == cb.lrs):
             v.p_permutation = _permutation_min_p(v.statistic, ca.loss, cb.loss, a, b, m)
     v.seeds_needed = st.seeds_needed(v.delta, v.sd, m, level, permutation=v.statistic == vc.RANGE)
+    if v.verdict == st.INCONCLUSIVE and v.seeds_needed is not None:
+        # the calculator's pooled-SD power (df 2n - 2) can name the seeds already run when the
+        # arms' spreads differ (the test's Welch df is then near n - 1): never "needs" <= n
+        v.seeds_needed = max(v.seeds_needed, max(len(a), len(b)) + 1)
     v.rule = (
         f"A-B in {unit}, (1-2a') interval at a'={level:.4g} (Holm, alpha {st.ALPHA:g}): "
         f"a_lower if hi < -{m:g}; b_lower if lo > {m:g}; equivalent if -{m:g} < lo and hi < {m:g} "

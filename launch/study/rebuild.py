@@ -1,0 +1,95 @@
+"""`normlab study STUDY --report-only --out DIR`: a finished study's report without training.
+
+From DIR/runs/<run> when every planned run is there (the full report), else from DIR/results.csv,
+else from DIR/compare.csv (what the studies committed before results.csv keep); see
+launch.study.study_verdicts for what each source gives.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from normlab.launch.errors import ConfigError
+from normlab.launch.study.aa_test import B_DEFAULT
+from normlab.launch.study.study_verdicts import (
+    RESULTS_CSV,
+    committed_rows,
+    decide_study,
+    print_decided,
+    protocol_csv,
+    replace_protocol,
+    replace_section,
+    results_rows,
+    verdict_section,
+    write_verdicts,
+)
+
+if TYPE_CHECKING:
+    from normlab.launch.study.spec import StudySpec
+    from rich.console import Console
+
+
+def rebuild(
+    spec: StudySpec,
+    out: Path,
+    console: Console,
+    aa: int = B_DEFAULT,
+    plateau: float | None = None,
+) -> dict[str, Any]:
+    """`normlab study STUDY --report-only`: the report of a finished study, without training.
+    `plateau`: the data's unigram loss when known (else read from the study's data).
+    Returns {'decided': Decided, 'source': 'runs' | 'compare.csv', 'seconds': deciding time}."""
+    from normlab.launch.study.plan import plan
+    from normlab.launch.study.report import study_plateau
+
+    planned = plan(spec, out)
+    have_runs = all(
+        (Path(str(p.cfg.run_dir)) / "summary.json").is_file() for p in planned if p.cfg.run_dir
+    )
+    if plateau is None:
+        plateau = study_plateau([p.cfg.to_dict() for p in planned], spec)
+    if have_runs:
+        from normlab.launch.study.run import report_runs
+
+        found = report_runs(spec, planned, out, console, plateau)
+        return {"decided": found["decided"], "source": "runs", "seconds": found["seconds"]}
+    source = RESULTS_CSV if (out / RESULTS_CSV).is_file() else "compare.csv"
+    if not (out / source).is_file():
+        raise ConfigError(
+            f"--report-only: {out} has neither the study's runs ({out}/runs/...) nor its "
+            f"{RESULTS_CSV} or compare.csv: run the study first"
+        )
+    read = results_rows if source == RESULTS_CSV else committed_rows
+    rows, notes = read(planned, out)
+    if not rows:
+        raise ConfigError(f"--report-only: no run of study {spec.name} is in {out}/{source}")
+    start = time.perf_counter()
+    decided = decide_study(
+        rows, spec.claims_to_decide(), plateau, spec.protocol["margin"], aa, source
+    )
+    seconds = time.perf_counter() - start
+    decided.notes += notes
+    write_verdicts(decided, out)
+    curves = None
+    if spec.protocol["lr_sensitivity"]:
+        curves = protocol_csv(rows, spec.protocol["margin"], plateau, out)
+        if curves is None:
+            decided.notes.append("sensitivity.csv not rewritten: l_0 unknown")
+    growth = None
+    if spec.claims is None and spec.protocol["claims"] and plateau is not None:
+        from normlab.launch.study.claims import CLAIMS, decide_all
+
+        growth = decide_all(rows, plateau, [c for c in CLAIMS if c.metric == "growth"])
+    if (out / "study.md").is_file():
+        text = (out / "study.md").read_text()
+        section = verdict_section(decided, growth)
+        text = replace_section(text, section)
+        if curves:  # the protocol's table from the committed losses (the figures stay as run)
+            from normlab.launch.study.protocol import sensitivity_markdown
+
+            text = replace_protocol(text, sensitivity_markdown(curves, spec))
+        (out / "study.md").write_text(text)
+    print_decided(decided, console, seconds)
+    return {"decided": decided, "source": source, "seconds": seconds}
