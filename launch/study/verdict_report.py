@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from normlab.launch.errors import ConfigError
 from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
@@ -26,6 +27,9 @@ from normlab.launch.study.rank_flips import (
 )
 from normlab.launch.study.results_table import build_cells, read_results
 from normlab.launch.study.verdicts import NOT_TESTED, Verdict, decide, load_claims
+
+if TYPE_CHECKING:
+    from normlab.launch.study.aa_test import AAResult
 
 OUR_FILES = {"verdicts.md", "verdicts.json"}
 SHOWN = {
@@ -274,7 +278,7 @@ def write_decided(decided: Decided, out: Path) -> list[str]:
     return [*decided.lines(), f"wrote {out / 'verdicts.md'} and {out / 'verdicts.json'}"]
 
 
-def aa_line(r, timed: bool = True) -> str:  # noqa: ANN001 (aa_test.AAResult, imported on use)
+def aa_line(r: AAResult, timed: bool = True) -> str:
     took = f"; {r.seconds:.2f} s" if timed else ""
     return (
         f"A/A {r.recipe} [{r.size}] n {r.n}: FPR {r.fpr:.4f} (Gaussian {r.fpr_gaussian:.4f}) "
@@ -310,6 +314,7 @@ def plan_lines(
         if not (math.isfinite(sd) and sd > 0):
             raise ConfigError(f"--sd must be a positive number, got {sd}")
         return [seeds_plan(statistic, sd, delta, family, margin)[1]]
+    assert results is not None  # one of sd and results is given (checked above)
     cells = build_cells(read_results(results), l0)
     stats = vc.STATISTICS if plateau is not None else (vc.LOSS, vc.SENS)
     out = []

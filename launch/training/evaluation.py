@@ -8,15 +8,24 @@ eval loss rests on fewer batches than asked."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from normlab.data.errors import DataError
+from normlab.launch.callbacks import TrainerView
 
 if TYPE_CHECKING:
     from normlab.data.mixture import MixtureLoader
     from normlab.launch.engines.base import Engine
-    from normlab.launch.training.trainer import Trainer
+    from normlab.launch.training.progress import ProgressDisplay
+
+
+class EvaluatingTrainer(TrainerView, Protocol):
+    """What `evaluate` reads and writes of the trainer (launch.training.trainer.Trainer)."""
+
+    loader: MixtureLoader
+    stats: dict[str, Any]
+    display: ProgressDisplay
 
 
 def measure_eval(engine: Engine, loader: MixtureLoader, batches: int) -> tuple[float, list[float]]:
@@ -30,7 +39,7 @@ def measure_eval(engine: Engine, loader: MixtureLoader, batches: int) -> tuple[f
     return float(sum(p * v for p, v in zip(loader.p, per_source, strict=True))), per_source
 
 
-def evaluate(trainer: Trainer, step: int) -> None:
+def evaluate(trainer: EvaluatingTrainer, step: int) -> None:
     """The eval of `step`: stats, `eval_loss` and `eval/<source>` in the metrics, one line."""
     loader = trainer.loader
     value, per_source = trainer.measure_eval()

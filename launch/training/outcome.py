@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from normlab.launch.training.trainer import Trainer
+    from normlab.launch.config import RunConfig
+
+
+class SummarisedRun(Protocol):
+    """What summary.json needs of a trainer (the rest it reads where the trainer has it)."""
+
+    cfg: RunConfig
+    step: int
+    stats: dict[str, Any]
 
 
 def summary_of(name: str, status: str, step: int, stats: dict[str, Any], **extra: Any) -> dict:
@@ -45,7 +53,7 @@ def fresh_stats() -> dict[str, Any]:
     return {"min_loss": math.inf, "loss": None, "eval_loss": None, "tokens": 0, "train_s": 0.0}
 
 
-def run_summary(trainer: Trainer, status: str, **extra: Any) -> dict[str, Any]:
+def run_summary(trainer: SummarisedRun, status: str, **extra: Any) -> dict[str, Any]:
     """summary.json of a trainer now: the stats, tokens per step and per source, the throughput
     (MFU) and, passed on to the metrics loggers (W&B), the same dict."""
     extra.setdefault("tokens_per_step", getattr(trainer, "tokens_per_step", None))  # compare
