@@ -30,6 +30,7 @@ from normlab.launch.rundir.owner import (
 if TYPE_CHECKING:
     from normlab.launch.config import RunConfig
 
+
 @dataclass
 class Submission:
     run_dir: Path
