@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -30,7 +31,7 @@ def run_spec(
     """Train every run (`jobs` at a time), then report.
 
     Returns {'runs', 'total_s', 'stopped', 'rows', 'files', 'verdicts', 'curves'}; a study
-    stopped by a signal returns only the first three (no report over unfinished runs)."""
+    stopped by a signal returns the first three and 'signal' (no report over unfinished runs)."""
     from normlab.launch.report.compare import compare
     from normlab.launch.study.report import study_plateau, write_study_report
 
@@ -49,7 +50,10 @@ def run_spec(
             "command again to go on: finished runs are reused, stopped ones resume",
             highlight=False,
         )
-        return {"runs": timings, "total_s": total, "stopped": True}
+        # the signal that stopped it (as `launch` exits 128 + it); none recorded: the study
+        # process itself was interrupted between runs (Ctrl-C)
+        signum = next((t["signal"] for t in timings if t["signal"]), int(signal.SIGINT))
+        return {"runs": timings, "total_s": total, "stopped": True, "signal": signum}
     quiet = Console(file=open("/dev/null", "w"), width=240)  # noqa: SIM115 (table goes to compare.md)
     plateau = study_plateau([c.to_dict() for c in cfgs], spec)  # scans the data: read once
     report = compare([c.run_dir for c in cfgs if c.run_dir], out, quiet, plateau=plateau)
