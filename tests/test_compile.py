@@ -14,7 +14,7 @@ import pytest
 import torch
 from normlab.launch.config import load_config
 from normlab.launch.instruments.common import MAX_LOGIT_UPPER
-from normlab.launch.optim.qk_clip import CLIP_EVENTS, S_MAX
+from normlab.launch.optim.qk_clip import CLIP_EVENTS, CLIPS, S_MAX
 from normlab.launch.training.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 from torch._dynamo.utils import counters
@@ -48,6 +48,8 @@ def train(data: Path, run: Path, placement: str, backend: str | None, **extra: o
     }
     if placement == "deepnorm":
         values["model.init"] = "deepnorm"
+    if "optim.qk_clip" in extra:  # QK-Clip replaced (off): no threshold to set
+        values.pop("optim.qk_clip.tau")
     cfg = load_config(REPO / "recipes" / "pre.yaml", tiny_overrides(data, run, **{
         k.replace(".", "__"): v for k, v in values.items()
     }))  # fmt: skip
@@ -106,10 +108,21 @@ def test_lse_bound_mode_compiles_without_breaks(tiny_data: Path, tmp_path: Path)
 @pytest.mark.slow
 def test_inductor_matches_eager_on_mix(tiny_data: Path, tmp_path: Path) -> None:
     """The backend engine.compile uses by default: generated kernels reorder float sums, so the
-    losses agree to float tolerance rather than bit for bit (a cold CPU compile takes minutes)."""
+    losses agree to float tolerance rather than bit for bit (a cold CPU compile takes minutes).
+
+    With heads clipped (issue 30): at tau 0.05 QK-Clip rescales heads after every logged step of
+    both runs, the same number of heads per step, and the clipping changes the training (an
+    eager run without QK-Clip follows another curve), so the agreement covers clipped weights."""
     eager = train(tiny_data, tmp_path / "eager", "mix", None)
     compiled = train(tiny_data, tmp_path / "compiled", "mix", "inductor")
     check(eager, compiled, rtol=1e-4)
+    for e, c in zip(eager["rows"], compiled["rows"], strict=True):
+        assert c[CLIPS] == e[CLIPS] > 0, (e["step"], e[CLIPS], c[CLIPS])
+    unclipped = train(tiny_data, tmp_path / "unclipped", "mix", None, **{"optim.qk_clip": "null"})
+    gap = max(
+        abs(u["loss"] - e["loss"]) for u, e in zip(unclipped["rows"], eager["rows"], strict=True)
+    )
+    assert gap > 100 * 1e-4 * max(e["loss"] for e in eager["rows"]), gap
 
 
 def test_per_block_compile_shares_one_graph_across_blocks(tiny_data: Path, tmp_path: Path) -> None:
