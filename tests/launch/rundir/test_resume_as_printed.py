@@ -107,7 +107,7 @@ def _fake_slurm(bin_dir: Path, job: int, stop_file: Path) -> None:
         "exit $code\n"
     )
     tools = {
-        "sbatch": f'echo {job}\nSLURM_JOB_ID={job} SLURM_JOB_NODELIST=localhost bash "$1" '
+        "sbatch": f'echo {job}\nSLURM_JOB_ID={job} SLURM_JOB_NODELIST=localhost bash "${{@: -1}}" '
         f">>{bin_dir}/job.log 2>&1 &\n",
         "srun": srun,
         "scontrol": 'case "$1 $2" in\n  "show hostnames") echo localhost ;;\n'
