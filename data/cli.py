@@ -34,7 +34,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--tokenizer",
         metavar="PATH",
         help="use this tokenizer instead of training one: a SentencePiece .model, a HF "
-        "tokenizer.json, or a folder that transformers.AutoTokenizer loads",
+        "tokenizer.json, or a tokenizer folder holding tokenizer.json",
     )
     for name in ("bos", "eos", "pad"):
         p.add_argument(

@@ -2,9 +2,11 @@
 folder for `prepare` (`hf_info`), and exporting the tokenizer a run trained on as HF files.
 
 A bare tokenizer.json does not say which token ends a text: its special tokens are recognised by
-the names model families use (EOS_NAMES, ...), or named with --eos-token/--bos-token/--pad-token;
-a folder's tokenizer_config.json says it through AutoTokenizer. The exported tokenizer is that
-same tokenizer.json with those special tokens, checked to encode the probe text identically.
+the names model families use (NAMES), or named with --eos-token/--bos-token/--pad-token; a
+folder's tokenizer_config.json (or special_tokens_map.json) names them. Importing needs only
+`tokenizers` (a dependency); data.tokenizer_checks refuses degenerate tokenizers in one line.
+The exported tokenizer is that same tokenizer.json with those special tokens, checked to encode
+the probe text identically.
 
 A normlab SentencePiece model is exported as HF tokenizer files built by transformers itself.
 
@@ -13,7 +15,7 @@ holding only tokenizer.model runs its SentencePiece converter, which follows the
 normaliser settings: no dummy prefix, whitespace kept, byte fallback). normlab documents carry no
 BOS (prepare puts EOS between documents), so the HF tokenizer adds no special token either:
 `AutoTokenizer(text).input_ids == SentencePieceProcessor.encode(text)`, checked on a probe text
-before anything is written. transformers is imported lazily: it is the `hf` extra.
+before anything is written. transformers (export only) is imported lazily: it is the `hf` extra.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from normlab.data.errors import DataError
-from normlab.data.tokenizer import SPECIALS, TokenizerInfo, load_tokenizer
+from normlab.data.tokenizer import HF_FILE, SPECIALS, TokenizerInfo, load_tokenizer
+from normlab.data.tokenizer_checks import check_encodes, check_end_token, check_ids
 
 # Special tokens by the names model families give them (GPT-2/Llama 3/T5/Llama/Gemma/BERT...).
 NAMES = {
@@ -40,39 +43,40 @@ SPM_FILE = "tokenizer.model"
 
 
 def hf_info(path: Path, names: dict[str, str]) -> TokenizerInfo:
-    """A tokenizer.json (tokenizers) or a tokenizer folder (transformers.AutoTokenizer) as the
-    tokenizer.json prepare stores, with its special-token ids."""
+    """A tokenizer.json, or a tokenizer folder holding one (its tokenizer_config.json and
+    special_tokens_map.json name the special tokens), as the tokenizer.json prepare stores, with
+    its special-token ids; data.tokenizer_checks refuses the degenerate ones in one line. Needs
+    `tokenizers` only (a dependency), not transformers."""
     from tokenizers import Tokenizer
 
-    if path.is_dir():
-        backend, given = _from_folder(path)
-    else:
-        try:
-            backend, given = Tokenizer.from_file(str(path)), {}
-        except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
-            raise DataError(f"{path} is not a tokenizers tokenizer.json: {exc}") from None
+    file, given = _folder(path) if path.is_dir() else (path, {})
+    try:
+        backend = Tokenizer.from_file(str(file))
+    except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
+        first = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        raise DataError(f"{file} is not a tokenizers tokenizer.json: {first}") from None
+    size = check_ids(backend, file)
     vocab = backend.get_vocab(with_added_tokens=True)
     added = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.special}
     special: dict[str, int | None] = {}
     for name in SPECIALS:
-        token = names.get(name)
+        token, where = given.get(name, (None, ""))
+        if names.get(name):
+            token, where = names[name], f"--{name}-token"
         if token:
             if token not in vocab:
-                raise DataError(f"--{name}-token {token!r} is not a token of {path}")
+                raise DataError(f"{where} {token!r} is not a token of {file}")
             special[name] = vocab[token]
-        elif name in given:
-            special[name] = given[name]
         else:
-            special[name] = _by_name(added, vocab, name) if not path.is_dir() else None
-    if special["eos"] is None:
-        listed = ", ".join(t.content for t in backend.get_added_tokens_decoder().values())
-        raise DataError(
-            f"{path} has no end-of-text token that normlab recognises (special tokens: "
-            f"{listed or 'none'}); name it with --eos-token TOKEN (prepare puts it after each "
-            "document)"
-        )
+            special[name] = _by_name(added, vocab, name)
+    listed = ", ".join(t.content for t in backend.get_added_tokens_decoder().values())
+    hint = (
+        f"that normlab recognises (special tokens: {listed or 'none'}); name it with "
+        "--eos-token TOKEN"
+    )
+    check_end_token(special, path, hint)
     content = backend.to_str().encode()
-    size = max(vocab.values()) + 1
+    check_encodes(content, special, size, file)
     return TokenizerInfo("hf", path, size, special, hashlib.sha256(content).hexdigest(), content)
 
 
@@ -85,20 +89,45 @@ def _by_name(added: dict[str, int], vocab: dict[str, int], name: str) -> int | N
     return None
 
 
-def _from_folder(path: Path) -> tuple[Any, dict[str, int | None]]:
-    from normlab.launch.extras import require
+def _folder(path: Path) -> tuple[Path, dict[str, tuple[str, str]]]:
+    """A tokenizer folder's tokenizer.json and the special tokens its config files name
+    ({name: (token, which file)}), tokenizer_config.json over special_tokens_map.json."""
+    file = path / HF_FILE
+    if not file.is_file():
+        has = sorted(p.name for p in path.iterdir())[:6]
+        spm = [p for p in path.glob("*.model")]
+        hint = (
+            f"its {spm[0].name} is a SentencePiece model: --tokenizer {spm[0]}"
+            if spm
+            else "write one with transformers: AutoTokenizer.from_pretrained(D).save_pretrained(D)"
+        )
+        raise DataError(
+            f"tokenizer folder {path} has no tokenizer.json (it holds: "
+            f"{', '.join(has) or 'nothing'}); {hint}"
+        )
+    given: dict[str, tuple[str, str]] = {}
+    for conf in ("special_tokens_map.json", "tokenizer_config.json"):  # the later one wins
+        f = path / conf
+        if not f.is_file():
+            continue
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DataError(f"{f} is not readable JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise DataError(f"{f} is not a JSON object")
+        for name in SPECIALS:
+            token = _token_text(data.get(f"{name}_token"))
+            if token:
+                given[name] = (token, f"{f} {name}_token")
+    return file, given
 
-    require("transformers", f"prepare --tokenizer {path} (a tokenizer folder)")
-    from transformers import AutoTokenizer
 
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as exc:  # OSError, ValueError, KeyError... by what the folder lacks
-        raise DataError(f"transformers cannot load a tokenizer from {path}: {exc}") from None
-    if not getattr(tok, "is_fast", False):
-        raise DataError(f"{path} holds a slow (Python) tokenizer; normlab needs a fast one")
-    given = {name: getattr(tok, f"{name}_token_id", None) for name in SPECIALS}
-    return tok.backend_tokenizer, {k: v for k, v in given.items() if v is not None}
+def _token_text(value: Any) -> str | None:
+    """A special token as config files write it: a string, or {"content": ...} (AddedToken)."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
 
 
 # Text that exercises what the normaliser could get wrong: leading, repeated and trailing spaces,

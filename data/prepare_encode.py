@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from normlab.data.tokenizer import Kind, encoder
+from normlab.data.tokenizer_checks import encode_error
 from normlab.data.writer import SplitWriter, route
 
 Batch = tuple[list[str], np.ndarray, np.ndarray, int]  # texts, is_val, eos, utf-8 bytes
@@ -67,7 +68,14 @@ def _pool_worker(*init: Any) -> None:
 
 def encode_batch(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
     texts, is_val, eos, _ = batch
-    return route(_STATE["encode"](texts), is_val, eos, _STATE["eos_id"], _STATE["dtype"])
+    try:
+        ids = _STATE["encode"](texts)
+    except Exception as exc:  # tokenizers' bare Exception: one line, not a worker traceback
+        raise encode_error(exc, f"a batch of {len(texts)} documents") from None
+    try:
+        return route(ids, is_val, eos, _STATE["eos_id"], _STATE["dtype"])
+    except OverflowError:  # an id the token arrays' dtype cannot hold
+        raise encode_error(OverflowError(f"an id beyond {_STATE['dtype']}"), "into ids") from None
 
 
 def _progress(total_bytes: int) -> Any:

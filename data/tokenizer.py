@@ -71,9 +71,13 @@ class TokenizerInfo:
 
 def spm_info(path: str | Path) -> TokenizerInfo:
     """TokenizerInfo of a SentencePiece model; its special ids are the model's own."""
+    from normlab.data.tokenizer_checks import check_end_token
+
     sp = load_tokenizer(path)
     ids = {"bos": sp.bos_id(), "eos": sp.eos_id(), "pad": sp.pad_id(), "unk": sp.unk_id()}
     special = {k: (i if 0 <= i < sp.vocab_size() else None) for k, i in ids.items()}
+    hint = f"(its eos_id is {sp.eos_id()}): train it with an eos piece, or give a tokenizer.json"
+    check_end_token(special, Path(path), hint)
     return TokenizerInfo("sentencepiece", Path(path), sp.vocab_size(), special, file_sha256(path))
 
 

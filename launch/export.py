@@ -22,6 +22,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -238,8 +239,9 @@ def export(
         written = write_export(model, cfg, tok, tmp, hf)
         lines += [line.replace(str(tmp), str(out)) for line in written]
         publish(tmp, out)
-    except OSError as exc:
+    except Exception as exc:  # OSError, or safetensors' own error wrapping one (os error N)
         shutil.rmtree(tmp, ignore_errors=True)
+        exc = as_os_error(exc)
         where = exc.filename or out
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise RunDirError(f"no space left on device while writing {where}") from None
@@ -248,6 +250,21 @@ def export(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return lines
+
+
+def as_os_error(exc: Exception) -> OSError:
+    """`exc` as the OSError it is or wraps: safetensors (and transformers' save_pretrained through
+    it) reports a failed write as `SafetensorError('... I/O error: ... (os error 28)')`; anything
+    else is raised again as it is."""
+    if isinstance(exc, OSError):
+        return exc
+    found = (
+        re.search(r"\(os error (\d+)\)", str(exc)) if "Safetensor" in type(exc).__name__ else None
+    )
+    if found is None:
+        raise exc
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code))
 
 
 def refuse_hf(cfg: RunConfig) -> None:
@@ -267,5 +284,3 @@ def temp_dir(out: Path) -> Path:
         return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     except OSError as exc:
         raise RunDirError(f"cannot create --out {out}: {exc.strerror or exc}") from None
-
-

@@ -6,6 +6,9 @@ two domains and an existing tokenizer.
 - tokenizer.json: a byte-level BPE tokenizer made with the `tokenizers` library over a sample of
   both (it stands in for the tokenizer.json of a model family that a user brings).
 
+Requires: normlab installed as the README says (`pip install -e .`), which brings `tokenizers`
+(a dependency of normlab since `prepare --tokenizer` reads tokenizer.json with it); nothing else.
+
 Usage: python docs/corpus/make_inputs.py OUT_DIR
 """
 
@@ -15,8 +18,11 @@ import random
 import sys
 from pathlib import Path
 
-from normlab.data.corpus import bundled_corpus_path
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+try:
+    from normlab.data.corpus import bundled_corpus_path
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+except ImportError as exc:  # run outside the install the README describes
+    sys.exit(f"make_inputs.py needs normlab and tokenizers ({exc}): pip install -e . in the clone")
 
 ARITH_LINES = 200_000
 VOCAB = 2048

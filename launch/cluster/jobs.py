@@ -30,6 +30,7 @@ from normlab.launch.rundir.owner import (
 if TYPE_CHECKING:
     from normlab.launch.config import RunConfig
 
+
 @dataclass
 class Submission:
     run_dir: Path
@@ -68,12 +69,13 @@ def check_not_in_use(run_dir: Path) -> None:
         )
 
 
-def check_cluster(subs: list[Submission], spec: ClusterSpec) -> None:
-    """What needs SLURM or the run directory's current owner, before anything is written."""
+def check_cluster(subs: list[Submission], spec: ClusterSpec, instead: str = slurm.DRY_RUN) -> None:
+    """What needs SLURM or the run directory's current owner, before anything is written;
+    `instead`: what the command offers without sbatch."""
     for sub in subs:
         check_not_owned(sub.run_dir)  # a live SLURM job named in slurm.json
         check_not_in_use(sub.run_dir)  # a live local process holding the run-directory lock
-    slurm.require("sbatch")
+    slurm.require("sbatch", instead)
     slurm.check_partition(spec.partition)
 
 

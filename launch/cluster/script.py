@@ -7,8 +7,12 @@ no longer inherits --cpus-per-task from sbatch, so torchrun and all its ranks wo
 core on a site that constrains cores.
 
 `normlab launch` runs torchrun with c10d rendezvous on the first host of the allocation
-(`scontrol show hostnames "$SLURM_JOB_NODELIST"`), on a port derived from the job id so that two
-jobs sharing a node do not collide and a requeued job finds the same port.
+(`scontrol show hostnames "$SLURM_JOB_NODELIST"`), where this script runs, on a port that
+launch.cluster.port picks there: derived from the job id and checked free on that node, so two
+jobs sharing a node do not collide.
+
+The cluster file's set-up lines (`module load`, conda activation) run before `set -u`: some
+sites' set-up scripts read unset variables and break under it.
 
 Signals: `--signal=B:USR1@grace` sends USR1 to this batch shell `grace` seconds before the time
 limit; the trap passes it to every job step (`scancel --signal` reaches steps, not this shell),
@@ -26,7 +30,6 @@ from pathlib import Path
 
 from normlab.launch.cluster.spec import ClusterSpec
 
-PORT_BASE, PORT_SPAN = 20000, 20000  # rendezvous port: PORT_BASE + job id % PORT_SPAN
 SCRIPT_NAME = "submit.sbatch"
 
 
@@ -91,21 +94,23 @@ def render_script(spec: ClusterSpec, job_name: str, run_dir: Path, workdir: Path
             "#!/bin/bash",
             f"# Written by `normlab submit` for {run_dir}; `sbatch` it again to resubmit.",
             *sbatch_lines(spec, job_name, run_dir, workdir),
-            "set -uo pipefail",
             "",
-            "# environment (cluster file)",
+            "# environment (cluster file), before set -u: module load / conda activate may read",
+            "# unset variables",
             *environment_lines(spec),
+            "set -uo pipefail",
             "",
             f"RUN_DIR={shlex.quote(str(run_dir))}",
             f"PYTHON={shlex.quote(python)}",
-            '# the entry point next to that Python (a name such as python3 is looked up on PATH)',
+            "# the entry point next to that Python (a name such as python3 is looked up on PATH)",
             'NORMLAB=$(dirname "$(command -v "$PYTHON" || echo "$PYTHON")")/normlab',
             '[ -x "$NORMLAB" ] || { echo "normlab: no normlab entry point at $NORMLAB (next to '
             '$PYTHON): install normlab there or set python in the cluster file" >&2; exit 2; }',
             'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             "head_addr=$(scontrol show node \"$head\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
             "head_addr=${head_addr:-$head}",
-            f"port=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))",
+            "# from the job id, free on this node (the first of the allocation)",
+            'port=$("$PYTHON" -P -m normlab.launch.cluster.port "$SLURM_JOB_ID") || exit 2',
             'echo "normlab: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on '
             '$SLURM_JOB_NODELIST, rendezvous $head_addr:$port"',
             "",

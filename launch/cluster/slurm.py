@@ -20,12 +20,15 @@ class SlurmError(NormlabError):
     """SLURM is missing, refused a request, or a request names something it does not have."""
 
 
-def require(tool: str) -> str:
+DRY_RUN = "or use --dry-run to see the script"  # what `normlab submit` offers instead
+
+
+def require(tool: str, instead: str = DRY_RUN) -> str:
+    """The path of `tool`; missing, one line that names what the command offers `instead`."""
     path = shutil.which(tool)
     if path is None:
         raise SlurmError(
-            f"{tool} is not installed or not on PATH: run this on a SLURM login node "
-            "(or use --dry-run to see the script)"
+            f"{tool} is not installed or not on PATH: run this on a SLURM login node ({instead})"
         )
     return path
 

@@ -34,7 +34,9 @@ def _floats(text: str, what: str) -> list[float]:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise ConfigError(f"{what} must be comma-separated numbers, got {text!r}") from None
-    if not values or any(not v > 0 for v in values):
+    if not values:
+        raise ConfigError(f"{what} is empty: give comma-separated numbers (e.g. 1e-3,3e-3)")
+    if any(not v > 0 for v in values):
         raise ConfigError(f"{what} must be positive numbers, got {text!r}")
     return values
 
@@ -128,7 +130,8 @@ def _refuse_replaced_sets(sets: list[str], lrs: bool, steps: bool) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> StudySpec:
     """The study file (when the one positional is one) with the flags over it, else the flags."""
-    lrs = None if args.lrs == "recipe" else (_floats(args.lrs, "--lrs") if args.lrs else None)
+    given = args.lrs is not None and args.lrs != "recipe"  # '' is an empty list: refused
+    lrs = _floats(args.lrs, "--lrs") if given else None
     seeds = _ints(args.seeds, "--seeds") if args.seeds is not None else None
     if len(args.recipes) == 1 and is_study(args.recipes[0]):
         spec = load_study(args.recipes[0])
@@ -156,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+    from normlab.launch.rundir.directory import check_lock_settings
+
+    check_lock_settings()  # before the study directory is written
     spec = spec_from_args(args)
     out = Path(args.out or ("study" if spec.path is None else f"studies/{spec.name}"))
     if args.report_only:
@@ -176,6 +182,6 @@ def run(args: argparse.Namespace) -> int:
     from normlab.launch.study.run import run_spec
 
     result = run_spec(spec, out, jobs=args.jobs, window=args.spike_window)
-    if result["stopped"]:
-        return 1
+    if result["stopped"]:  # 130 for Ctrl-C, 143 for SIGTERM: as `train` and `launch` exit
+        return 128 + int(result["signal"])
     return 0 if all(r["status"] in ("completed", "diverged") for r in result["runs"]) else 1

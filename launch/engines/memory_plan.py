@@ -100,8 +100,16 @@ def plan_report(cfg: RunConfig, nodes: int, gpus_per_node: int, gpu_memory: str)
         f"{'activ':>8}{'accum':>8}{'peak':>8}{'act+AC':>8}{'peak+AC':>9}"
     )
     lines += [table_line(name, lay, mc) for name, lay in rows]
+    lines.append(PEAK_NOTE)
     lines.append(verdict(cfg, dict(rows), configured(cfg, world), capacity * HEADROOM))
     return lines
+
+
+# `peak` is not the row's sum: the gradients are written as the backward frees the activations
+PEAK_NOTE = (
+    "peak = params + optim + gather + max(activ + accum, grads + step temporaries): the grads "
+    "column is not added to activ"
+)
 
 
 def table_line(name: str, lay: Layout, mc: ModelConfig) -> str:
@@ -140,14 +148,43 @@ def verdict(cfg: RunConfig, rows: dict[str, Layout], mine: str, usable: float) -
         else f"verdict: {mine} cannot run on this cluster"
     )
     options = [(mine, True)] if mine in rows else []
+    if mine in rows and not ac_now and rows[mine].engine != "single":
+        alone = estimate(mc, replace(rows[mine], checkpointing=True))  # said before the rest
+        head += f" ({gib(alone)} with checkpointing)"
     options += [(name, ac_now) for name in rows] + [(name, True) for name in rows]
     for name, ac in options:
         if ac and rows[name].engine == "single":
             continue  # activation checkpointing is an fsdp/deepspeed option
-        est = estimate(mc, replace(rows[name], checkpointing=ac))
+        lay = replace(rows[name], checkpointing=ac)
+        est = estimate(mc, lay)
         if est.total <= usable:
-            return f"{head}; use {describe(name, ac)} ({gib(est)})"
+            return f"{head}; use {describe(name, ac)} ({gib(est)}): {changes(cfg, lay)}"
     return f"{head}; {smaller_batch(cfg, rows, usable)}"
+
+
+def changes(cfg: RunConfig, lay: Layout) -> str:
+    """The settings the advised layout changes, as overrides with the value each replaces:
+    nothing the user set is dropped without a word (grad_sync=step among them)."""
+    e = cfg.engine
+    want: dict[str, tuple[object, object]] = {"engine.name": (lay.engine, e.name)}
+    if lay.engine == "deepspeed":
+        want["engine.zero_stage"] = (lay.zero_stage, e.zero_stage)
+    if lay.engine == "fsdp":
+        want["engine.replicate"] = (lay.replicate, e.replicate)
+        if lay.grad_accum > 1:  # grad_sync matters only with accumulation
+            want["engine.grad_sync"] = (lay.grad_sync, e.grad_sync)
+    if lay.engine != "single":
+        want["engine.activation_checkpointing"] = (lay.checkpointing, e.activation_checkpointing)
+    if lay.batch != cfg.data.batch_size:
+        want["data.batch_size"] = (lay.batch, cfg.data.batch_size)
+    if lay.grad_accum != cfg.training.grad_accum:
+        want["training.grad_accum"] = (lay.grad_accum, cfg.training.grad_accum)
+    diff = [f"{k}={_text(new)} (was {_text(old)})" for k, (new, old) in want.items() if new != old]
+    return "set " + ", ".join(diff) if diff else "as configured"
+
+
+def _text(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def smaller_batch(cfg: RunConfig, rows: dict[str, Layout], usable: float) -> str:
@@ -163,11 +200,15 @@ def smaller_batch(cfg: RunConfig, rows: dict[str, Layout], usable: float) -> str
         for name, lay in rows.items():
             if lay.engine == "single":
                 continue
-            est = estimate(mc, replace(lay, checkpointing=True, batch=batch, grad_accum=accum))
+            advised = replace(lay, checkpointing=True, batch=batch, grad_accum=accum)
+            if advised.engine == "fsdp" and "grad_sync=" not in name:  # the user's, if it matters
+                advised = replace(advised, grad_sync=cfg.engine.grad_sync)
+            est = estimate(mc, advised)
             if est.total <= usable:
                 return (
                     f"use {describe(name, True)} with data.batch_size={batch} and "
-                    f"training.grad_accum={accum} to keep the global batch ({gib(est)})"
+                    f"training.grad_accum={accum} to keep the global batch ({gib(est)}): "
+                    f"{changes(cfg, advised)}"
                 )
     return "nothing fits even at micro-batch 1 with ZeRO-3 and checkpointing: add GPUs"
 

@@ -129,6 +129,19 @@ def engine_label(config: dict[str, Any]) -> str:
     return name + (f" x{e['replicate']} replicas" if (e.get("replicate") or 1) > 1 else "")
 
 
+def ranks_note(history: Any) -> str:
+    """', ranks 2 -> 1 at step 4' when the run was resumed on another number of ranks (summary
+    .json's [[first step, ranks], ...]); '' otherwise, and for runs that recorded none."""
+    try:
+        stretches = [(int(step), int(ranks)) for step, ranks in history or []]
+    except (TypeError, ValueError):  # a damaged summary: no note rather than a wrong one
+        return ""
+    if len(stretches) < 2:
+        return ""
+    changes = ", ".join(f"{r} at step {s}" for s, r in stretches[1:])
+    return f", ranks {stretches[0][1]} -> {changes}"
+
+
 def global_batch(config: dict[str, Any], summary: dict[str, Any]) -> int | None:
     """Sequences per optimizer step over every process (micro-batch x accumulation x world), from
     the tokens per step the run recorded; None for a run that recorded none (older runs)."""
@@ -174,7 +187,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "dataset": dataset_label(cfg),
         "tokenizer": tokenizer_id(cfg),
         "optimizer": optimizer_label(cfg),
-        "engine": engine_label(cfg),
+        "engine": engine_label(cfg) + ranks_note(s.get("ranks")),
         "global_batch": global_batch(cfg, s),
         "lr": (cfg.get("optim") or {}).get("lr"),
         "seed": (cfg.get("training") or {}).get("seed"),

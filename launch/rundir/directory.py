@@ -167,6 +167,13 @@ def heartbeat_s() -> float:
 
 def stale_s() -> float:
     return _seconds(STALE_S, "NORMLAB_LOCK_STALE_S", 300.0)
+
+
+def check_lock_settings() -> None:
+    """A bad NORMLAB_LOCK_* setting is one line (train, launch, validate, study: preflight)."""
+    heartbeat_s(), stale_s()
+
+
 TOKEN_ENV = "NORMLAB_RUN_LOCK"  # a launcher's lock token, inherited by the ranks it starts
 
 
@@ -246,7 +253,7 @@ class RunDirLock:
         self._beat: threading.Thread | None = None
 
     def acquire(self) -> LockOwner:
-        heartbeat_s(), stale_s()  # a bad setting is one line before anything is created
+        check_lock_settings()  # a bad setting is one line before anything is created
         inherited = read_lock(self.run_dir)
         if inherited is not None and inherited.token == os.environ.get(TOKEN_ENV):
             return inherited  # held by our launcher: nothing to do, nothing to release

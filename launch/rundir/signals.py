@@ -123,9 +123,17 @@ class GracefulStop:
         return int(flag.item())
 
 
+BATCH_SCRIPT = "submit.sbatch"  # launch.cluster.script.SCRIPT_NAME (tests check they agree)
+
+
 def resume_command(run_dir: Path) -> str:
-    """The command that resumes this run as it was started: `normlab train RUN` for one process,
-    `normlab launch RUN --nproc-per-node N [--nnodes M]` for ranks started by torchrun."""
+    """The command that resumes this run as it was started: `sbatch RUN/submit.sbatch` for a
+    SLURM job of `normlab submit` (its script resumes the run on every node), `normlab train RUN`
+    for one process, `normlab launch RUN --nproc-per-node N [--nnodes M]` for ranks started by
+    torchrun. The run directory's config.yaml holds every override it was started with."""
+    script = Path(run_dir) / BATCH_SCRIPT
+    if os.environ.get("SLURM_JOB_ID") and script.is_file():
+        return f"sbatch {shlex.quote(str(script))}"
     run = shlex.quote(str(run_dir))
     world = int(os.environ.get("WORLD_SIZE", 1))
     if "TORCHELASTIC_RUN_ID" not in os.environ and world == 1:
@@ -136,13 +144,12 @@ def resume_command(run_dir: Path) -> str:
     return f"normlab launch {run} --nproc-per-node {local}{more}"
 
 
-def stop_message(
-    signum: int, step: int, total: int, checkpoint: Path | None, resume: str
-) -> str:
+def stop_message(signum: int, step: int, total: int, checkpoint: Path | None, resume: str) -> str:
     """The exit line (and summary message) of a run stopped by `signum`; `resume` is the
     command that continues it (resume_command)."""
     name = signal.Signals(signum).name
+    requeued = signum == signal.SIGUSR1 and resume.startswith("sbatch ")
+    how = f"resume with `{resume}`" + (" if the job is not requeued" if requeued else "")
     return (
-        f"{stop_status(signum)} by {name} after step {step}/{total}; checkpoint {checkpoint}; "
-        f"resume with `{resume}`"
+        f"{stop_status(signum)} by {name} after step {step}/{total}; checkpoint {checkpoint}; {how}"
     )

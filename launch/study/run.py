@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -30,7 +31,7 @@ def run_spec(
     """Train every run (`jobs` at a time), then report.
 
     Returns {'runs', 'total_s', 'stopped', 'rows', 'files', 'verdicts', 'curves'}; a study
-    stopped by a signal returns only the first three (no report over unfinished runs)."""
+    stopped by a signal returns the first three and 'signal' (no report over unfinished runs)."""
     from normlab.launch.study.report import study_plateau
 
     out = Path(out)
@@ -48,7 +49,10 @@ def run_spec(
             "command again to go on: finished runs are reused, stopped ones resume",
             highlight=False,
         )
-        return {"runs": timings, "total_s": total, "stopped": True}
+        # the signal that stopped it (as `launch` exits 128 + it); none recorded: the study
+        # process itself was interrupted between runs (Ctrl-C)
+        signum = next((t["signal"] for t in timings if t["signal"]), int(signal.SIGINT))
+        return {"runs": timings, "total_s": total, "stopped": True, "signal": signum}
     plateau = study_plateau([c.to_dict() for c in cfgs], spec)  # scans the data: read once
     warn = partial(console.print, highlight=False)
     record = with_earlier_time(out / "study.json", spec.name, total, timings, warn)

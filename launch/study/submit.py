@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from normlab.launch.study.spec import StudySpec
 
 FINISHED = ("completed", "diverged")
+# study has no --dry-run: what it does offer without sbatch
+NO_SBATCH = (
+    "or drop --submit to train the study here; `normlab submit RECIPE --dry-run` prints one "
+    "run's batch script"
+)
 
 
 def where_it_stands(run_dir: Path) -> tuple[str, str | None]:
@@ -63,7 +68,7 @@ def submit_study(planned: list[Planned], spec: StudySpec, out: Path, cluster: Cl
     todo = [p for p, (state, _) in zip(planned, standing, strict=True) if state == "to submit"]
     subs = jobs.prepare([p.cfg for p in todo], cluster, force=False)
     if subs:
-        jobs.check_cluster(subs, cluster)
+        jobs.check_cluster(subs, cluster, NO_SBATCH)
     write_plan(spec, planned, out)
     entries = _previous(out)
     done = 0

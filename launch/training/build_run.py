@@ -117,7 +117,25 @@ def restore(
     step = int(extra["step"])
     schedule = lr_change(extra.get("config") or {}, cfg, step)
     notices += [schedule] if schedule else []
-    return Restored(path, step, extra["stats"], notices)
+    stats = dict(extra["stats"])
+    saved = (extra.get("global_batch") or {}).get("world_size")
+    stats["ranks"], resized = ranks_history(stats.get("ranks"), saved, step, parts.global_batch)
+    notices += [resized] if resized else []
+    return Restored(path, step, stats, notices)
+
+
+def ranks_history(
+    history: list[list[int]] | None, saved: int | None, step: int, now: dict[str, int]
+) -> tuple[list[list[int]], str | None]:
+    """[[first step, ranks], ...]: the number of ranks of each stretch of the run (summary.json,
+    `compare`), extended when this resume runs on another number; and the notice saying so."""
+    world = int(now["world_size"])
+    history = [list(h) for h in history] if history else ([[0, int(saved)]] if saved else [])
+    if history and history[-1][1] != world:
+        before = history[-1][1]
+        history.append([step, world])
+        return history, f"resumed on {world} rank(s) from step {step} (written on {before})"
+    return history or [[step, world]], None
 
 
 def extra_state(

@@ -57,6 +57,7 @@ def run_summary(trainer: SummarisedRun, status: str, **extra: Any) -> dict[str, 
     """summary.json of a trainer now: the stats, tokens per step and per source, the throughput
     (MFU) and, passed on to the metrics loggers (W&B), the same dict."""
     extra.setdefault("tokens_per_step", getattr(trainer, "tokens_per_step", None))  # compare
+    extra.setdefault("ranks", trainer.stats.get("ranks"))  # [[first step, ranks], ...]
     if hasattr(trainer, "loader"):
         extra = {"tokens_by_source": trainer.loader.tokens_seen(), **extra}
     summary = summary_of(trainer.cfg.name, status, trainer.step, trainer.stats, **extra)

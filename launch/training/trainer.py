@@ -99,6 +99,7 @@ class Trainer:
             self.resume_on_changed_data,
         )  # fmt: skip
         if restored is None:
+            self.stats["ranks"] = [[0, self.engine.world_size]]  # compare shows later changes
             return None
         for notice in restored.notices if self.engine.is_main else []:
             self.console.print(notice, highlight=False)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from normlab.launch.cli import main
-from normlab.launch.cluster.script import PORT_BASE, PORT_SPAN
+from normlab.launch.cluster.port import PORT_BASE, PORT_SPAN
 from normlab.launch.config import load_config
 from normlab.launch.rundir.directory import RunDirLock, write_config
 from normlab.launch.rundir.owner import check_owner_job

@@ -44,7 +44,7 @@ def test_dry_run_prints_the_script_and_writes_nothing(tiny: dict[str, Path]) -> 
         "#SBATCH --exclusive", "#SBATCH --mem=0", "#SBATCH --signal=B:USR1@120",
         "#SBATCH --requeue", "#SBATCH --open-mode=append", f"#SBATCH --output={run}/slurm-%j.out",
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "port=$(( 20000 + SLURM_JOB_ID % 20000 ))",
+        'port=$("$PYTHON" -P -m normlab.launch.cluster.port "$SLURM_JOB_ID") || exit 2',
     ]:  # fmt: skip
         assert line in script.splitlines(), line
     assert 'launch "$RUN_DIR" --nnodes 4 --nproc-per-node 8' in script

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -229,7 +230,11 @@ def test_advice_never_makes_the_run_larger(
     text = verdict(cfg, rows, mine, usable)
     if "use " not in text:
         return  # fits as configured, or nothing does
-    advised = float(text.rsplit("(", 1)[1].split(" GiB")[0])
+    advised = float(re.search(r"; use .*? \((\d+\.\d) GiB\)", text).group(1))
+    # every setting the advice changes is named with the value it replaces (issue 30)
+    said = dict(re.findall(r"([a-z_.]+)=(\S+) \(was ", text))
+    if engine == "fsdp_step" and "grad_sync=step" not in text.split("; use ")[1]:
+        assert said.get("engine.grad_sync") == "micro_batch", text
     assert advised <= usable / GIB + 0.05
     if mine in rows:
         assert advised <= estimate(cfg.model_config(), rows[mine]).total / GIB + 0.05
@@ -281,3 +286,59 @@ def test_grad_sync_step_is_an_fsdp_setting(capsys: pytest.CaptureFixture[str]) -
     assert main(["validate", recipe, "engine.grad_sync=every", "--quiet"]) == 2
     assert "engine.grad_sync must be one of 'micro_batch', 'step'" in capsys.readouterr().err
     assert main(["validate", recipe, "engine.name=fsdp", "engine.grad_sync=step", "--quiet"]) == 0
+
+
+def test_advice_with_grad_sync_step_says_what_it_changes() -> None:
+    """Issue 30: on 8 x 40 GB with engine.grad_sync=step, checkpointing alone peaks at 40.1 GiB
+    (the unsharded fp32 gradient stays): the verdict says so, and the layout it advises (18.1 GiB)
+    names every setting it changes, grad_sync=step's replacement included; applied as printed,
+    that advice fits by plan's own verdict."""
+    recipe = str(REPO / "recipes/presets/7b.yaml")
+    args = ["--gpus-per-node", "8", "--gpu-memory", "40GB", "engine.name=fsdp"]
+    proc = normlab("plan", recipe, *args, "engine.grad_sync=step")
+    assert proc.returncode == 0, proc.stderr
+    verdict = proc.stdout.splitlines()[-1]
+    assert "peaks at 59.2 GiB (40.1 GiB with checkpointing)" in verdict, verdict
+    assert verdict.endswith(
+        "use fsdp with activation checkpointing (18.1 GiB): set engine.grad_sync=micro_batch "
+        "(was step), engine.activation_checkpointing=true (was false)"
+    ), verdict
+    advised = re.findall(r"([a-z_.]+=\S+) \(was ", verdict)
+    again = normlab("plan", recipe, *args, "engine.grad_sync=step", *advised)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1].startswith(
+        "verdict: fits: fsdp with activation checkpointing peaks at 18.1 GiB"
+    ), again.stdout
+
+
+def test_table_says_peak_is_not_the_sum_of_its_columns() -> None:
+    """The note under the table is the formula: each row's peak is params + optim + gather +
+    max(activ + accum, grads + step temporaries), never grads + activ added."""
+    proc = normlab("plan", str(REPO / "recipes/presets/7b.yaml"), "--gpus-per-node", "8",
+                   "--gpu-memory", "80GB")  # fmt: skip
+    lines = proc.stdout.splitlines()
+    assert lines[-2].startswith("peak = params + optim + gather + max(activ + accum, grads + ")
+    assert "grads column is not added to activ" in lines[-2]
+    for row in lines[2:-2]:
+        params, grads, optim, gather, activ, accum, peak = (float(x) for x in row[34:].split()[:7])
+        assert peak >= params + optim + gather + activ + accum - 0.25, row
+        assert peak < params + optim + gather + activ + accum + grads - 0.25 or grads < 0.3, row
+
+
+def test_readme_plan_output_is_what_plan_prints() -> None:
+    """The README's table is the output of the command it names, line for line."""
+    readme = (REPO / "README.md").read_text()
+    found = re.search(r"\(`normlab plan ([^`]*)`\):\s*```\n(.*?)```", readme, re.S)
+    assert found, "the README lost its plan example"
+    proc = normlab("plan", *found.group(1).split())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == found.group(2).splitlines()
+    example = re.search(r"`normlab plan (7b [^`]*engine.grad_sync=step)`", readme)
+    assert example, "the README lost its grad_sync=step example"
+    proc = normlab("plan", *example.group(1).split())
+    assert proc.returncode == 0, proc.stderr
+    verdict = proc.stdout.splitlines()[-1]
+    for quoted in ("59.2 GiB", "40.1 GiB with checkpointing", "(18.1 GiB): set "
+                   "engine.grad_sync=micro_batch (was step), engine.activation_checkpointing="
+                   "true (was false)"):  # fmt: skip
+        assert quoted in verdict, verdict

@@ -282,7 +282,10 @@ def test_a_read_only_run_directory_is_one_line(run: Path, tiny_data: Path) -> No
         pytest.skip("running as root without setpriv: a read-only directory binds nobody")
     probe = subprocess.run(
         [*prefix, sys.executable, "-c", "import normlab.launch.cli"],
-        capture_output=True, text=True, cwd="/", env={**os.environ, "HOME": "/tmp"},
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**os.environ, "HOME": "/tmp"},
     )
     if probe.returncode != 0:  # e.g. a checkout below a folder only root may enter (mktemp -d)
         pytest.skip(f"the unprivileged user cannot import normlab here: {probe.stderr[-200:]}")
@@ -335,3 +338,25 @@ def test_a_full_disk_while_writing_the_summary_keeps_the_old_one(
     monkeypatch.undo()
     assert (tmp_path / "summary.json").read_text() == '{"status": "running"}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+@pytest.mark.parametrize("command", ["validate", "launch", "study"])
+def test_a_bad_lock_setting_is_one_line_in_every_command_that_trains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tiny_data: Path, command: str,
+) -> None:  # fmt: skip
+    """Issue 30: NORMLAB_LOCK_STALE_S=abc is refused by validate, launch and study too (preflight),
+    not only when a lock is taken; nothing is created."""
+    monkeypatch.setenv("NORMLAB_LOCK_STALE_S", "abc")
+    monkeypatch.setattr(rundir, "STALE_S", None)
+    run = tmp_path / "run"
+    over = tiny_overrides(tiny_data, run)
+    args = {
+        "validate": ["validate", "pre", *over],
+        "launch": ["launch", "pre", *over, "--nproc-per-node", "1"],
+        "study": ["study", "pre", "--lrs", "1e-3", "--seeds", "0", "--out", str(tmp_path / "s"),
+                  *(f"--set={o}" for o in over if not o.startswith("run_dir="))],
+    }[command]  # fmt: skip
+    code, err = _cli(capsys, *args)
+    _one_line(code, err, "NORMLAB_LOCK_STALE_S must be a number of seconds > 0, got 'abc'")
+    assert not run.exists() and not (tmp_path / "s").exists()

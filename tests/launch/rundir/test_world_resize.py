@@ -9,6 +9,7 @@ command that resumes the run, and that command resumes it.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -84,6 +85,13 @@ def test_resume_on_another_world_size_follows_the_curve(
     check_ok(proc)
     assert "from step_00000004" in proc.stdout
     assert_same_curve(run, losses(tiny["ref8"]))  # steps 1-4 on `saved`, 5-8 on `resumed` ranks
+    # recorded and shown: summary.json's stretches, the resume notice, compare's engine column
+    assert json.loads((run / "summary.json").read_text())["ranks"] == [[0, saved], [4, resumed]]
+    assert f"resumed on {resumed} rank(s) from step 4 (written on {saved})" in proc.stdout
+    shown = normlab("compare", str(run), "--out", str(run.parent / f"{run.name}_compare"))
+    check_ok(shown)
+    table = (run.parent / f"{run.name}_compare" / "compare.md").read_text()
+    assert f", ranks {saved} -> {resumed} at step 4 |" in table, table
 
 
 def test_another_global_batch_is_refused_naming_the_fix(tiny: dict[str, Path]) -> None:

@@ -1,0 +1,78 @@
+"""`normlab study` at its edges (issue 30, item 8): an empty `--lrs ''` is refused (it used to
+run one run at the recipe's rate), `--submit` without sbatch advises only what exists (study has
+no --dry-run), and a study stopped by Ctrl-C exits 130 like `train` and `launch`."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from normlab.launch.cli import main
+
+from tests.conftest import tiny_overrides
+from tests.dist_helpers import env
+
+
+def _sets(tiny_data: Path, **extra: object) -> list[str]:
+    over = tiny_overrides(tiny_data, Path("unused"), **extra)
+    return [f"--set={o}" for o in over if not o.startswith("run_dir=")]
+
+
+@pytest.mark.parametrize("flag", ["--lrs", "--seeds"])
+@pytest.mark.parametrize("value", ["", " ", ","])
+def test_an_empty_list_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_data: Path, flag: str, value: str
+) -> None:
+    out = tmp_path / "study"
+    code = main(["study", "pre", flag, value, "--out", str(out), *_sets(tiny_data)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and flag in err, err
+    assert not out.exists()
+
+
+def test_submit_without_sbatch_advises_what_study_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tiny_data: Path,
+) -> None:  # fmt: skip
+    import argparse
+
+    from normlab.launch.commands import study as study_cmd
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no sbatch anywhere
+    out = tmp_path / "study"
+    args = ["study", "pre", "--lrs", "1e-3", "--seeds", "0", "--submit", "--gpus-per-node", "0"]
+    args += ["--out", str(out)]
+    code = main([*args, *_sets(tiny_data)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "sbatch is not installed" in err, err
+    assert "drop --submit" in err and "`normlab submit RECIPE --dry-run`" in err, err
+    # every flag the line offers `study` itself is one study has
+    parser = argparse.ArgumentParser()
+    study_cmd.register(parser.add_subparsers())
+    study_flags = set(parser._subparsers._group_actions[0].choices["study"]._option_string_actions)
+    before_submit_cmd = err.split("`normlab submit")[0]
+    assert set(re.findall(r"--[a-z][a-z-]*", before_submit_cmd)) <= study_flags, err
+
+
+def test_ctrl_c_exits_130(tmp_path: Path, tiny_data: Path) -> None:
+    out = tmp_path / "study"
+    cmd = [sys.executable, "-m", "normlab.launch.cli", "study", "pre", "--lrs", "1e-3",
+           "--seeds", "0,1", "--out", str(out),
+           *_sets(tiny_data, training__steps=400, checkpoint__every=400)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while not any(p.stat().st_size for p in out.glob("**/metrics.jsonl")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 130, (stdout + stderr).decode()[-2000:]
+    assert b"study stopped after" in stdout
+    summaries = [json.loads(p.read_text()) for p in out.glob("**/summary.json")]
+    assert summaries and {s["status"] for s in summaries} == {"interrupted"}
