@@ -7,8 +7,8 @@ backquoted command, split as a shell would and run from PATH, resumes the run to
   used to print a command refused for another global batch): `normlab launch RUN
   --nproc-per-node 2` resumes it (the run directory's config.yaml holds the overrides);
 * a SLURM job of `normlab submit` (sbatch, srun and scontrol faked on PATH; the local cluster of
-  tests/launch/cluster/test_slurm.py is not needed): the printed `sbatch RUN/submit.sbatch` resubmits the job,
-  whose script resumes the run.
+  tests/launch/cluster/test_slurm.py is not needed): the printed `sbatch RUN/submit.sbatch`
+  resubmits the job, whose script resumes the run.
 """
 
 from __future__ import annotations
