@@ -27,9 +27,11 @@ def unexportable(cfg: ModelConfig) -> str | None:
     if cfg.norm in POINTWISE_NORMS:
         return f"no HF family has {cfg.norm} (model.norm; SCIENCE.md 16): export refuses it"
     if cfg.placement in ("hybrid", "hybrid_star", "keel"):
+        return f"no HF family has placement {cfg.placement!r} (SCIENCE.md 17-18): export refuses it"
+    if cfg.parametrization != "sp":
         return (
-            f"no HF family has placement {cfg.placement!r} (SCIENCE.md 17-18): export "
-            "refuses it"
+            f"model.parametrization {cfg.parametrization}: its forward multipliers (SCIENCE.md "
+            "21) are not folded into HF weights yet, export refuses it"
         )
     return None
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig, sublayer_kind  # noqa: F401 (sublayer_kind: re-exported)
+from .parametrization import residual_mult
 
 MakeNorm = Callable[[], nn.Module]
 
@@ -116,6 +117,26 @@ class BranchScale(nn.Module):
         return self.weight.to(f.dtype) * f
 
 
+class ConstScale(nn.Module):
+    """c · f with c a fixed multiplier of the parametrization (CompleteP's m_L^-α, µP's α_out/m_N;
+    SCIENCE.md 21), not learned."""
+
+    def __init__(self, c: float) -> None:
+        super().__init__()
+        self.c = float(c)
+
+    def forward(self, f: torch.Tensor) -> torch.Tensor:
+        return f * self.c
+
+    def extra_repr(self) -> str:
+        return f"c={self.c:g}"
+
+
+def const_scale(c: float) -> nn.Module:
+    """ConstScale(c), or the identity where c is exactly 1 (sp, the base shape)."""
+    return ConstScale(c) if c != 1.0 else nn.Identity()
+
+
 class ScaledBranchPreNorm(nn.Module):
     """Pre-LN with a residual scale (LayerScale, SkipInit): x = x + λ ⊙ F(N(x))."""
 
@@ -210,6 +231,8 @@ def wrap_sublayer(
         size = cfg.d_model if cfg.residual_scale == "layerscale" else 1
         scale = BranchScale(size, cfg.residual_scale_init)  # type: ignore[arg-type]
         return SCALED_WRAPPERS[kind](branch, make_norm, scale)
+    if residual_mult(cfg) != 1.0:  # CompleteP: x + m_L^-α · F (peri/olmo2: after N_out)
+        return SCALED_WRAPPERS[kind](branch, make_norm, ConstScale(residual_mult(cfg)))
     return SIMPLE_WRAPPERS[kind](branch, make_norm)
 
 
@@ -224,4 +247,3 @@ SCALED_WRAPPERS: dict[str, type[nn.Module]] = {
     "peri": ScaledBranchPeriNorm,
     "olmo2": ScaledBranchReorderedNorm,
 }
-
