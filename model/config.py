@@ -86,10 +86,15 @@ class ModelConfig:
     input_mult: float | None = None  # α_in on the embedding (default 1)
     output_mult: float | None = None  # α_out: head input × α_out / m_N (default 1)
     attn_mult: float | None = None  # α_attn: logits α_attn q·k / d_head (default sqrt(d_head))
+    # width ladders (one grid key, model.d_model): when set, n_heads = d_model / d_head and
+    # d_ff = round(d_ff_mult * d_model) replace the given n_heads / d_ff
+    d_head: int | None = None
+    d_ff_mult: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), _hint(f.name))
+        self._derive_width()
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.init is None:
@@ -101,6 +106,22 @@ class ModelConfig:
             self.residual_scale_init = (
                 cait_epsilon(self.n_layers) if self.residual_scale == "layerscale" else 0.0
             )
+
+    def _derive_width(self) -> None:
+        """n_heads from d_head and d_ff from d_ff_mult, when set (a width ladder's one key)."""
+        if self.d_head is not None:
+            if self.d_head < 1 or self.d_model % self.d_head:
+                raise ValueError(
+                    f"model.d_head ({self.d_head}) must divide model.d_model ({self.d_model})"
+                )
+            kv_ratio = None if self.n_kv_heads is None else self.n_heads // self.n_kv_heads
+            self.n_heads = self.d_model // self.d_head
+            if kv_ratio is not None:
+                self.n_kv_heads = max(1, self.n_heads // kv_ratio)
+        if self.d_ff_mult is not None:
+            if not self.d_ff_mult > 0:
+                raise ValueError(f"model.d_ff_mult must be > 0, got {self.d_ff_mult}")
+            self.d_ff = max(1, round(self.d_ff_mult * self.d_model))
 
     def _check_combinations(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size"):
