@@ -9,7 +9,8 @@ For one recipe over a size axis (width, depth, or any numeric `size` of a study)
     sensitivity  S(x)    = mean over the grid of (seed-mean capped loss - l*) (SCIENCE.md 19)
     max logit    M(x)    = seed-mean max attention logit at the grid argmin (when recorded)
 
-each fitted as a power law y = a · x^b by least squares on log y vs log x (η*: on log2 η*).
+each fitted as a power law y = a · x^b by least squares on log y vs log x; and the best-lr shift
+D = log2 η*(largest) - log2 η*(smallest) of SCIENCE.md 21.6 (µP/CompleteP pass: |D| <= 0.5).
 Intervals: a bootstrap over seed-runs — each replicate resamples, per rung, the seeds with
 replacement (a seed keeps all its learning rates) and refits; 95 % percentile intervals. They
 cover seed noise only, not a wrong functional form; the hold-out check is what tests the form:
@@ -96,6 +97,9 @@ class Fit:
     target: float | None = None
     forecast: float = math.nan
     forecast_ci: tuple[float, float] = (math.nan, math.nan)
+    # best_lr only: D = log2 η*(largest) - log2 η*(smallest), the shift of SCIENCE.md 21.6
+    shift: float = math.nan
+    shift_ci: tuple[float, float] = (math.nan, math.nan)
 
 
 def _ci(values: np.ndarray) -> tuple[float, float]:
@@ -136,6 +140,9 @@ def fit_ladder(
             fit.target = float(target)
             fit.forecast = coef * target**exponent
             fit.forecast_ci = _ci(params[:, 0] * float(target) ** params[:, 1])
+        if q == "best_lr":
+            fit.shift = float(np.log2(point[-1, k] / point[0, k]))
+            fit.shift_ci = _ci(np.log2(boot[:, -1, k] / boot[:, 0, k]))
         fits[q] = fit
     return fits
 
@@ -175,7 +182,8 @@ def hold_out_largest(rungs: list[Rung], n_boot: int = BOOTSTRAP, seed: int = 0) 
 CSV_COLUMNS = (
     "recipe", "quantity", "coef", "exponent", "exponent_lo", "exponent_hi", "target",
     "forecast", "forecast_lo", "forecast_hi", "holdout_size", "holdout_forecast",
-    "holdout_lo", "holdout_hi", "holdout_measured", "holdout_covered",
+    "holdout_lo", "holdout_hi", "holdout_measured", "holdout_covered", "shift_log2",
+    "shift_lo", "shift_hi",
 )  # fmt: skip
 
 
@@ -202,6 +210,9 @@ def ladder_rows(recipe: str, fits: dict[str, Fit], held: list[HoldOut]) -> list[
                 "holdout_hi": "" if h is None else h.forecast_ci[1],
                 "holdout_measured": "" if h is None else h.measured,
                 "holdout_covered": "" if h is None or h.covered is None else h.covered,
+                "shift_log2": f.shift if q == "best_lr" else "",
+                "shift_lo": f.shift_ci[0] if q == "best_lr" else "",
+                "shift_hi": f.shift_ci[1] if q == "best_lr" else "",
             }
         )
     return rows

@@ -89,7 +89,13 @@ def write_ladder(curves: list[Curve], out: Path, target: float | None) -> list[s
             f"| {r['recipe']} | {LABELS[r['quantity']]} | {r['exponent']:.3f} "
             f"[{r['exponent_lo']:.3f}, {r['exponent_hi']:.3f}] | {held} | {measured} | {inside} |"
         )
-    lines += ["", f"Hold-out coverage: {hit} of {decided} forecasts held their measurement."]
+    lines += ["", f"Hold-out coverage: {hit} of {decided} forecasts held their measurement.", ""]
+    for r in rows:
+        if r["quantity"] == "best_lr":
+            lines.append(
+                f"- {r['recipe']}: best-lr shift over the ladder D = {r['shift_log2']:+.2f} "
+                f"octaves [{r['shift_lo']:+.2f}, {r['shift_hi']:+.2f}] (transfer: |D| <= 0.5)"
+            )
     if target is not None:
         lines.append(f"Forecasts at size {target:g}: the `forecast*` columns of ladder.csv.")
     return lines

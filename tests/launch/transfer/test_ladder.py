@@ -105,3 +105,11 @@ def test_study_curves_become_ladder_csv_and_png(tmp_path) -> None:
     assert by_q["best_loss"]["holdout_covered"] in ("True", "False")
     assert (tmp_path / "ladder.png").stat().st_size > 0
     assert any("Hold-out coverage" in line for line in lines)
+
+
+def test_best_lr_shift_in_octaves() -> None:
+    """lr* ∝ x^-1/2 over 64 -> 4096 (64x): D = -3 octaves, inside its interval."""
+    rng = np.random.default_rng(5)
+    f = ld.fit_ladder([_rung(x, 3, rng) for x in SIZES], n_boot=200)["best_lr"]
+    assert f.shift == pytest.approx(-3.0, abs=1e-2)
+    assert f.shift_ci[0] <= -3.0 <= f.shift_ci[1] or abs(f.shift_ci[0] + 3) < 1e-2
