@@ -231,6 +231,10 @@ class ModelConfig:
                 f"and init {self.init}'s 1/sqrt(2L) output projections both shrink the branch "
                 "(SCIENCE.md 15); init: normal keeps only the scale"
             )
+        if self.parametrization != "sp":
+            from .parametrization import describe
+
+            out.append(describe(self))
         return out
 
     @property

@@ -126,3 +126,23 @@ def param_class(name: str, ndim: int) -> str:
     if name.startswith("head."):
         return "head"
     return "outer_vector"
+
+
+def describe(cfg: ModelConfig) -> str:
+    """One line of what the parametrization does at this shape (printed by `normlab validate`)."""
+    m_n, m_l = width_mult(cfg), depth_mult(cfg)
+    hidden = group_factors(cfg, "hidden")
+    parts = [
+        f"parametrization {cfg.parametrization}: m_N = {m_n:g} (d {cfg.d_model} / base "
+        f"{cfg.base_d_model})"
+    ]
+    if cfg.parametrization == "completep":
+        parts[0] += f", m_L = {m_l:g} ({cfg.n_layers} / base {cfg.base_n_layers} blocks)"
+        parts.append(f"residual branches x {residual_mult(cfg):g} (α = {depth_alpha(cfg):g})")
+    parts += [
+        f"hidden AdamW lr x {hidden.lr:g}, wd x {hidden.weight_decay:g}, eps x {hidden.eps:g}",
+        f"hidden init std x {hidden_init_factor(cfg):g}",
+        f"head input x {output_mult(cfg):g}",
+        f"attention scale {attn_scale(cfg):g}",
+    ]
+    return "; ".join(parts) + " (SCIENCE.md 21)"

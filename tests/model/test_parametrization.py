@@ -269,3 +269,17 @@ def test_hf_export_refuses_mup_and_completep_in_one_line() -> None:
     reason = unexportable(cfg)
     assert reason is not None and "model.parametrization mup" in reason and "\n" not in reason
     assert unexportable(ModelConfig(n_layers=2, d_model=64, n_heads=2)) is None
+
+
+def test_validate_note_and_compare_label_name_the_parametrization() -> None:
+    from normlab.launch.report.table import placement_label
+
+    cfg = ModelConfig(
+        n_layers=8, d_model=128, n_heads=4, parametrization="completep", base_d_model=32,
+        base_n_layers=2,
+    )  # fmt: skip
+    (note,) = cfg.notes()
+    assert "m_N = 4" in note and "m_L = 4" in note and "residual branches x 0.25" in note
+    assert "hidden AdamW lr x 0.25" in note and "head input x 0.25" in note
+    assert placement_label({"model": cfg.to_dict()}) == "pre+completep"
+    assert placement_label({"model": {"placement": "pre", "parametrization": "sp"}}) == "pre"
