@@ -262,13 +262,33 @@ def test_mup_is_allowed_on_every_placement_with_a_transfer_init() -> None:
     assert isinstance(model.blocks[0].attn.scale, ConstScale)  # m_L^-α after N_out
 
 
-def test_hf_export_refuses_mup_and_completep_in_one_line() -> None:
-    from normlab.model.hf_fold import unexportable
+@pytest.mark.parametrize(
+    ("placement", "qk_norm"), [("pre", "none"), ("pre", "head"), ("olmo2", "flat")]
+)
+def test_hf_export_folds_the_multipliers_exactly(placement: str, qk_norm: str) -> None:
+    """α_in, α_out / m_N, m_L^-α and α_attn folded into HF weights: the same logits."""
+    pytest.importorskip("transformers")
+    from normlab.model.hf import to_hf
 
-    cfg = ModelConfig(n_layers=2, d_model=64, n_heads=2, parametrization="mup", base_d_model=32)
-    reason = unexportable(cfg)
-    assert reason is not None and "model.parametrization mup" in reason and "\n" not in reason
-    assert unexportable(ModelConfig(n_layers=2, d_model=64, n_heads=2)) is None
+    model = build(
+        n_layers=4, d_model=64, d_ff=128, n_heads=4, placement=placement, qk_norm=qk_norm,
+        init="olmo2" if placement == "olmo2" else "normal", parametrization="completep",
+        base_d_model=32, base_n_layers=2, input_mult=1.5, output_mult=3.0, attn_mult=3.0,
+    )  # fmt: skip
+    tokens = torch.randint(0, 61, (2, 9))
+    with torch.no_grad():
+        theirs = to_hf(model)(tokens).logits
+        torch.testing.assert_close(theirs, model(tokens), rtol=1e-4, atol=1e-5)
+
+
+def test_hf_export_refuses_tied_multipliers_in_one_line() -> None:
+    from normlab.model.hf_fold import refuse_parametrization
+
+    cfg = ModelConfig(n_layers=2, d_model=64, n_heads=2, parametrization="mup", base_d_model=32,
+                      tie_embeddings=True)  # fmt: skip
+    with pytest.raises(ValueError, match="model.tie_embeddings") as err:
+        refuse_parametrization(cfg)
+    assert "\n" not in str(err.value)
 
 
 def test_validate_note_and_compare_label_name_the_parametrization() -> None:
