@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
