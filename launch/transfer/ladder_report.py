@@ -30,13 +30,20 @@ LABELS = {
 }
 
 
+def size_value(size: str | None) -> float | None:
+    """The number of a study size label ('64', or 'd_model=64' as the study writes it)."""
+    try:
+        return float(str(size).rsplit("=", 1)[-1])
+    except ValueError:
+        return None
+
+
 def rungs_by_recipe(curves: list[Curve]) -> dict[str, list[Rung]]:
     """Per recipe, one rung per numeric size: the seeds present at every learning rate."""
     out: dict[str, list[Rung]] = {}
     for c in curves:
-        try:
-            size = float(c.size)
-        except (TypeError, ValueError):
+        size = size_value(c.size)
+        if size is None:
             continue
         common = sorted(set.intersection(*(set(p.seeds) for p in c.points)))
         if not common:

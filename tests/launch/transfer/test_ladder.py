@@ -95,7 +95,8 @@ def test_study_curves_become_ladder_csv_and_png(tmp_path) -> None:
             for s in range(2):
                 loss = float(rung.losses[s, i])
                 extra = {"max_logit": float(rung.logits[s, i])}
-                points.append(Point("r", str(x), float(lr), s, loss, 99.0, extra=extra))
+                size = f"d_model={x}"  # the study's size label
+                points.append(Point("r", size, float(lr), s, loss, 99.0, extra=extra))
     lines = write_ladder(curves(points), tmp_path, target=4096)
     rows = list(csv.DictReader((tmp_path / "ladder.csv").open()))
     assert [r["quantity"] for r in rows] == list(ld.QUANTITIES)
