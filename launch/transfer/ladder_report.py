@@ -105,7 +105,7 @@ def write_ladder(curves: list[Curve], out: Path, target: float | None) -> list[s
             )
     if target is not None:
         lines.append(f"Forecasts at size {target:g}: the `forecast*` columns of ladder.csv.")
-    return lines
+    return [*lines, ""]
 
 
 def plot_ladder(fitted: dict, path: Path) -> Path:
