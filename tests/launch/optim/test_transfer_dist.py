@@ -1,6 +1,6 @@
-"""µP/CompleteP groups on the FSDP2 engine (2 ranks, gloo): the sharded run reproduces the
-single-process curve at a non-base shape (m_N = 2, m_L = 2), so the per-class lr, weight decay
-and eps survive sharding (DTensor parameters keep their names and shapes)."""
+"""µP/CompleteP groups on FSDP2 and DeepSpeed ZeRO-3 (2 ranks, gloo): the sharded run
+reproduces the single-process curve at a non-base shape (m_N = 2, m_L = 2), so the per-class lr,
+weight decay and eps survive sharding (names and shapes, ZeRO-3's ds_shape, are kept)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,17 @@ COMPLETEP = (
 )
 
 
-def test_fsdp_two_ranks_reproduce_single_completep_curve(tmp_path: Path) -> None:
+ENGINES = {
+    "fsdp": ("engine.name=fsdp",),
+    # ZeRO-3 partitions parameters at build: the classes are read from ds_shape
+    "zero3": ("engine.name=deepspeed", "engine.zero_stage=3"),
+}
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_two_ranks_reproduce_single_completep_curve(tmp_path: Path, engine: str) -> None:
     recipe = write_recipe(tmp_path, prepare_tiny(tmp_path), steps=6, every=6)
-    single, fsdp = tmp_path / "single", tmp_path / "fsdp"
+    single, sharded = tmp_path / "single", tmp_path / engine
     check_ok(normlab("train", str(recipe), *COMPLETEP, "--run-dir", str(single)))
-    check_ok(launch(recipe, fsdp, 2, *COMPLETEP, "engine.name=fsdp", "data.batch_size=2"))
-    assert_same_curve(fsdp, losses(single))
+    check_ok(launch(recipe, sharded, 2, *COMPLETEP, *ENGINES[engine], "data.batch_size=2"))
+    assert_same_curve(sharded, losses(single))
