@@ -13,6 +13,8 @@ from .attention_lse import attention_with_lse_bounds, causal_max_logits
 from .config import ModelConfig
 from .gating import build_gate
 from .norms import RMSNorm
+from .parametrization import query_mult
+from .placements import const_scale
 from .rope import apply_rope, rope_tables
 
 
@@ -56,6 +58,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, kv_dim, bias=cfg.bias)
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.q_norm = build_qk_norm(cfg, cfg.n_heads)
+        # µP α_attn / d_head as a factor on q over SDPA's 1/sqrt(d_head) (SCIENCE.md 21.1)
+        self.q_mult = const_scale(query_mult(cfg))
         self.k_norm = build_qk_norm(cfg, cfg.n_kv_heads)
         # HybridNorm's N_v: per KV head over d_head, like `head` QK-Norm (SCIENCE.md 17)
         v_norm = HeadQKNorm(cfg.head_dim, eps=cfg.norm_eps) if cfg.has_v_norm else None
@@ -81,7 +85,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim))
+        q = self.q_mult(self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)))
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
         v = self.v_norm(self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim))
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
@@ -100,5 +104,11 @@ class Attention(nn.Module):
         return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(B, T, -1)))
 
 
-__all__ = ["Attention", "FlatQKNorm", "HeadQKNorm", "attention_with_lse_bounds", "build_qk_norm",
-           "causal_max_logits"]
+__all__ = [
+    "Attention",
+    "FlatQKNorm",
+    "HeadQKNorm",
+    "attention_with_lse_bounds",
+    "build_qk_norm",
+    "causal_max_logits",
+]

@@ -21,6 +21,7 @@ InitScheme = Literal["gpt2", "normal", "olmo2", "deepnorm", "xavier", "megatron_
 AttnGate = Literal["none", "headwise", "elementwise"]
 ResidualScale = Literal["none", "layerscale", "scalar"]
 KeelAlpha = Literal["sublayers", "blocks"]
+Parametrization = Literal["sp", "mup", "completep"]
 
 POINTWISE_NORMS = ("dyt", "derf")  # norm-free point-wise layers (SCIENCE.md 16)
 DYT_ROLES = ("attn", "ffn", "final")  # the three kinds of DyT/Derf layer, each with its alpha0
@@ -78,10 +79,24 @@ class ModelConfig:
     residual_scale_init: float | None = None  # None: CaiT's depth rule (layerscale), 0 (scalar)
     dyt_alpha0: dict = field(default_factory=lambda: dict.fromkeys(DYT_ROLES, 0.5))
     keel_alpha: KeelAlpha | float = "sublayers"  # Keel's α: 2 * n_layers, n_layers, or a number
+    # hyperparameter transfer (SCIENCE.md 21; model/parametrization.py): factors relative to the
+    # base shape, so the base model is the sp model
+    parametrization: Parametrization = "sp"
+    base_d_model: int | None = None  # mup, completep: the width m_N = d_model / base_d_model
+    base_n_layers: int | None = None  # completep: the depth m_L = n_layers / base_n_layers
+    completep_alpha: float | None = None  # residual m_L^-α: 1 (CompleteP, default) or 0.5
+    input_mult: float | None = None  # α_in on the embedding (default 1)
+    output_mult: float | None = None  # α_out: head input × α_out / m_N (default 1)
+    attn_mult: float | None = None  # α_attn: logits α_attn q·k / d_head (default sqrt(d_head))
+    # width ladders (one grid key, model.d_model): when set, n_heads = d_model / d_head and
+    # d_ff = round(d_ff_mult * d_model) replace the given n_heads / d_ff
+    d_head: int | None = None
+    d_ff_mult: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), _hint(f.name))
+        self._derive_width()
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.ln_scaling and self.placement not in ("pre", "ln_scaling"):
@@ -92,13 +107,30 @@ class ModelConfig:
         if self.placement == "ln_scaling" or self.ln_scaling:  # one name, both spellings
             self.placement, self.ln_scaling = "ln_scaling", True
         if self.init is None:
-            self.init = default_init(self.placement)
+            self.init = default_init(self.placement, self.parametrization)
         self._check_combinations()
         self._check_norm_side()
+        check_parametrization(self)
         if self.residual_scale_init is None and self.residual_scale != "none":
             self.residual_scale_init = (
                 cait_epsilon(self.n_layers) if self.residual_scale == "layerscale" else 0.0
             )
+
+    def _derive_width(self) -> None:
+        """n_heads from d_head and d_ff from d_ff_mult, when set (a width ladder's one key)."""
+        if self.d_head is not None:
+            if self.d_head < 1 or self.d_model % self.d_head:
+                raise ValueError(
+                    f"model.d_head ({self.d_head}) must divide model.d_model ({self.d_model})"
+                )
+            kv_ratio = None if self.n_kv_heads is None else self.n_heads // self.n_kv_heads
+            self.n_heads = self.d_model // self.d_head
+            if kv_ratio is not None:
+                self.n_kv_heads = max(1, self.n_heads // kv_ratio)
+        if self.d_ff_mult is not None:
+            if not self.d_ff_mult > 0:
+                raise ValueError(f"model.d_ff_mult must be > 0, got {self.d_ff_mult}")
+            self.d_ff = max(1, round(self.d_ff_mult * self.d_model))
 
     def _check_combinations(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size"):
@@ -176,9 +208,7 @@ class ModelConfig:
                 f"got {self.dyt_alpha0!r}"
             )
         if self.norm not in POINTWISE_NORMS and self.dyt_alpha0 != dict.fromkeys(DYT_ROLES, 0.5):
-            raise ValueError(
-                f"model.dyt_alpha0 belongs to norm dyt | derf, got norm {self.norm!r}"
-            )
+            raise ValueError(f"model.dyt_alpha0 belongs to norm dyt | derf, got norm {self.norm!r}")
         if self.placement in ("hybrid", "hybrid_star") and self.qk_norm != "head":
             raise ValueError(
                 f"placement {self.placement!r} normalises q, k and v per head: it needs "
@@ -203,6 +233,10 @@ class ModelConfig:
                 f"and init {self.init}'s 1/sqrt(2L) output projections both shrink the branch "
                 "(SCIENCE.md 15); init: normal keeps only the scale"
             )
+        if self.parametrization != "sp":
+            from .parametrization import describe
+
+            out.append(describe(self))
         return out
 
     @property
@@ -241,13 +275,90 @@ class ModelConfig:
         return cls(**values)
 
 
-def default_init(placement: str) -> str:
+def default_init(placement: str, parametrization: str = "sp") -> str:
     """The init a placement gets unless the recipe names one (SCIENCE.md section 2): DeepNorm's
     own; plain N(0, init_std) under LayerNorm Scaling, whose authors found depth-scaled init
-    cancels its benefit; GPT-2's depth-scaled init otherwise."""
+    cancels its benefit, and under µP/CompleteP (their σ_base, SCIENCE.md 21.1); GPT-2's
+    depth-scaled init otherwise."""
     if placement == "deepnorm":
         return "deepnorm"
-    return "normal" if placement == "ln_scaling" else "gpt2"
+    return "normal" if placement == "ln_scaling" or parametrization != "sp" else "gpt2"
+
+
+# Inits with a width-free σ_base that µP rescales (SCIENCE.md 21.1: not GPT-2's 1/sqrt(2L))
+TRANSFER_INITS = ("normal", "olmo2")
+# Placements CompleteP's residual multiplier is defined for (SCIENCE.md 21.3)
+DEPTH_PLACEMENTS = ("pre", "peri", "olmo2")
+
+
+def check_parametrization(cfg: ModelConfig) -> None:
+    """The base shape and the placements µP and CompleteP are defined for (SCIENCE.md 21.3)."""
+    p = cfg.parametrization
+    transfer_keys = (
+        "base_d_model",
+        "base_n_layers",
+        "completep_alpha",
+        "input_mult",
+        "output_mult",
+        "attn_mult",
+    )
+    if p == "sp":
+        for key in transfer_keys:
+            if getattr(cfg, key) is not None:
+                raise ValueError(
+                    f"model.{key} belongs to model.parametrization mup | completep, got sp"
+                )
+        return
+    needs = ("base_d_model", "base_n_layers") if p == "completep" else ("base_d_model",)
+    for key in needs:
+        if getattr(cfg, key) is None or getattr(cfg, key) < 1:
+            raise ValueError(
+                f"model.parametrization {p} needs model.{key} (an integer >= 1: the base shape "
+                f"the hyperparameters were tuned at), got {getattr(cfg, key)!r}"
+            )
+    if p == "mup" and cfg.base_n_layers is not None:
+        raise ValueError("model.base_n_layers belongs to model.parametrization completep, got mup")
+    if cfg.completep_alpha is not None and (
+        p != "completep" or cfg.completep_alpha not in (1, 0.5)
+    ):
+        raise ValueError(
+            f"model.completep_alpha must be 1 or 0.5 under parametrization completep, "
+            f"got {cfg.completep_alpha!r} under {p}"
+        )
+    for key in ("input_mult", "output_mult", "attn_mult"):
+        if getattr(cfg, key) is not None and getattr(cfg, key) <= 0:
+            raise ValueError(f"model.{key} must be > 0, got {getattr(cfg, key)}")
+    if cfg.init not in TRANSFER_INITS:
+        raise ValueError(
+            f"model.init must be {' | '.join(TRANSFER_INITS)} under parametrization {p} "
+            f"(σ_base without depth or fan-in factors, SCIENCE.md 21.1), got {cfg.init!r}"
+        )
+    if p == "completep":
+        _check_depth_rule(cfg)
+
+
+def _check_depth_rule(cfg: ModelConfig) -> None:
+    """CompleteP's m_L^-α is refused where SCIENCE.md 21.3 leaves it undefined."""
+    if cfg.placement not in DEPTH_PLACEMENTS:
+        raise ValueError(
+            f"model.placement {cfg.placement!r} has no CompleteP depth rule (SCIENCE.md 21.3); "
+            f"allowed with parametrization completep: {', '.join(DEPTH_PLACEMENTS)} (mup: any)"
+        )
+    if cfg.ln_scaling:
+        raise ValueError(
+            "model.ln_scaling is itself a depth rule: refused with parametrization completep "
+            "(SCIENCE.md 21.3); allowed: ln_scaling with mup"
+        )
+    if cfg.residual_scale != "none":
+        raise ValueError(
+            f"model.residual_scale {cfg.residual_scale!r} and CompleteP's m_L^-α both set the "
+            "branch scale: refused with parametrization completep (SCIENCE.md 21.3)"
+        )
+    if cfg.norm in POINTWISE_NORMS:
+        raise ValueError(
+            f"model.norm {cfg.norm!r} has µP width rules only: refused with parametrization "
+            "completep (SCIENCE.md 21.3); allowed: layernorm, rmsnorm"
+        )
 
 
 def cait_epsilon(n_layers: int) -> float:

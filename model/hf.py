@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .config import ModelConfig
-from .hf_fold import fold_residual_scales, refuse_norm_side
+from .hf_fold import fold_parametrization, fold_residual_scales, refuse_norm_side
 from .transformer import Transformer
 
 # our norm names -> HF layernorm names of the Llama-style pre-norm block
@@ -169,6 +169,7 @@ def to_hf(model: Transformer, token_ids: dict[str, int | None] | None = None) ->
     theirs = {hf_key: ours[key] for key, hf_key in key_map(cfg, family).items()}
     theirs |= stabilizer_weights(cfg, family, ours, theirs)
     theirs |= fold_residual_scales(cfg, ours, theirs)  # diag(λ) W_o, ...; one-way
+    theirs |= fold_parametrization(cfg, theirs)  # µP/CompleteP multipliers; one-way
     missing, unexpected = hf.load_state_dict(theirs, strict=False)
     _check_complete(missing, unexpected, tied=cfg.tie_embeddings)
     return hf.eval()

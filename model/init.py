@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .parametrization import hidden_init_factor, param_class
 from .placements import deepnorm_constants
 
 # Weights that write into the residual stream: GPT-2 scales their std by 1/sqrt(2L).
@@ -92,12 +93,22 @@ def init_plan(model: nn.Module, cfg: ModelConfig) -> dict[str, Draw]:
             elif pname == "bias" or pname == "sinks":
                 by_id[id(p)] = ZEROS
             elif isinstance(module, nn.Linear | nn.Embedding):
-                by_id[id(p)] = SCHEMES[cfg.init](name.rsplit(".", 1)[-1], module, cfg)
+                draw = SCHEMES[cfg.init](name.rsplit(".", 1)[-1], module, cfg)
+                by_id[id(p)] = width_scaled(draw, name, cfg)
             elif pname == "weight":
                 by_id[id(p)] = ONES  # norm gains
             else:
                 raise ValueError(f"no initialisation rule for parameter {name}.{pname}")
     return {canonical_name(n): by_id[id(p)] for n, p in model.named_parameters()}
+
+
+def width_scaled(draw: Draw, module_name: str, cfg: ModelConfig) -> Draw:
+    """µP: hidden matrices (inside the blocks) drawn with std σ / sqrt(m_N) (SCIENCE.md 21.1)."""
+    factor = hidden_init_factor(cfg)
+    hidden = param_class(canonical_name(module_name) + ".weight", 2) == "hidden"
+    if factor == 1.0 or not hidden or draw.kind == "constant":
+        return draw
+    return Draw(draw.kind, draw.std * factor)
 
 
 def local_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

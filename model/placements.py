@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig, sublayer_kind  # noqa: F401 (sublayer_kind: re-exported)
+from .parametrization import residual_mult
 
 MakeNorm = Callable[[], nn.Module]
 
@@ -116,6 +117,26 @@ class BranchScale(nn.Module):
         return self.weight.to(f.dtype) * f
 
 
+class ConstScale(nn.Module):
+    """c · f with c a fixed multiplier of the parametrization (CompleteP's m_L^-α, µP's α_out/m_N;
+    SCIENCE.md 21), not learned."""
+
+    def __init__(self, c: float) -> None:
+        super().__init__()
+        self.c = float(c)
+
+    def forward(self, f: torch.Tensor) -> torch.Tensor:
+        return f * self.c
+
+    def extra_repr(self) -> str:
+        return f"c={self.c:g}"
+
+
+def const_scale(c: float) -> nn.Module:
+    """ConstScale(c), or the identity where c is exactly 1 (sp, the base shape)."""
+    return ConstScale(c) if c != 1.0 else nn.Identity()
+
+
 class ScaledBranchPreNorm(nn.Module):
     """Pre-LN with a residual scale (LayerScale, SkipInit): x = x + λ ⊙ F(N(x))."""
 
@@ -206,8 +227,10 @@ def _scalable(cls: type[nn.Module], scaled: type[nn.Module]) -> Build:
     def build(
         cfg: ModelConfig, layer: int, role: str, branch: nn.Module, mk: MakeNorm
     ) -> nn.Module:
-        if cfg.residual_scale == "none":
+        if cfg.residual_scale == "none" and residual_mult(cfg) == 1.0:
             return cls(branch, mk)
+        if cfg.residual_scale == "none":  # CompleteP: x + m_L^-α · F (peri/olmo2: after N_out)
+            return scaled(branch, mk, ConstScale(residual_mult(cfg)))
         size = cfg.d_model if cfg.residual_scale == "layerscale" else 1
         return scaled(branch, mk, BranchScale(size, cfg.residual_scale_init))  # type: ignore[arg-type]
 

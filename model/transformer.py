@@ -13,7 +13,8 @@ from .config import ModelConfig
 from .init import init_weights
 from .mlp import build_mlp
 from .norms import POINTWISE, EmbedScale, build_norm, resolve_backend
-from .placements import sublayer_kind, wrap_sublayer
+from .parametrization import input_mult, output_mult, residual_mult
+from .placements import const_scale, sublayer_kind, wrap_sublayer
 
 
 class Block(nn.Module):
@@ -41,7 +42,11 @@ class FusedPreBlock(Block):
 
 def build_block(cfg: ModelConfig, layer: int) -> Block:
     """A plain Block, or the fused Pre-LN form when the block is Pre-LN on triton norms."""
-    plain_pre = sublayer_kind(cfg, layer) == "pre" and cfg.residual_scale == "none"
+    plain_pre = (
+        sublayer_kind(cfg, layer) == "pre"
+        and cfg.residual_scale == "none"
+        and residual_mult(cfg) == 1.0
+    )
     fused = resolve_backend(cfg.norm_backend) == "triton" and plain_pre
     return (FusedPreBlock if fused else Block)(cfg, layer)
 
@@ -53,6 +58,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed_mult = const_scale(input_mult(cfg))  # µP α_in (SCIENCE.md 21)
         self.embed_norm = build_norm(cfg, cfg.d_model) if cfg.embed_norm else nn.Identity()
         # DyT/Derf: a learned scalar on the embedding, sqrt(d) at init (SCIENCE.md 16)
         self.embed_scale = EmbedScale(cfg.d_model) if cfg.norm in POINTWISE else nn.Identity()
@@ -60,6 +66,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(build_block(cfg, layer) for layer in range(1, cfg.n_layers + 1))
         final = cfg.has_final_norm
         self.final_norm = build_norm(cfg, cfg.d_model, "final") if final else nn.Identity()
+        self.head_mult = const_scale(output_mult(cfg))  # µP α_out / m_N on the head input
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         cap = cfg.final_softcap  # Gemma 2: z' = c tanh(z / c); the loss (and z-loss) see z'
         self.final_cap = SoftCap(cap) if cap is not None else nn.Identity()
@@ -68,10 +75,11 @@ class Transformer(nn.Module):
         self.init_weights()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.drop(self.embed_norm(self.embed_scale(self.embed(tokens))))  # (B, T, C)
+        h = self.embed_mult(self.embed(tokens))
+        x = self.drop(self.embed_norm(self.embed_scale(h)))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        return self.final_cap(self.head(self.final_norm(x)))  # (B, T, V)
+        return self.final_cap(self.head(self.head_mult(self.final_norm(x))))  # (B, T, V)
 
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:

@@ -21,6 +21,7 @@ from normlab.model.config import (
     ModelConfig,
     NormBackend,
     NormKind,
+    Parametrization,
     Placement,
     QKNorm,
     ResidualScale,
@@ -66,6 +67,16 @@ class ModelSection:
     residual_scale_init: float | None = None
     dyt_alpha0: dict | None = None
     keel_alpha: KeelAlpha | float | None = None
+    # hyperparameter transfer (SCIENCE.md 21)
+    parametrization: Parametrization | None = None  # sp | mup | completep
+    base_d_model: int | None = None
+    base_n_layers: int | None = None
+    completep_alpha: float | None = None
+    input_mult: float | None = None
+    output_mult: float | None = None
+    attn_mult: float | None = None
+    d_head: int | None = None  # width ladders: n_heads = d_model / d_head
+    d_ff_mult: float | None = None  # width ladders: d_ff = round(d_ff_mult * d_model)
 
     def to_model_config(self) -> ModelConfig:
         """The ModelConfig of the fields the recipe set (ModelConfig checks the combination)."""

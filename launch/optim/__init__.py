@@ -43,10 +43,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_adamw(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
-    """torch.optim.AdamW over the two parameter groups."""
-    return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps
-    )
+    """torch.optim.AdamW over the two parameter groups (split by class under µP/CompleteP)."""
+    groups = transfer_groups(model, param_groups(model, cfg.weight_decay), cfg)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
 
 def build_muon(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
@@ -54,7 +53,7 @@ def build_muon(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
     from normlab.launch.optim.muon import MuonAdamW, split_for_muon
 
     return MuonAdamW(
-        split_for_muon(model, cfg.weight_decay),
+        transfer_groups(model, split_for_muon(model, cfg.weight_decay), cfg),
         lr=cfg.lr,
         betas=cfg.betas,
         eps=cfg.eps,
@@ -62,6 +61,44 @@ def build_muon(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
         scale=cfg.muon_scale,
         ns_dtype=cfg.muon_ns_dtype,
     )
+
+
+def transfer_groups(model: nn.Module, groups: list[dict], cfg: OptimSection) -> list[dict]:
+    """Under µP/CompleteP (model.parametrization, SCIENCE.md 21): each sp group split by parameter
+    class, with its lr, weight decay and AdamW eps multiplied by the class's factors. Under sp the
+    groups are returned as they are. The base-lr classes come first (the logged lr is group 0's).
+    """
+    from normlab.model.init import canonical_name
+    from normlab.model.parametrization import CLASSES, group_factors, param_class
+
+    model_cfg = getattr(model, "config", None)
+    if model_cfg is None or model_cfg.parametrization == "sp":
+        return groups
+    names = {id(p): canonical_name(n) for n, p in model.named_parameters()}
+    order = ("embed", "head", "outer_vector", "block_vector", "hidden")
+    assert sorted(order) == sorted(CLASSES)
+    out = []
+    for klass in order:
+        for group in groups:
+            params = [
+                p
+                for p in group["params"]
+                if param_class(names[id(p)], len(getattr(p, "ds_shape", p.shape))) == klass
+            ]
+            if not params:
+                continue
+            f = group_factors(model_cfg, klass, bool(group.get("use_muon")), cfg.muon_scale)
+            out.append(
+                group
+                | {
+                    "params": params,
+                    "group": f"{group['group']}/{klass}",
+                    "lr": cfg.lr * f.lr,
+                    "weight_decay": group["weight_decay"] * f.weight_decay,
+                    "eps": cfg.eps * f.eps,
+                }
+            )
+    return out
 
 
 def optim_callbacks(cfg: OptimSection) -> list[Callback]:

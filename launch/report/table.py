@@ -103,6 +103,8 @@ def placement_label(config: dict[str, Any]) -> str:
         label += f"+qk_norm:{m['qk_norm']}"
     if m.get("embed_norm"):
         label += "+embed_norm"
+    if m.get("parametrization") not in (None, "sp"):  # µP / CompleteP (SCIENCE.md 21)
+        label += f"+{m['parametrization']}"
     return label + stabilizer_label(m) + norm_label(m)
 
 

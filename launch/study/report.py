@@ -306,6 +306,9 @@ def write_study_report(
         write_lr_plots(curves, out)
         print_sensitivity(curves, console, left_out)
         protocol_md = sensitivity_markdown(curves, spec, left_out)
+        from normlab.launch.transfer.ladder_report import write_ladder
+
+        protocol_md += write_ladder(curves, out, spec.protocol.get("ladder_target"))
     if len({r["size"] for r in rows}) == 1:
         write_study_plots(runs, out, plateau)
     title = f"normlab study {spec.name}" + (f": {spec.description}" if spec.description else "")

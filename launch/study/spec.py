@@ -65,7 +65,8 @@ KEYS = [
 ]
 RECIPE_KEYS = ["recipe", "name", "set", "seeds"]
 ARTICLES = "articles"  # the study file whose claims are the seed articles' (the default claims)
-PROTOCOL = {"lr_sensitivity": True, "margin": 0.1, "claims": True}
+# ladder_target: the size the ladder fits forecast (ladder.csv; launch.transfer.ladder)
+PROTOCOL = {"lr_sensitivity": True, "margin": 0.1, "claims": True, "ladder_target": None}
 # keys a study owns through its own fields: a grid or `set:` giving them is refused
 OWNED = {
     "training.seed": "seeds",
@@ -164,6 +165,13 @@ def load_study(name: str) -> StudySpec:
     for key in ("lr_sensitivity", "claims"):
         if not isinstance(protocol[key], bool):
             raise ConfigError(f"{where}protocol.{key} must be true or false")
+    target = protocol["ladder_target"]
+    if target is not None and (
+        isinstance(target, bool) or not isinstance(target, int | float) or not target > 0
+    ):
+        raise ConfigError(
+            f"{where}protocol.ladder_target must be a size > 0 on the size axis, got {target!r}"
+        )
     spec = StudySpec(
         name=str(data.get("name") or path.stem),
         description=str(data.get("description") or ""),

@@ -87,7 +87,8 @@ def test_help_lists_every_command_and_loads_nothing_heavy() -> None:
 
 
 @pytest.mark.parametrize("name", ["train", "validate", "prepare", "launch", "export", "compare",
-                                  "study", "submit", "status", "theory", "plan", "quickstart"])
+                                  "study", "submit", "status", "theory", "plan", "quickstart",
+                                  "coordcheck"])
 def test_help_of_each_command_loads_nothing_heavy(name: str) -> None:
     rc, out, heavy = loaded_by([name, "--help"])
     assert rc == 0 and out.startswith(f"usage: normlab {name}"), out[:200]

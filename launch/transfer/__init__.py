@@ -1,0 +1,1 @@
+"""Hyperparameter transfer (SCIENCE.md 21): the coordinate check and size ladders that forecast."""
