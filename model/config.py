@@ -339,15 +339,15 @@ def check_parametrization(cfg: ModelConfig) -> None:
 
 def _check_depth_rule(cfg: ModelConfig) -> None:
     """CompleteP's m_L^-α is refused where SCIENCE.md 21.3 leaves it undefined."""
+    if cfg.placement == "ln_scaling":
+        raise ValueError(
+            "model.placement 'ln_scaling' is itself a depth rule: refused with parametrization "
+            "completep (SCIENCE.md 21.3); allowed: ln_scaling with mup"
+        )
     if cfg.placement not in DEPTH_PLACEMENTS:
         raise ValueError(
             f"model.placement {cfg.placement!r} has no CompleteP depth rule (SCIENCE.md 21.3); "
             f"allowed with parametrization completep: {', '.join(DEPTH_PLACEMENTS)} (mup: any)"
-        )
-    if cfg.ln_scaling:
-        raise ValueError(
-            "model.ln_scaling is itself a depth rule: refused with parametrization completep "
-            "(SCIENCE.md 21.3); allowed: ln_scaling with mup"
         )
     if cfg.residual_scale != "none":
         raise ValueError(

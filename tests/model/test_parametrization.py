@@ -211,7 +211,7 @@ def test_attention_scale_is_alpha_over_d_head() -> None:
         ),
         (
             dict(parametrization="completep", base_d_model=32, base_n_layers=2, ln_scaling=True),
-            "model.ln_scaling",
+            "model.placement 'ln_scaling' is itself a depth rule",
         ),
         (
             dict(
