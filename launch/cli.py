@@ -31,6 +31,7 @@ COMMANDS = [
     "normlab.launch.commands.theory",
     "normlab.launch.commands.plan",
     "normlab.launch.commands.verdicts",
+    "normlab.launch.commands.warnings",
 ]
 USER_ERRORS = (NormlabError, DataError)
 
