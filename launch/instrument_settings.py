@@ -103,6 +103,61 @@ def _fp16_clamp(settings: Any) -> dict[str, Any]:
     return s
 
 
+# instruments.early_warning (SCIENCE.md 23.4): the signals it can watch every step without a
+# logging instrument, and the actions; clip_update needs the whole update on one device
+WARNING_SIGNALS = ("loss", "grad_norm")
+WARNING_ACTIONS = ("checkpoint", "backoff", "rollback", "clip_update")
+WARNING_DEFAULTS = {
+    "signals": ["grad_norm"], "k": 6.0, "window": 100, "action": "checkpoint",
+    "backoff": 0.5, "rewarm_steps": 100, "max_rollbacks": 5, "clip_sigma": 3.0,
+    "clip_window": 128,
+}  # fmt: skip
+WARNING_ENGINES = {"clip_update": ("single",)}  # actions some engines cannot do
+
+
+def _early_warning(settings: Any) -> dict[str, Any]:
+    s = settings_of(settings, WARNING_DEFAULTS, "early_warning")
+    where = "instruments.early_warning"
+    signals = s["signals"]
+    if isinstance(signals, str):
+        signals = s["signals"] = [signals]
+    if not isinstance(signals, list) or not signals:
+        raise ConfigError(f"{where}.signals must be a list of {list(WARNING_SIGNALS)}")
+    for sig in signals:
+        if sig not in WARNING_SIGNALS:
+            raise ConfigError(
+                f"{where}.signals: unknown signal {sig!r}; allowed: {', '.join(WARNING_SIGNALS)}"
+            )
+    if s["action"] not in WARNING_ACTIONS:
+        raise ConfigError(
+            f"{where}.action must be one of {', '.join(WARNING_ACTIONS)}, got {s['action']!r}"
+        )
+    for key in ("k", "clip_sigma"):
+        if s[key] <= 0:
+            raise ConfigError(f"{where}.{key} must be a positive number, got {s[key]!r}")
+    if not 0 < s["backoff"] < 1:
+        raise ConfigError(f"{where}.backoff must lie in (0, 1), got {s['backoff']!r}")
+    for key, low in (("window", 2), ("clip_window", 2), ("rewarm_steps", 0), ("max_rollbacks", 0)):
+        if s[key] < low:
+            raise ConfigError(f"{where}.{key} must be an integer >= {low}, got {s[key]!r}")
+    return s
+
+
+def check_warning_engine(section: dict[str, Any], engine: str) -> None:
+    """The early_warning action this engine cannot do: one line naming the engines that can."""
+    settings = section.get("early_warning")
+    if settings is None or settings is False:
+        return
+    action = _early_warning(settings)["action"]
+    engines = WARNING_ENGINES.get(action)
+    if engines is not None and engine not in engines:
+        raise ConfigError(
+            f"instruments.early_warning.action {action!r} cannot run on engine {engine!r}; "
+            f"allowed engines: {', '.join(engines)} (other actions: "
+            f"{', '.join(a for a in WARNING_ACTIONS if a not in WARNING_ENGINES)})"
+        )
+
+
 # instruments with settings; every other one takes none (`true`, or an empty mapping)
 CHECKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "attention_logits": _attention_logits,
@@ -110,6 +165,7 @@ CHECKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "update_spikes": _update_spikes,
     "spike_policy": _spike_policy,
     "fp16_clamp": _fp16_clamp,
+    "early_warning": _early_warning,
 }
 
 

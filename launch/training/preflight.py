@@ -13,7 +13,7 @@ from pathlib import Path
 from normlab.launch.config import RunConfig
 from normlab.launch.errors import ConfigError
 from normlab.launch.extras import require
-from normlab.launch.instrument_settings import check_instruments
+from normlab.launch.instrument_settings import check_instruments, check_warning_engine
 from normlab.launch.training.wandb_setup import check_wandb
 
 
@@ -21,6 +21,7 @@ def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:
     """Raise the ConfigError/DataError/MissingDependency that starting this run would raise.
     local=False (a job submitted to other machines) skips the checks of this host's devices."""
     check_instruments(cfg.instruments)  # names and settings, without importing the instruments
+    check_warning_engine(cfg.instruments, cfg.engine.name)  # an action this engine cannot do
     # W&B: not installed or broken, refused WANDB_* settings, no credentials, damaged wandb.json
     check_wandb(cfg.logging.wandb, Path(cfg.run_dir or "runs/run"), credentials=local)
     _check_engine(cfg, world_size, local)
