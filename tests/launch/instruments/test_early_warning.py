@@ -179,3 +179,33 @@ def test_resumed_run_is_exact(tiny_data: Path, tmp_path: Path, capsys):
     a, b = rows(whole), rows(half)
     assert a == b
     assert any(scale < 1.0 for _, _, scale in a)  # the back-off did act
+
+
+def test_rollback_restores_the_newest_checkpoint_before_the_alarm_and_its_detector():
+    g = torch.Generator().manual_seed(1)
+    values = (torch.randn(200, generator=g) * 0.05).exp().tolist()
+    values[150] *= 30.0
+    cb = EarlyWarning({"action": "rollback", "max_rollbacks": 1})
+    saved = {}
+    restored = []
+
+    def restore(engine, path):
+        restored.append(path.name)
+        return {"callbacks": {"early_warning": saved[path.name]}}
+
+    trainer = SimpleNamespace(
+        cfg=SimpleNamespace(training=SimpleNamespace(log_every=1000, steps=10**6)),
+        engine=SimpleNamespace(all_reduce=lambda t, op="sum": t, is_main=False),
+        ckpt=SimpleNamespace(step_dirs=lambda: [Path(n) for n in sorted(saved)], restore=restore),
+    )
+    for step, v in enumerate(values, start=1):
+        cb.on_step_end(trainer, step, {"grad_norm": torch.tensor(v)})
+        if step in (100, 140, 160):  # checkpoints; 160 is after the alarm
+            saved[f"step_{step:08d}"] = cb.state_dict()
+        if step == 151:
+            assert restored == ["step_00000140"] and cb.rollbacks == 1
+            assert (
+                cb.detectors["grad_norm"].state_dict()
+                == saved["step_00000140"]["detectors"]["grad_norm"]
+            )
+    assert cb.alarms == 1 and restored == ["step_00000140"]
