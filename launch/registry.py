@@ -37,6 +37,7 @@ INSTRUMENTS = {
     "init_loss": "normlab.launch.instruments.output_logits:InitLoss",
     "output_logits": "normlab.launch.instruments.output_logits:OutputLogits",
     "early_warning": "normlab.launch.instruments.early_warning:EarlyWarning",
+    "adam_state": "normlab.launch.instruments.adam_state:AdamState",
 }
 
 

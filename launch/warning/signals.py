@@ -44,5 +44,23 @@ SIGNALS: dict[str, Signal] = {
         Signal("resid_rms", RESID, True, Rule(), "residual-stream RMS per block"),
         Signal("logz_mean", "logz_mean", False, Rule(transform="abs"), "|mean log Z| (output)"),
         Signal("head_mean_norm", "head_mean_norm", False, Rule(), "head norm (mean embedding)"),
+        Signal("head_norm", "head_norm", False, Rule(), "||W_head|| (adam_state)"),
+        Signal(
+            "adam_update_rms", "adam_update_rms", True, Rule(level=0.9),
+            "Adam update RMS per block, >= 0.9 sign-like (Molybog 2023)",
+        ),
+        Signal(
+            "adam_m_norm", "adam_m_norm", True, Rule(level=2.0, level_is_ratio=True),
+            "||m|| per block, 2x its median (Marin #1368)",
+        ),
+        Signal("adam_v_norm", "adam_v_norm", True, Rule(), "||sqrt(v)|| per block"),
+        Signal(
+            "eps_floor", "eps_floor", True, Rule(level=0.5, transform="none"),
+            "share of sqrt(v_hat) < 10 eps, >= 0.5 (Wortsman 2023)",
+        ),
+        Signal(
+            "grad_mom_cos", "grad_mom_cos", True, Rule(transform="none"),
+            "cos(g_t, m_t-1) per block",
+        ),
     )
 }  # fmt: skip
