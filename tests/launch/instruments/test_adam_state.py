@@ -62,7 +62,9 @@ def test_statistics_equal_a_direct_computation():
     assert got[block_key("eps_floor", 1)] == pytest.approx(float((root < 10 * eps).float().mean()))
     cos = F.cosine_similarity(before.g, before.m, dim=0)
     assert got[block_key("grad_mom_cos", 1)] == pytest.approx(float(cos), rel=1e-4)
-    assert float(metrics["head_norm"]) == pytest.approx(float(model.head.weight.detach().norm()), rel=1e-6)
+    assert float(metrics["head_norm"]) == pytest.approx(
+        float(model.head.weight.detach().norm()), rel=1e-6
+    )
 
 
 def test_deepspeed_is_refused_in_one_line():
