@@ -188,6 +188,8 @@ def _paired(r: Result, base: Result) -> None:
     """McNemar (exact) on detected@10 and Wilcoxon on leads over the same held-out events."""
     from scipy.stats import binomtest, wilcoxon
 
+    if not r.held.leads:
+        return  # no held-out event: nothing to pair
     a = [x is not None and x >= 10 for x in r.held.leads]
     b = [x is not None and x >= 10 for x in base.held.leads]
     only_a = sum(x and not y for x, y in zip(a, b, strict=True))

@@ -109,17 +109,22 @@ def plot(results: Sequence[Result], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = False
     for r in results:
         pts = [(fa, rec) for _, fa, rec in r.curve if not (math.isnan(fa) or math.isnan(rec))]
         if pts:
             xs, ys = zip(*sorted(pts), strict=True)
             style = "k--" if r.signal.name == BASELINE else "-"
             ax.plot(xs, ys, style, marker="o", markersize=3, label=r.signal.name)
+            drawn = True
     ax.axvline(FA_BUDGET, color="grey", lw=0.8)
     ax.set_xlabel("false alarms per 1,000 healthy steps (held-out seeds)")
     ax.set_ylabel("recall@10")
     ax.set_title("each point one k of the detector")
-    ax.legend(fontsize=7)
+    if drawn:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no held-out event: no curve", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
