@@ -38,6 +38,7 @@ INSTRUMENTS = {
     "output_logits": "normlab.launch.instruments.output_logits:OutputLogits",
     "early_warning": "normlab.launch.instruments.early_warning:EarlyWarning",
     "adam_state": "normlab.launch.instruments.adam_state:AdamState",
+    "qk_spectrum": "normlab.launch.instruments.qk_spectrum:QKSpectrum",
 }
 
 

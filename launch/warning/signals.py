@@ -53,6 +53,10 @@ SIGNALS: dict[str, Signal] = {
             "adam_m_norm", "adam_m_norm", True, Rule(level=2.0, level_is_ratio=True),
             "||m|| per block, 2x its median (Marin #1368)",
         ),
+        Signal(
+            "qk_entropy", "qk_entropy", True, Rule(rising=False, transform="none"),
+            "QK spectral entropy, min over heads: stand-in for arXiv 2606.28116",
+        ),
         Signal("adam_v_norm", "adam_v_norm", True, Rule(), "||sqrt(v)|| per block"),
         Signal(
             "eps_floor", "eps_floor", True, Rule(level=0.5, transform="none"),
