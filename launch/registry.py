@@ -39,6 +39,7 @@ INSTRUMENTS = {
     "early_warning": "normlab.launch.instruments.early_warning:EarlyWarning",
     "adam_state": "normlab.launch.instruments.adam_state:AdamState",
     "qk_spectrum": "normlab.launch.instruments.qk_spectrum:QKSpectrum",
+    "kurtosis": "normlab.launch.instruments.kurtosis:ActivationKurtosis",
 }
 
 

@@ -57,6 +57,7 @@ SIGNALS: dict[str, Signal] = {
             "qk_entropy", "qk_entropy", True, Rule(rising=False, transform="none"),
             "QK spectral entropy, min over heads: stand-in for arXiv 2606.28116",
         ),
+        Signal("kurtosis", "kurtosis", True, Rule(), "block-output kurtosis (FOG)"),
         Signal("adam_v_norm", "adam_v_norm", True, Rule(), "||sqrt(v)|| per block"),
         Signal(
             "eps_floor", "eps_floor", True, Rule(level=0.5, transform="none"),
