@@ -5,7 +5,10 @@
 - E2 `divergence`: the smoothed loss (median of the last 11 logged losses) rises more than
   `delta` = 0.5 nats above its running minimum and stays above it for `M` = 100 steps or to the
   end of the run; the event is the first step of that excursion. A non-finite loss ends the
-  series (it is E1, and no excursion starts on it).
+  series (it is E1, and no excursion starts on it). normlab's reading of "to the end of the run"
+  [choice]: a run that stopped early (diverged, killed, still running); in a run that completed
+  its `total_steps` an excursion cut off by the last step is censored, not an event (else a
+  noisy run's last two steps would count as a divergence).
 - E3 `return_to_init`: after warm-up, the smoothed loss rises above `l_0 - 0.1`. normlab's reading
   [choice]: "return" needs a departure, so E3 is scored only once the smoothed loss has been below
   `l_0 - 0.1` (else a run with no warm-up would "return" at its first step).
@@ -75,30 +78,41 @@ def _bad(value: Any) -> bool:
 
 
 def first_divergence(
-    steps: Sequence[int], losses: Sequence[float], delta: float = DELTA, hold: int = HOLD
+    steps: Sequence[int],
+    losses: Sequence[float],
+    delta: float = DELTA,
+    hold: int = HOLD,
+    completed: bool = False,
 ) -> int | None:
     """E2: the first step of an excursion of the smoothed loss above its running minimum + delta
-    that lasts `hold` steps or to the end of the series."""
+    that lasts `hold` steps, or to the end of the series when the run ended early (not
+    `completed`)."""
     smooth = smoothed(losses)
     lowest = math.inf
     for i, value in enumerate(smooth):
         if not math.isfinite(value):
             return None  # a non-finite loss ends the run (E1), it starts no excursion
-        if value > lowest + delta and _stays_above(steps, smooth, i, lowest + delta, hold):
+        level = lowest + delta
+        if value > level and _stays_above(steps, smooth, i, level, hold, completed):
             return int(steps[i])
         lowest = min(lowest, value)
     return None
 
 
 def _stays_above(
-    steps: Sequence[int], smooth: Sequence[float], start: int, level: float, hold: int
+    steps: Sequence[int],
+    smooth: Sequence[float],
+    start: int,
+    level: float,
+    hold: int,
+    completed: bool,
 ) -> bool:
     for j in range(start, len(smooth)):
         if steps[j] - steps[start] >= hold or not math.isfinite(smooth[j]):
             return True  # held, or held until the run ended non-finite
         if not smooth[j] > level:
             return False
-    return True  # above to the end of the run
+    return not completed  # above to the end of a run that stopped early; censored otherwise
 
 
 def first_return(
@@ -119,10 +133,11 @@ def find_events(
     warmup_steps: int = 0,
     init_loss: float | None = None,
     fp16: bool = False,
+    total_steps: int | None = None,
 ) -> list[Event]:
     """Every event of a run's logged training rows (each with `step` and `loss`), by step.
     `init_loss` is l_0 (the init_loss instrument's measurement); without it, the first logged
-    loss."""
+    loss. `total_steps`: the run's configured length (a run logged to it has completed)."""
     rows = [{k: _number(v) for k, v in r.items()} for r in rows if "loss" in r]
     rows = [r for r in rows if isinstance(r["loss"], float)]
     if not rows:
@@ -132,7 +147,9 @@ def find_events(
     l0 = init_loss if init_loss is not None and math.isfinite(init_loss) else losses[0]
     found = {
         NONFINITE: first_nonfinite(rows, fp16),
-        DIVERGENCE: first_divergence(steps, losses),
+        DIVERGENCE: first_divergence(
+            steps, losses, completed=total_steps is not None and steps[-1] >= total_steps
+        ),
         RETURN: first_return(steps, losses, l0, warmup_steps) if math.isfinite(l0) else None,
     }
     return sorted(
@@ -146,9 +163,10 @@ def run_events(
     """find_events with the warm-up and precision a run's config (a mapping) names."""
     warmup = int((config.get("schedule") or {}).get("warmup_steps") or 0)
     fp16 = (config.get("precision") or {}).get("dtype") == "fp16"
+    total = (config.get("training") or {}).get("steps")
     if init_loss is None:  # the init_loss instrument's step-0 row
         init_loss = next((_number(r["init_loss"]) for r in rows if "init_loss" in r), None)
-    return find_events(rows, warmup, init_loss, fp16)
+    return find_events(rows, warmup, init_loss, fp16, int(total) if total else None)
 
 
 def events_from_summary(summary: dict[str, Any]) -> list[Event] | None:

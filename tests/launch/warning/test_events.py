@@ -41,8 +41,13 @@ def test_divergence_starts_where_the_excursion_starts_and_must_hold():
     # the same excursion lasting 60 steps, then back: not held for 100 steps
     short = [4.0 - i / 100 for i in range(100)] + [3.0] * 100 + [4.0] * 60 + [3.0] * 100
     assert first_divergence(list(range(1, 361)), short) is None
-    # ... but one running to the end of the run counts
+    # ... but one running to the end of a run that stopped early counts
     assert first_divergence(steps[:260], series[:260]) == 206
+    # ... and one cut off by the last step of a completed run is censored
+    assert first_divergence(steps[:260], series[:260], completed=True) is None
+    kinds = [e.kind for e in find_events(rows(series[:260]), total_steps=260)]
+    assert kinds == ["return_to_init"]  # back at l_0 = 4.0: E3 needs no hold
+    assert Event("divergence", 206) in find_events(rows(series[:260]), total_steps=400)
 
 
 def test_divergence_counts_steps_not_rows():
