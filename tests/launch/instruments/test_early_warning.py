@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -209,3 +210,17 @@ def test_rollback_restores_the_newest_checkpoint_before_the_alarm_and_its_detect
                 == saved["step_00000140"]["detectors"]["grad_norm"]
             )
     assert cb.alarms == 1 and restored == ["step_00000140"]
+
+
+def test_checkpoint_on_alarm_in_the_trainer(tiny_data: Path, tmp_path: Path, capsys):
+    """The trainer writes a checkpoint at every alarm step (and only the final one otherwise)."""
+    from normlab.launch.config import load_config
+    from normlab.launch.training.trainer import Trainer
+
+    ew = "instruments.early_warning={action: checkpoint, window: 4, k: 0.5}"
+    run = tmp_path / "run"
+    over = tiny_overrides(tiny_data, run, **{"checkpoint.every": 0, "checkpoint.keep_last": 10})
+    assert Trainer(load_config(PRE, over + [ew, "schedule.warmup_steps=0"])).run() == 0
+    alarms = [int(x) for x in re.findall(r"early warning at step (\d+)", capsys.readouterr().out)]
+    saved = sorted(int(p.name[5:]) for p in (run / "checkpoints").glob("step_*"))
+    assert alarms and saved == sorted({*alarms, 8})
