@@ -90,3 +90,11 @@ def test_a_run_that_blows_up_has_all_three_in_order():
 def test_a_nan_alone_is_e1_not_e2():
     series = [3.0 - i / 1000 for i in range(50)] + [math.nan]
     assert find_events(rows(series)) == [Event("nonfinite", 51)]
+
+
+def test_study_report_counts_seeds_per_event_kind():
+    from normlab.launch.study.report import event_cell
+
+    group = [{"event_kinds": ["divergence", "nonfinite"]}, {"event_kinds": ["divergence"]}, {}]
+    assert event_cell(group) == "E1 1/3, E2 2/3"
+    assert event_cell([{"event_kinds": []}]) == "none"
