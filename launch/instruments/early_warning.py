@@ -4,7 +4,9 @@ Every step the watched signals (the loss, the global gradient norm) are averaged
 in one small collective and copied to the host (one sync per step, as the spike policy's); the
 robust z-score detector of launch.warning.detector (log value against the previous `window`
 values, alarm at z >= k, none during warm-up) sees the same numbers on every rank, so every rank
-agrees on the alarm step, as they agree on a stop step. On an alarm, the action:
+agrees on the alarm step, as they agree on a stop step. Alarms closer than 50 steps to the
+previous one belong to its episode (SCIENCE.md 23.3's R) and trigger nothing more; `alarms`
+counts episodes. On an alarm, the action:
 
 - `checkpoint`: this step becomes a checkpoint step (the ring of good states is
   `checkpoint.keep_last`).
@@ -41,6 +43,7 @@ from normlab.launch.instruments.policy import last_checkpoint_before
 from normlab.launch.warning.detector import RobustZ, Rule
 
 ALARMS, LR_SCALE = "early_warning/alarms", "early_warning/lr_scale"
+MERGE = 50  # alarms closer than this are one episode, acted on once (SCIENCE.md 23.3's R)
 ROLLBACKS, DID_CLIP = "early_warning/rollbacks", "early_warning/did_clip"
 
 
@@ -62,6 +65,7 @@ class EarlyWarning(Callback):
         self.action = s["action"]
         self.alarms = self.rollbacks = self.clipped = 0
         self.lr_scale, self.rewarm_from = 1.0, None  # backoff: peak scale, re-warm start step
+        self.last_alarm: int | None = None
         self.update_norms: deque[float] = deque(maxlen=s["clip_window"])
         self._checkpoint_due = False
         self._before: list[torch.Tensor] | None = None
@@ -100,7 +104,12 @@ class EarlyWarning(Callback):
             self.detectors[s].update(step, v) for s, v in zip(self.signals, values, strict=True)
         ]
         if any(hits):
-            self._alarm(trainer, step, [s for s, h in zip(self.signals, hits, strict=True) if h])
+            merged = self.last_alarm is not None and step - self.last_alarm < MERGE
+            self.last_alarm = step
+            if not merged:  # an alarm within MERGE steps of the last one is the same episode
+                self._alarm(
+                    trainer, step, [s for s, h in zip(self.signals, hits, strict=True) if h]
+                )
         if is_log_step(trainer, step):
             metrics[ALARMS] = float(self.alarms)
             metrics[LR_SCALE] = self.scale_at(step)
@@ -183,6 +192,7 @@ class EarlyWarning(Callback):
             "lr_scale": self.lr_scale,
             "rewarm_from": self.rewarm_from,
             "update_norms": list(self.update_norms),
+            "last_alarm": self.last_alarm,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -193,3 +203,4 @@ class EarlyWarning(Callback):
         self.lr_scale, self.rewarm_from = float(state["lr_scale"]), state["rewarm_from"]
         self.update_norms.clear()
         self.update_norms.extend(float(v) for v in state["update_norms"])
+        self.last_alarm = state.get("last_alarm")
