@@ -60,6 +60,11 @@ class Callback:
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         """After the optimizer step; may add entries (tensors or floats) to `metrics`."""
 
+    def wants_checkpoint(self) -> bool:
+        """True to make this step a checkpoint step (early_warning: checkpoint on alarm); the
+        answer must be the same on every rank."""
+        return False
+
     def on_log(self, trainer: TrainerView, step: int, metrics: dict[str, float]) -> None:
         """On log steps, with host floats (the values written to metrics.jsonl)."""
 

@@ -32,6 +32,7 @@ COMMANDS = [
     "normlab.launch.commands.plan",
     "normlab.launch.commands.verdicts",
     "normlab.launch.commands.coordcheck",
+    "normlab.launch.commands.warnings",
 ]
 USER_ERRORS = (NormlabError, DataError)
 

@@ -36,6 +36,10 @@ INSTRUMENTS = {
     "norm_stabilizers": "normlab.launch.instruments.norm_stabilizers:NormStabilizers",
     "init_loss": "normlab.launch.instruments.output_logits:InitLoss",
     "output_logits": "normlab.launch.instruments.output_logits:OutputLogits",
+    "early_warning": "normlab.launch.instruments.early_warning:EarlyWarning",
+    "adam_state": "normlab.launch.instruments.adam_state:AdamState",
+    "qk_spectrum": "normlab.launch.instruments.qk_spectrum:QKSpectrum",
+    "kurtosis": "normlab.launch.instruments.kurtosis:ActivationKurtosis",
 }
 
 # Each instrument's settings dataclass (launch.config.instruments); one not named here takes none.
@@ -45,6 +49,7 @@ INSTRUMENT_SETTINGS = {
     "update_spikes": "normlab.launch.config.instruments:UpdateSpikesSettings",
     "spike_policy": "normlab.launch.config.instruments:SpikePolicySettings",
     "fp16_clamp": "normlab.launch.config.instruments:FP16ClampSettings",
+    "early_warning": "normlab.launch.config.instruments:EarlyWarningSettings",
 }
 
 

@@ -22,13 +22,6 @@ STEP_DIR = re.compile(r"^step_(\d{8})$")  # rundir.checkpoint.STEP_DIR
 TAIL = 5
 
 
-def _last_rows(path: Path, n: int) -> list[dict[str, Any]]:
-    """The last n train rows (with a loss) of metrics.jsonl, every row checked for damage."""
-    from normlab.launch.report.runfiles import read_metrics
-
-    return [row for row in read_metrics(path) if "loss" in row][-n:]
-
-
 def _number(value: Any) -> float | None:
     """A logged value as a float ('nan' strings included), None where absent."""
     return None if value is None else float(value)
@@ -78,7 +71,15 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     info["job_state"] = job_state(info["job_id"]) if info["job_id"] else None
     summary = read_summary(run_dir / SUMMARY)
     info["status"] = summary.get("status", "not started")
-    rows = _last_rows(run_dir / "metrics.jsonl", TAIL)  # damage is one line, not skipped
+    from normlab.launch.report.runfiles import read_metrics
+    from normlab.launch.warning.events import events_from_summary, events_text, run_events
+
+    every = read_metrics(run_dir / "metrics.jsonl")  # damage is one line, not skipped
+    rows = [row for row in every if "loss" in row][-TAIL:]
+    recorded = events_from_summary(summary)  # a running run's are found in its metrics so far
+    if recorded is None or info["status"] == "running":
+        recorded = run_events(every, cfg) if every else None
+    info["events"] = events_text(recorded)
     last = rows[-1] if rows else {}
     info["step"] = int(last.get("step", summary.get("steps", 0)))
     info["loss"] = _number(last.get("loss"))
@@ -122,6 +123,7 @@ def format_status(info: dict[str, Any]) -> str:
         f"  step {info['step']}/{info['total']}  loss {loss}  tokens/s {tps}  "
         f"TFLOP/s/GPU {tflops}  MFU {mfu}  ETA {eta}",
         f"  last checkpoint: {info['checkpoint'] or 'none'}",
+        f"  events (SCIENCE.md 23.1): {info.get('events', '-')}",
     ]
     if info["log_lines"]:
         lines.append(f"  last lines of {info['log'] or 'metrics.jsonl'}:")

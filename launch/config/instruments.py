@@ -11,7 +11,7 @@ what `train` would refuse without loading torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any, Literal
 
@@ -72,6 +72,71 @@ class FP16ClampSettings:
     mode: Literal["auto", "on", "off"] = "auto"
 
 
+# instruments.early_warning (SCIENCE.md 23.4): the signals it can watch every step without a
+# logging instrument, and the actions; clip_update needs the whole update on one device
+WARNING_SIGNALS = ("loss", "grad_norm")
+WARNING_ACTIONS = ("checkpoint", "backoff", "rollback", "clip_update")
+WARNING_ENGINES = {"clip_update": ("single",)}  # actions some engines cannot do
+
+
+@dataclass(frozen=True)
+class EarlyWarningSettings:
+    signals: list[str] = field(default_factory=lambda: ["grad_norm"])  # what the detector watches
+    k: float = 6.0  # alarm when the robust z-score of log(signal) reaches k
+    window: int = 100  # trailing steps of the robust z-score
+    action: str = "checkpoint"  # checkpoint | backoff | rollback | clip_update
+    backoff: float = 0.5  # backoff: the lr multiplier on alarm, then re-warmed
+    rewarm_steps: int = 100  # backoff: steps back to the full lr
+    max_rollbacks: int = 5  # rollback: the run stops after this many
+    clip_sigma: float = 3.0  # clip_update (Levanter): clip at mean + sigma * std of past norms
+    clip_window: int = 128  # clip_update: past update norms kept
+
+    def __post_init__(self) -> None:
+        where = "instruments.early_warning"
+        if not self.signals:
+            raise ConfigError(f"{where}.signals must be a list of {list(WARNING_SIGNALS)}")
+        for sig in self.signals:
+            if sig not in WARNING_SIGNALS:
+                allowed = ", ".join(WARNING_SIGNALS)
+                raise ConfigError(f"{where}.signals: unknown signal {sig!r}; allowed: {allowed}")
+        if self.action not in WARNING_ACTIONS:
+            raise ConfigError(
+                f"{where}.action must be one of {', '.join(WARNING_ACTIONS)}, got {self.action!r}"
+            )
+        for key in ("k", "clip_sigma"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(
+                    f"{where}.{key} must be a positive number, got {getattr(self, key)!r}"
+                )
+        if not 0 < self.backoff < 1:
+            raise ConfigError(f"{where}.backoff must lie in (0, 1), got {self.backoff!r}")
+        for key, low in (
+            ("window", 2),
+            ("clip_window", 2),
+            ("rewarm_steps", 0),
+            ("max_rollbacks", 0),
+        ):
+            if getattr(self, key) < low:
+                raise ConfigError(
+                    f"{where}.{key} must be an integer >= {low}, got {getattr(self, key)!r}"
+                )
+
+
+def check_warning_engine(section: dict[str, Any], engine: str) -> None:
+    """The early_warning action this engine cannot do: one line naming the engines that can."""
+    settings = section.get("early_warning")
+    if settings is None or settings is False:
+        return
+    action = checked_settings("early_warning", settings).action
+    engines = WARNING_ENGINES.get(action)
+    if engines is not None and engine not in engines:
+        raise ConfigError(
+            f"instruments.early_warning.action {action!r} cannot run on engine {engine!r}; "
+            f"allowed engines: {', '.join(engines)} (other actions: "
+            f"{', '.join(a for a in WARNING_ACTIONS if a not in WARNING_ENGINES)})"
+        )
+
+
 def _need(ok: bool, name: str, rule: str, *values: Any) -> None:
     if not ok:
         got = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
@@ -101,6 +166,8 @@ def checked_settings(name: str, settings: Any) -> Any:
     if cls is FP16ClampSettings and isinstance(settings.get("mode"), bool):
         # YAML 1.1 reads a bare `mode: on` / `mode: off` as a boolean
         settings = {**settings, "mode": "on" if settings["mode"] else "off"}
+    if cls is EarlyWarningSettings and isinstance(settings.get("signals"), str):
+        settings = {**settings, "signals": [settings["signals"]]}  # one signal, not in a list
     return build(cls, settings, f"instruments.{name}.")
 
 

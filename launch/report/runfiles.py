@@ -31,6 +31,7 @@ SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
     "tokens_per_s": (int, float, type(None)),
     "train_s": (int, float),
     "tokens_per_step": (int, type(None)),
+    "events": (list,),  # SCIENCE.md 23.1: [{kind, step}]
 }
 NON_FINITE = {"nan", "inf", "-inf"}
 SECTIONS = [

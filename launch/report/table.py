@@ -31,6 +31,7 @@ from normlab.launch.report.stabilizer_columns import (
     stabilizer_columns,
     stabilizer_label,
 )
+from normlab.launch.warning.events import Event, events_from_summary, events_text, run_events
 from rich.console import Console
 from rich.table import Table
 
@@ -48,6 +49,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("seed", "seed", "d"),
     ("warmup", "warm-up", "d"),
     ("status", "status", ""),
+    ("events", "events", ""),
     ("steps", "steps", "d"),
     ("final_loss", "final loss", ".4f"),
     ("min_loss", "min loss", ".4f"),
@@ -84,6 +86,8 @@ NOTES = (
     "instrument at the last logged step (SCIENCE.md 12-14; block mean, massive act. block max). "
     "Mean |λ|, DyT/Derf α, saturation (share |f| >= 0.9): the norm_stabilizers instrument at the "
     "last logged step (SCIENCE.md 15-16; mean over sub-layers and the final layer). "
+    "Events (SCIENCE.md 23.1): E1 non-finite, E2 smoothed loss 0.5 nats above its running "
+    "minimum for 100 steps, E3 back above the initial loss - 0.1 after warm-up; @ first step. "
     "'-': not measured (instrument off or no full window yet)."
 )
 
@@ -154,6 +158,15 @@ def global_batch(config: dict[str, Any], summary: dict[str, Any]) -> int | None:
     return tokens // seq_len
 
 
+def events_of(run: Run) -> list[Event]:
+    """The run's events: summary.json's record once the run has ended, else (a run in progress,
+    or one from before events were recorded) found again in its metrics."""
+    recorded = events_from_summary(run.summary)
+    if recorded is not None and run.summary.get("status") != "running":
+        return recorded
+    return run_events(run.train, run.config)
+
+
 def _last(run: Run, key: str) -> float | None:
     for row in reversed(run.train):
         if key in row:
@@ -182,6 +195,7 @@ def summarize(run: Run) -> dict[str, Any]:
     tps = s.get("tokens_per_s") or (
         float(np.mean(finite([r.get("tokens_per_s") for r in run.train]) or [math.nan]))
     )
+    events = events_of(run)
     return {
         "run": run.label,
         "recipe": cfg.get("name") or run.label,
@@ -195,6 +209,8 @@ def summarize(run: Run) -> dict[str, Any]:
         "seed": (cfg.get("training") or {}).get("seed"),
         "warmup": (cfg.get("schedule") or {}).get("warmup_steps"),
         "status": s.get("status") or "no summary",
+        "events": events_text(events),
+        "event_kinds": sorted({e.kind for e in events}),  # the study report counts them
         "steps": steps,
         "final_loss": losses[-1] if losses else None,
         "min_loss": s.get("min_loss") if s.get("min_loss") is not None else _min(losses),

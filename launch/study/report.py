@@ -48,6 +48,7 @@ from normlab.launch.study.study_verdicts import (
     write_verdicts,
 )
 from normlab.launch.study.unigram import runs_plateau
+from normlab.launch.warning.events import CODES
 from rich.console import Console
 from rich.table import Table
 
@@ -91,6 +92,16 @@ def _spread(values: list[float]) -> str:
     return f"{mean:.3f} +- {sd:.3f} [{min(values):.3f}, {max(values):.3f}]"
 
 
+def event_cell(group: list[dict[str, Any]]) -> str:
+    """Seeds with each event kind (SCIENCE.md 23.1), 'E2 2/3, E1 1/3'; 'none' without any."""
+    counts = {
+        code: sum(kind in (r.get("event_kinds") or []) for r in group)
+        for kind, code in CODES.items()
+    }
+    shown = [f"{code} {n}/{len(group)}" for code, n in counts.items() if n]
+    return ", ".join(shown) or "none"
+
+
 def trained_cell(group: list[dict[str, Any]], plateau: float) -> str:
     """'k/n' seeds that trained (loss_of <= plateau - margin), marked when not all did."""
     ok = sum(trained(loss_of(r), plateau) for r in group)
@@ -103,7 +114,7 @@ def group_table(
     """Header and cells: one line per (recipe, grid point: size, lr) with every statistic over
     its seeds; with a plateau, a 'trained' column (seeds that trained)."""
     stats = STATS + domain_stats(rows)  # one column per validation domain of a mixture
-    head = ["recipe", "grid point", "seeds", "non-finite"]
+    head = ["recipe", "grid point", "seeds", "non-finite", "events"]
     head += ["trained"] if plateau is not None else []
     head += [h for _, h, _ in stats]
     cells = []
@@ -112,7 +123,9 @@ def group_table(
         bad = sum(int(r.get("nonfinite") or 0) for r in group)
         mark = [trained_cell(group, plateau)] if plateau is not None else []
         spread = [_spread([read(r) for r in group]) for _, _, read in stats]
-        cells.append([recipe, point_label(point), seeds, str(bad), *mark, *spread])
+        cells.append(
+            [recipe, point_label(point), seeds, str(bad), event_cell(group), *mark, *spread]
+        )
     return head, cells
 
 
@@ -170,7 +183,9 @@ def markdown(
         "## Every grid point",
         "",
         "Over seeds: mean +- sd [min, max] (eval loss: the last evaluation; 'failed': diverged, "
-        "failed, stopped or never evaluated; every statistic counts such a run at l_0)."
+        "failed, stopped or never evaluated; every statistic counts such a run at l_0). "
+        "Events: seeds with each event of SCIENCE.md 23.1 (E1 non-finite, E2 0.5-nat excursion "
+        "for 100 steps, E3 return to the initial loss)."
         + (
             f" Trained: the seeds whose loss ended <= the unigram plateau {plateau:.3f} - "
             f"{TRAINED_MARGIN:g} nats."

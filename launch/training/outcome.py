@@ -63,6 +63,21 @@ def run_summary(trainer: SummarisedRun, status: str, **extra: Any) -> dict[str, 
     summary = summary_of(trainer.cfg.name, status, trainer.step, trainer.stats, **extra)
     if hasattr(trainer, "throughput"):
         summary.update(trainer.throughput.summary(summary["tokens_per_s"]))
+    events = logged_events(trainer)
+    if events is not None:
+        summary["events"] = [e.to_dict() for e in events]
     if getattr(trainer, "metrics", None) is not None:
         trainer.metrics.summary(summary)
     return summary
+
+
+def logged_events(trainer: Any) -> list[Any] | None:
+    """The run's events so far (SCIENCE.md 23.1) from its metrics.jsonl, on the rank that writes
+    it; None where no file is written (logging.jsonl off, other ranks)."""
+    from normlab.launch.training.metrics import JSONL, read_jsonl
+    from normlab.launch.warning.events import run_events
+
+    path = Path(getattr(trainer, "run_dir", "")) / JSONL
+    if getattr(trainer, "metrics", None) is None or not trainer.cfg.logging.jsonl:
+        return None
+    return run_events(read_jsonl(path) if path.is_file() else [], trainer.cfg.to_dict())

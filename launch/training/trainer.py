@@ -199,6 +199,7 @@ class Trainer:
             is_log, is_eval, is_ckpt = boundaries(
                 t, self.cfg.checkpoint.every, step, bool(stop), self.parts.stable_end
             )
+            is_ckpt = is_ckpt or any(cb.wants_checkpoint() for cb in self.callbacks)
             if not (is_log or is_eval or is_ckpt):
                 continue
             rows = self._host_rows(pending, mark)

@@ -110,6 +110,13 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(
     assert status == 1
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "diverged" and summary["diverged_step"] == 6
+    assert summary["events"] == [{"kind": "nonfinite", "step": 6}]  # SCIENCE.md 23.1 E1
+    from normlab.launch.commands.status import format_status, run_status
+    from normlab.launch.report.runs import load_run
+    from normlab.launch.report.table import summarize
+
+    assert "events (SCIENCE.md 23.1): E1 nonfinite@6" in format_status(run_status(run))
+    assert summarize(load_run(run))["events"] == "E1 nonfinite@6"
     assert "non-finite loss" in summary["message"] and "step_00000004" in summary["message"]
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000004"
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_00000004"]

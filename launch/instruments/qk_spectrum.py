@@ -1,0 +1,76 @@
+"""QK spectral entropy per block, on log steps only: normlab's stand-in (SCIENCE.md 23.2) for the
+monitor of arXiv 2606.28116, whose exact decomposition is not reproduced here.
+
+For head h with query rows W_q^h and key rows W_k^h (d_h x d; grouped-query heads share their key
+head), the bilinear form of its attention logits is B_h = W_q^hT W_k^h (d x d, rank <= d_h). Its
+nonzero singular values, normalised to a distribution p, give the entropy H_h = -sum p log p
+(nats; log d_h when the spectrum is flat, 0 for rank one). They are computed without forming B_h:
+with W_q^hT = Q_q R_q and W_k^hT = Q_k R_k (thin QR), B_h = Q_q (R_q R_k^T) Q_k^T, so the values
+are those of the d_h x d_h matrix R_q R_k^T. Logged: `qk_entropy/ii`, the minimum over heads
+(a collapse is a drop). QK-norm, RoPE and the 1/sqrt(d_h) scale are outside the weights and
+outside this statistic.
+
+FSDP2 shards are gathered (full_tensor, every rank, log steps only); ZeRO-3 partitions are not
+parameters here, so the instrument refuses DeepSpeed stage 3.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from normlab.launch.callbacks import Callback, TrainerView
+from normlab.launch.config.instruments import checked_settings
+from normlab.launch.errors import ConfigError
+from normlab.launch.instruments.common import (
+    attention_of,
+    block_key,
+    blocks,
+    is_log_step,
+)
+
+QK_ENTROPY = "qk_entropy"
+
+
+def spectral_entropy(wq: torch.Tensor, wk: torch.Tensor) -> torch.Tensor:
+    """Entropy of the normalised singular values of wq^T wk (wq, wk: d_h x d)."""
+    rq = torch.linalg.qr(wq.float().T, mode="r").R
+    rk = torch.linalg.qr(wk.float().T, mode="r").R
+    s = torch.linalg.svdvals(rq @ rk.T)
+    p = s / s.sum().clamp_min(1e-30)
+    return -(p * torch.log(p.clamp_min(1e-30))).sum()
+
+
+def _full(w: torch.Tensor) -> torch.Tensor:
+    return w.full_tensor() if hasattr(w, "full_tensor") else w
+
+
+class QKSpectrum(Callback):
+    name = "qk_spectrum"
+
+    def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
+        checked_settings(self.name, settings)
+
+    def on_train_start(self, trainer: TrainerView) -> None:
+        engine = trainer.cfg.engine
+        if engine.name == "deepspeed" and engine.zero_stage == 3:
+            raise ConfigError(
+                "instruments.qk_spectrum cannot run on DeepSpeed ZeRO-3 (partitioned weights); "
+                "allowed: engine single, fsdp, or deepspeed with zero_stage 1 or 2"
+            )
+
+    @torch.no_grad()
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
+        if not is_log_step(trainer, step):
+            return
+        for i, block in enumerate(blocks(trainer)):
+            att = attention_of(block)
+            wq, wk = _full(att.q_proj.weight), _full(att.k_proj.weight)
+            dh, group = att.head_dim, att.n_heads // att.n_kv_heads
+            per_head = [
+                spectral_entropy(
+                    wq[h * dh : (h + 1) * dh], wk[(h // group) * dh : (h // group + 1) * dh]
+                )
+                for h in range(att.n_heads)
+            ]
+            metrics[block_key(QK_ENTROPY, i)] = torch.stack(per_head).min()

@@ -1,0 +1,71 @@
+"""The precursor signals of SCIENCE.md 23.2 that normlab logs, each with its detector rule.
+
+A signal is either one metric (`loss`, `grad_norm`, `max_logit`) or a per-block family
+(`update_norm/00`, `update_norm/01`, ...): a family alarms when any of its blocks alarms.
+The loss is the baseline every other signal must beat (23.3); the grad norm is the second one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from normlab.launch.metric_keys import (
+    GRAD,
+    MAX_LOGIT,
+    RESID,
+    UPDATE,
+    UPDATE_NORM,
+)
+from normlab.launch.warning.detector import Rule
+
+
+@dataclass(frozen=True)
+class Signal:
+    name: str
+    key: str  # the metric, or the per-block kind of a family
+    per_block: bool
+    rule: Rule
+    source: str  # SCIENCE.md 23.2's row
+
+
+BASELINE = "loss"
+SIGNALS: dict[str, Signal] = {
+    s.name: s
+    for s in (
+        Signal("loss", "loss", False, Rule(), "baseline: the loss itself"),
+        Signal("grad_norm", "grad_norm", False, Rule(), "global grad norm (OLMo 2, Levanter)"),
+        Signal(
+            "update_norm", UPDATE_NORM, True, Rule(level=2.0, level_is_ratio=True),
+            "update-norm ratio per block (Marin #1368: 2x)",
+        ),
+        Signal("update_ratio", UPDATE, True, Rule(), "||update|| / ||W|| per block"),
+        Signal("block_grad_norm", GRAD, True, Rule(), "grad norm per block"),
+        Signal("max_logit", MAX_LOGIT, False, Rule(level=50.0), "max attention logit, S_max > 50"),
+        Signal("resid_rms", RESID, True, Rule(), "residual-stream RMS per block"),
+        Signal("logz_mean", "logz_mean", False, Rule(transform="abs"), "|mean log Z| (output)"),
+        Signal("head_mean_norm", "head_mean_norm", False, Rule(), "head norm (mean embedding)"),
+        Signal("head_norm", "head_norm", False, Rule(), "||W_head|| (adam_state)"),
+        Signal(
+            "adam_update_rms", "adam_update_rms", True, Rule(level=0.9),
+            "Adam update RMS per block, >= 0.9 sign-like (Molybog 2023)",
+        ),
+        Signal(
+            "adam_m_norm", "adam_m_norm", True, Rule(level=2.0, level_is_ratio=True),
+            "||m|| per block, 2x its median (Marin #1368)",
+        ),
+        Signal(
+            "qk_entropy", "qk_entropy", True, Rule(rising=False, transform="none"),
+            "QK spectral entropy, min over heads: stand-in for arXiv 2606.28116",
+        ),
+        Signal("kurtosis", "kurtosis", True, Rule(), "block-output kurtosis (FOG)"),
+        Signal("adam_v_norm", "adam_v_norm", True, Rule(), "||sqrt(v)|| per block"),
+        Signal(
+            "eps_floor", "eps_floor", True, Rule(level=0.5, transform="none"),
+            "share of sqrt(v_hat) < 10 eps, >= 0.5 (Wortsman 2023)",
+        ),
+        Signal(
+            "grad_mom_cos", "grad_mom_cos", True, Rule(transform="none"),
+            "cos(g_t, m_t-1) per block",
+        ),
+    )
+}  # fmt: skip

@@ -1,0 +1,226 @@
+"""instruments.early_warning (SCIENCE.md 23.4, issue 32 items 6-7): bad settings refused in one
+line before anything is written; Levanter's update clipping against a direct computation; the
+back-off schedule; alarms on synthetic values; a resumed run takes the same decisions."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from normlab.launch.cli import main
+from normlab.launch.config.instruments import check_warning_engine, checked_settings
+from normlab.launch.errors import ConfigError
+from normlab.launch.instruments.early_warning import EarlyWarning, levanter_threshold
+
+from tests.conftest import REPO, tiny_overrides
+from tests.instrument_helpers import fake_trainer, tiny_model, train_step
+
+PRE = REPO / "recipes" / "pre.yaml"
+
+
+@pytest.mark.parametrize(
+    "settings, words",
+    [
+        (
+            {"signals": ["loss", "attn_entropy"]},
+            "unknown signal 'attn_entropy'; allowed: loss, grad_norm",
+        ),
+        ({"k": 0.0}, "instruments.early_warning.k must be a positive number"),
+        ({"k": -2}, "instruments.early_warning.k must be a positive number"),
+        ({"k": "six"}, "instruments.early_warning.k must be a number"),
+        ({"action": "pray"}, "action must be one of checkpoint, backoff, rollback, clip_update"),
+        ({"backoff": 1.5}, "backoff must lie in (0, 1)"),
+        ({"windw": 3}, "unknown key 'instruments.early_warning.windw'"),
+    ],
+)
+def test_bad_settings_are_one_line(settings, words):
+    with pytest.raises(ConfigError) as err:
+        checked_settings("early_warning", settings)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_action_the_engine_cannot_do_names_the_engines():
+    check_warning_engine({"early_warning": {"action": "clip_update"}}, "single")
+    check_warning_engine({"early_warning": {"action": "rollback"}}, "fsdp")
+    with pytest.raises(ConfigError, match="cannot run on engine 'fsdp'; allowed engines: single"):
+        check_warning_engine({"early_warning": {"action": "clip_update"}}, "fsdp")
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "instruments.early_warning={signals: [nope]}",
+        "instruments.early_warning={k: 0}",
+        "instruments.early_warning={action: clip_update}",
+    ],
+)
+def test_train_exits_2_before_writing(tmp_path, override, capsys):
+    run = tmp_path / "run"
+    over = [f"data.dataset={tmp_path / 'absent'}", f"run_dir={run}", override]
+    if "clip_update" in override:
+        over.append("engine.name=fsdp")
+    assert main(["train", str(PRE), *over]) == 2
+    assert not run.exists()
+    assert "instruments.early_warning" in capsys.readouterr().err
+
+
+class Grab:
+    """Keeps the gradients the optimizer is about to apply."""
+
+    name = "grab"
+
+    def on_after_backward(self, trainer, step):
+        self.grads = [p.grad.clone() for p in trainer.engine.model.parameters()]
+
+    def on_step_end(self, trainer, step, metrics):
+        pass
+
+
+def test_levanter_clipping_matches_a_direct_computation():
+    torch.manual_seed(0)
+    model = tiny_model()
+    trainer = fake_trainer(model, steps=40)
+    trainer.cfg.schedule = SimpleNamespace(warmup_steps=0)
+    cb = EarlyWarning({"action": "clip_update", "clip_window": 8, "clip_sigma": 1.0})
+    cb.on_train_start(trainer)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    tokens = torch.randint(0, 97, (2, 17))
+    history: list[float] = []
+    for step in range(1, 25):
+        before = [p.detach().clone() for p in model.parameters()]
+        lr = 0.05 * (8.0 if step in (12, 20) else 1.0)  # two large updates
+        opt.param_groups[0]["lr"] = lr
+        grads = Grab()
+        train_step(trainer, [grads, cb], step, tokens, opt)
+        delta = [-lr * g for g in grads.grads]
+        norm = math.sqrt(sum(float(d.pow(2).sum()) for d in delta))
+        limit = (
+            statistics.fmean(history) + 1.0 * max(statistics.pstdev(history), 1e-6)
+            if len(history) >= 4
+            else math.inf
+        )
+        scale = min(1.0, limit / norm)
+        for p, b, d in zip(model.parameters(), before, delta, strict=True):
+            torch.testing.assert_close(p.detach(), b + scale * d, rtol=1e-5, atol=1e-6)
+        history = (history + [norm])[-8:]
+        if step in (12, 20):
+            assert scale < 1.0  # the large updates were clipped
+    assert cb.clipped >= 2
+    assert levanter_threshold([1.0], 3.0, 8) == math.inf
+
+
+def test_backoff_halves_and_rewarms():
+    cb = EarlyWarning({"action": "backoff", "rewarm_steps": 4})
+    assert cb.scale_at(10) == 1.0
+    cb.lr_scale, cb.rewarm_from = 0.5, 11
+    assert [cb.scale_at(s) for s in (11, 12, 13, 14, 15, 40)] == [0.125, 0.25, 0.375, 0.5, 0.5, 0.5]
+
+
+def _sim(cb: EarlyWarning, values: list[float], start: int = 1):
+    trainer = SimpleNamespace(
+        cfg=SimpleNamespace(training=SimpleNamespace(log_every=1000, steps=10**6)),
+        engine=SimpleNamespace(all_reduce=lambda t, op="sum": t, is_main=False),
+    )
+    for i, v in enumerate(values):
+        cb.on_step_end(trainer, start + i, {"grad_norm": torch.tensor(v)})
+
+
+def test_alarm_fires_on_the_jump_not_on_noise_nor_in_warmup():
+    g = torch.Generator().manual_seed(0)
+    noise = (torch.randn(300, generator=g) * 0.05).exp().tolist()
+    noise[200] *= 20.0
+    noise[30] *= 20.0  # during warm-up (and before half a window): no alarm
+    cb = EarlyWarning({"action": "checkpoint"})
+    for det in cb.detectors.values():
+        det.warmup = 40
+    seen = []
+    trainer = SimpleNamespace(
+        cfg=SimpleNamespace(training=SimpleNamespace(log_every=1000, steps=10**6)),
+        engine=SimpleNamespace(all_reduce=lambda t, op="sum": t, is_main=False),
+    )
+    for step, v in enumerate(noise, start=1):
+        cb.on_step_end(trainer, step, {"grad_norm": torch.tensor(v)})
+        if cb.wants_checkpoint():
+            seen.append(step)
+    assert seen == [201] and cb.alarms == 1
+
+
+def test_resumed_run_is_exact(tiny_data: Path, tmp_path: Path, capsys):
+    """8 steps at once against the same run trained again from its step-4 checkpoint, with
+    back-off alarms (window 4, k 0.5: the detector
+    fires often), so the detector state and the lr scale must survive the checkpoint."""
+    from normlab.launch.config import load_config
+    from normlab.launch.training.trainer import Trainer
+
+    ew = (
+        "instruments.early_warning={action: backoff, window: 4, k: 0.5, rewarm_steps: 3, "
+        "signals: [loss, grad_norm]}"
+    )
+    extra = [ew, "schedule.warmup_steps=0"]
+    whole, half = tmp_path / "whole", tmp_path / "half"
+    assert Trainer(load_config(PRE, tiny_overrides(tiny_data, whole) + extra)).run() == 0
+    shutil.copytree(whole, half)  # then train it again from its step-4 checkpoint
+    again = load_config(PRE, tiny_overrides(tiny_data, half) + extra)
+    capsys.readouterr()
+    assert Trainer(again, from_step="step_00000004").run() == 0
+    assert "from step_00000004" in capsys.readouterr().out  # steps 5-8 were trained again
+    assert (half / "metrics.jsonl").read_text().count("early_warning/lr_scale") == 8
+
+    def rows(run):
+        out = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss"], r["early_warning/lr_scale"]) for r in out if "loss" in r]
+
+    a, b = rows(whole), rows(half)
+    assert a == b
+    assert any(scale < 1.0 for _, _, scale in a)  # the back-off did act
+
+
+def test_rollback_restores_the_newest_checkpoint_before_the_alarm_and_its_detector():
+    g = torch.Generator().manual_seed(1)
+    values = (torch.randn(200, generator=g) * 0.05).exp().tolist()
+    values[150] *= 30.0
+    cb = EarlyWarning({"action": "rollback", "max_rollbacks": 1})
+    saved = {}
+    restored = []
+
+    def restore(engine, path):
+        restored.append(path.name)
+        return {"callbacks": {"early_warning": saved[path.name]}}
+
+    trainer = SimpleNamespace(
+        cfg=SimpleNamespace(training=SimpleNamespace(log_every=1000, steps=10**6)),
+        engine=SimpleNamespace(all_reduce=lambda t, op="sum": t, is_main=False),
+        ckpt=SimpleNamespace(step_dirs=lambda: [Path(n) for n in sorted(saved)], restore=restore),
+    )
+    for step, v in enumerate(values, start=1):
+        cb.on_step_end(trainer, step, {"grad_norm": torch.tensor(v)})
+        if step in (100, 140, 160):  # checkpoints; 160 is after the alarm
+            saved[f"step_{step:08d}"] = cb.state_dict()
+        if step == 151:
+            assert restored == ["step_00000140"] and cb.rollbacks == 1
+            assert (
+                cb.detectors["grad_norm"].state_dict()
+                == saved["step_00000140"]["detectors"]["grad_norm"]
+            )
+    assert cb.alarms == 1 and restored == ["step_00000140"]
+
+
+def test_checkpoint_on_alarm_in_the_trainer(tiny_data: Path, tmp_path: Path, capsys):
+    """The trainer writes a checkpoint at every alarm step (and only the final one otherwise)."""
+    from normlab.launch.config import load_config
+    from normlab.launch.training.trainer import Trainer
+
+    ew = "instruments.early_warning={action: checkpoint, window: 4, k: 0.5}"
+    run = tmp_path / "run"
+    over = tiny_overrides(tiny_data, run, **{"checkpoint.every": 0, "checkpoint.keep_last": 10})
+    assert Trainer(load_config(PRE, over + [ew, "schedule.warmup_steps=0"])).run() == 0
+    alarms = [int(x) for x in re.findall(r"early warning at step (\d+)", capsys.readouterr().out)]
+    saved = sorted(int(p.name[5:]) for p in (run / "checkpoints").glob("step_*"))
+    assert alarms and saved == sorted({*alarms, 8})
