@@ -71,3 +71,40 @@ def test_site_builds_without_warnings(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site" / "reference" / "recipe_keys" / "index.html").exists()
+
+
+def readme_or_draft() -> str:
+    """The README once it has the newcomer's 'What it finds', else the draft of it."""
+    readme = (REPO / "README.md").read_text()
+    if "## What it finds" in readme:
+        return readme
+    return (REPO / "docs" / "_readme_draft.md").read_text()
+
+
+def test_readme_numbers_are_the_committed_data() -> None:
+    """The three numbers of the README's 'What it finds', recomputed from the committed study
+    outputs (docs/study/lr12, docs/study/wortsman)."""
+    import csv
+    from collections import defaultdict
+
+    text = " ".join(readme_or_draft().split("## What it finds", 1)[1].split())
+    study = REPO / "docs" / "study"
+    runs = list(csv.DictReader((study / "lr12" / "compare.csv").open()))
+    for recipe in ("post_nowarmup", "post_warmup"):
+        seeds = [
+            float(r["eval_loss"]) for r in runs if r["recipe"] == recipe and r["lr"] == "0.001"
+        ]
+        assert len(seeds) == 2 and ", ".join(f"{v:.3f}" for v in seeds) in text, recipe
+    curves = {r["recipe"]: r for r in csv.DictReader((study / "lr12" / "sensitivity.csv").open())}
+    assert f"against {float(curves['pre_nowarmup']['plateau']):.3f}" in text
+    for recipe in ("pre_nowarmup", "post_warmup", "deepnorm_warmup", "post_nowarmup"):
+        assert f"{float(curves[recipe]['lr_sensitivity']):.3f}" in text, recipe
+    logits = defaultdict(list)
+    for r in csv.DictReader((study / "wortsman" / "compare.csv").open()):
+        logits[(r["recipe"], float(r["lr"]))].append(float(r["max_logit"]))
+    mean = {k: sum(v) / len(v) for k, v in logits.items()}
+    assert (
+        f"from {mean[('pre', 3e-4)]:.1f} at lr 3e-4 to {mean[('pre', 0.3)]:,.0f} at lr 0.3" in text
+    )
+    qk = [v for (recipe, _), v in mean.items() if recipe == "pre_qknorm_head"]
+    assert f"between {min(qk):.0f} and {max(qk):.0f}" in text
