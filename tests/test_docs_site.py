@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,10 @@ def generator() -> ModuleType:
 
 
 def test_generated_pages_are_current() -> None:
-    for path, text in generator().pages().items():
+    gen = generator()
+    for path, text in gen.pages().items():
+        if path.name == "commands.md" and f"Python {gen.PYTHON} -->" not in path.read_text():
+            continue  # argparse lays help out differently on another Python: see the next test
         assert path.exists() and path.read_text() == text, (
             f"{path.relative_to(REPO)} is stale: run python docs/gen_reference.py"
         )
@@ -56,8 +60,15 @@ def test_every_command_has_its_help_on_the_commands_page() -> None:
     page = (REPO / "docs" / "reference" / "commands.md").read_text()
     parser = build_parser()
     for action in parser._subparsers._group_actions:  # type: ignore[union-attr]
-        for name in action.choices:
+        for name, sub in action.choices.items():
             assert f"## `normlab {name}`" in page
+            section = page.split(f"## `normlab {name}`", 1)[1].split("\n## ", 1)[0]
+            for option in sub._actions:
+                for flag in option.option_strings:
+                    assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", section), (
+                        name,
+                        flag,
+                    )
 
 
 @pytest.mark.skipif(
