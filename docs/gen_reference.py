@@ -342,18 +342,25 @@ def _seeds(study_dir: Path) -> str:
     return ", ".join(str(s) for s in seeds) if seeds else "-"
 
 
-def _claims_table(study_md: Path) -> list[list[str]]:
-    """The rows of the '## Verdicts' table of a study.md: claim, verdict, rule, evidence."""
-    text = study_md.read_text()
-    part = text.split("## Verdicts", 1)
+def _claims_table(study_md: Path) -> list[tuple[str, str, str]]:
+    """(claim, verdict, evidence) of each row of the '## Verdicts' table of a study.md, by the
+    table's own header (evidence: its 'evidence' or 'numbers' column, after 'why' if any)."""
+    part = study_md.read_text().split("## Verdicts", 1)
     if len(part) < 2:
         return []
+    table = [line for line in part[1].split("\n## ", 1)[0].splitlines() if line.startswith("|")]
+    if len(table) < 3:
+        return []
+
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in line.strip().strip("|").split(" | ")]
+
+    head = cells(table[0])
     rows = []
-    for line in part[1].splitlines()[1:]:
-        if line.startswith("## "):
-            break
-        if line.startswith("| ") and not line.startswith("| claim") and "---" not in line:
-            rows.append([c.strip() for c in line.strip().strip("|").split(" | ")])
+    for line in table[2:]:
+        row = dict(zip(head, cells(line), strict=False))
+        evidence = [row.get(k, "") for k in ("why", "evidence", "numbers") if row.get(k)]
+        rows.append((row.get("claim", ""), row.get("verdict", ""), "; ".join(evidence)))
     return rows
 
 
@@ -419,8 +426,7 @@ def findings_page() -> str:
             "| claim | verdict | evidence |",
             "|---|---|---|",
         ]
-        for row in rows:
-            claim, verdict, _rule, evidence = (row + ["", "", "", ""])[:4]
+        for claim, verdict, evidence in rows:
             out.append(f"| {claim} | {verdict} | {evidence} |")
             if "inconclusive" in verdict or "not tested" in verdict:
                 undecided.append(
