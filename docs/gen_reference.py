@@ -359,7 +359,7 @@ def _claims_table(study_md: Path) -> list[tuple[str, str, str]]:
     rows = []
     for line in table[2:]:
         row = dict(zip(head, cells(line), strict=False))
-        evidence = [row.get(k, "") for k in ("why", "evidence", "numbers") if row.get(k)]
+        evidence = [row[k] for k in ("why", "evidence", "numbers") if row.get(k, "-") != "-"]
         rows.append((row.get("claim", ""), row.get("verdict", ""), "; ".join(evidence)))
     return rows
 
