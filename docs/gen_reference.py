@@ -390,27 +390,7 @@ def findings_page() -> str:
             "",
         ]
     for path in verdict_files:
-        rows = json.loads(path.read_text())
-        out += [
-            f"### `{_rel(path.parent)}`",
-            "",
-            "| A | B | size | statistic | verdict | seeds (A/B) | delta [interval] "
-            "| seeds for 80% power |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for v in rows:
-            lo, hi = (list(v.get("interval") or []) + [None, None])[:2]
-            delta = v.get("delta")
-            shown = "-" if delta is None else f"{delta:+.3f} [{_num(lo)}, {_num(hi)}]"
-            out.append(
-                f"| {v.get('a')} | {v.get('b')} | {v.get('size')} | {v.get('statistic')} "
-                f"| {v.get('verdict')} | {v.get('n_a', '-')}/{v.get('n_b', '-')} | {shown} "
-                f"| {v.get('seeds_needed') if v.get('seeds_needed') is not None else '-'} |"
-            )
-        undecided = [v for v in rows if v.get("verdict") not in ("reproduced", "contradicted")]
-        if undecided:
-            out += ["", f"Not yet decided here: {len(undecided)} of {len(rows)} claims.", ""]
-        out.append("")
+        out += verdicts_table(path)
     out += ["## Claims decided by `normlab study`", ""]
     undecided: list[str] = []
     for study_md in sorted(DOCS.glob("**/study.md")):
@@ -446,6 +426,41 @@ def findings_page() -> str:
     pages += sorted(DOCS.glob("theory/*.md"))
     out += [f"- [`{_rel(p)}`]({_rel(p)}): {_title(p)}" for p in pages]
     return "\n".join(out) + "\n"
+
+
+def verdicts_table(path: Path) -> list[str]:
+    """One verdicts.json of `normlab verdicts`: each claim with its seeds, interval, and the
+    seeds it would need (80% power); those still inconclusive or not tested are listed after."""
+    from normlab.launch.study.verdict_report import SHOWN
+
+    rows = json.loads(path.read_text())
+    out = [
+        f"### `{_rel(path.parent)}`",
+        "",
+        "| A | B | size | statistic | verdict | seeds (A/B) | delta [interval] "
+        "| seeds for 80% power |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    open_ = []
+    for v in rows:
+        lo, hi = (list(v.get("interval") or []) + [None, None])[:2]
+        delta = v.get("delta")
+        shown = "-" if delta is None else f"{delta:+.3f} [{_num(lo)}, {_num(hi)}]"
+        verdict = SHOWN.get(v.get("verdict"), str(v.get("verdict")))
+        needed = v.get("seeds_needed")
+        out.append(
+            f"| {v.get('a')} | {v.get('b')} | {v.get('size')} | {v.get('statistic')} "
+            f"| {verdict} | {v.get('n_a', '-')}/{v.get('n_b', '-')} | {shown} "
+            f"| {needed if needed is not None else '-'} |"
+        )
+        if v.get("verdict") in ("inconclusive", "not_tested"):
+            open_.append(
+                f"- {v.get('a')} vs {v.get('b')} [{v.get('size')}] {v.get('statistic')}: "
+                f"{verdict} on {v.get('n_a', '-')}/{v.get('n_b', '-')} seeds"
+                + (f" ({v['note']})" if v.get("note") else "")
+            )
+    out += ["", f"Not yet decided ({len(open_)} of {len(rows)}):", "", *open_, ""]
+    return out
 
 
 def sensitivity_section() -> list[str]:

@@ -119,3 +119,24 @@ def test_readme_numbers_are_the_committed_data() -> None:
     )
     qk = [v for (recipe, _), v in mean.items() if recipe == "pre_qknorm_head"]
     assert f"between {min(qk):.0f} and {max(qk):.0f}" in text
+
+
+def test_findings_show_each_verdict_with_its_seeds(tmp_path: Path, monkeypatch) -> None:
+    """A verdicts.json that `normlab verdicts` writes under docs/ shows on the findings page:
+    every claim with its seeds, and the undecided ones with the seeds they would need."""
+    import json
+
+    from normlab.launch.study.verdict_report import run_verdicts
+
+    gen = generator()
+    docs = tmp_path / "docs"
+    run_verdicts(REPO / "docs/study/lr12/compare.csv", plateau=6.258, out=docs / "lr12")
+    monkeypatch.setattr(gen, "DOCS", docs)
+    page = gen.findings_page()
+    rows = json.loads((docs / "lr12" / "verdicts.json").read_text())
+    table = [line for line in page.splitlines() if line.startswith("| post_nowarmup | post_warmup")]
+    assert len(table) == sum(v["a"] == "post_nowarmup" and v["b"] == "post_warmup" for v in rows)
+    assert all("| 2/2 |" in line for line in table)
+    undecided = [v for v in rows if v["verdict"] == "inconclusive"]
+    assert f"Not yet decided ({len(undecided)} of {len(rows)}):" in page
+    assert "seeds per arm for 80% power" in page
