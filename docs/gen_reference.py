@@ -377,8 +377,9 @@ def findings_page() -> str:
         "",
         "Every verdict below is copied by the generator from a study's committed output, with the",
         "seeds it rests on; the study pages have every number and the figures. A verdict is no",
-        "stronger than its seeds: with two seeds per group most claims can only be *reproduced*",
-        "when every seed of one side lies beyond every seed of the other.",
+        "stronger than its seeds: a study's claim needs every seed of one side beyond every seed",
+        "of the other, and `normlab verdicts` (SCIENCE.md 22) adds an interval, Holm's",
+        "correction over the family and the seeds each undecided claim would need.",
         "",
     ]
     verdict_files = sorted(DOCS.glob("**/verdicts.json"))
