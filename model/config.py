@@ -47,28 +47,28 @@ FINAL_NORM = {
 class ModelConfig:
     """Every architectural switch of a normlab decoder; invalid combinations raise ValueError."""
 
-    n_layers: int = 4
-    d_model: int = 128
-    n_heads: int = 4
+    n_layers: int = 4  # blocks
+    d_model: int = 128  # width of the residual stream
+    n_heads: int = 4  # query heads (d_model / n_heads: the head dim, even for RoPE)
     n_kv_heads: int | None = None  # None: one key/value head per query head (plain MHA)
-    d_ff: int = 512
-    vocab_size: int = 4096
-    max_seq_len: int = 256
-    mlp: MlpKind = "swiglu"
-    norm: NormKind = "rmsnorm"
-    norm_eps: float = 1e-6
-    norm_backend: NormBackend = "torch"
-    placement: Placement = "pre"
-    embed_norm: bool = False
-    mix_ratio: float = 0.25
+    d_ff: int = 512  # hidden width of the MLP
+    vocab_size: int = 4096  # rows of the embedding and the output head
+    max_seq_len: int = 256  # longest sequence the RoPE tables cover
+    mlp: MlpKind = "swiglu"  # the MLP's activation (swiglu: gated, three matrices)
+    norm: NormKind = "rmsnorm"  # every norm's kind; dyt/derf: point-wise (SCIENCE.md 16)
+    norm_eps: float = 1e-6  # epsilon inside every norm
+    norm_backend: NormBackend = "torch"  # triton: fused kernels (CUDA); auto: triton on CUDA
+    placement: Placement = "pre"  # where the norms sit in a block (SCIENCE.md section 1)
+    embed_norm: bool = False  # peri: also normalise the embedding output
+    mix_ratio: float = 0.25  # mix: share of the first blocks that are post-norm
     ln_scaling: bool = False  # the older spelling of placement: ln_scaling (with placement: pre)
-    qk_norm: QKNorm = "none"
+    qk_norm: QKNorm = "none"  # QK-Norm: per head, or flat over all heads
     init: InitScheme | None = None  # None: default_init (deepnorm; normal for ln_scaling; gpt2)
-    init_std: float = 0.02
-    tie_embeddings: bool = False
-    bias: bool = False
-    dropout: float = 0.0
-    rope_theta: float = 10000.0
+    init_std: float = 0.02  # std of the normal initialisations
+    tie_embeddings: bool = False  # the output head shares the embedding matrix
+    bias: bool = False  # biases in the linear layers
+    dropout: float = 0.0  # dropout on attention and branch outputs
+    rope_theta: float = 10000.0  # RoPE base frequency
     # attention stabilizers (SCIENCE.md 12-14)
     attn_gate: AttnGate = "none"  # sigmoid gate on the SDPA output, per head or per channel
     attn_sinks: bool = False  # a learned logit per query head in the softmax denominator

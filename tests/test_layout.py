@@ -122,7 +122,10 @@ def test_one_installed_namespace() -> None:
 
 
 # test files that check the repository as a whole, not one package
-REPO_WIDE_TESTS = {"test_layout.py", "test_readme_commands.py", "test_science_doc.py"}
+REPO_WIDE_TESTS = {
+    "test_layout.py", "test_readme_commands.py", "test_science_doc.py",
+    "test_docs_commands.py", "test_docs_site.py",  # the documentation site (docs/, mkdocs.yml)
+}  # fmt: skip
 
 
 def test_tests_mirror_the_package() -> None:

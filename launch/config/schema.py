@@ -34,7 +34,7 @@ class ModelSection:
     field, each None unless the recipe sets it (None: the preset's value, else ModelConfig's
     default). tests/launch/config/test_model_section.py holds it field for field to ModelConfig."""
 
-    preset: str | None = None
+    preset: str | None = None  # a size preset: tiny, 125m, 350m, 1b, 7b
     n_layers: int | None = None
     d_model: int | None = None
     n_heads: int | None = None
@@ -65,7 +65,7 @@ class ModelSection:
     # norm-side stabilizers (SCIENCE.md 15-18)
     residual_scale: ResidualScale | None = None
     residual_scale_init: float | None = None
-    dyt_alpha0: dict | None = None
+    dyt_alpha0: dict | None = None  # DyT/Derf α init per layer kind: {attn, ffn, final}
     keel_alpha: KeelAlpha | float | None = None
     # hyperparameter transfer (SCIENCE.md 21)
     parametrization: Parametrization | None = None  # sp | mup | completep
@@ -110,11 +110,11 @@ class DataSection:
     # tokenizer size. bundled: the size trained for it (None: 4096). A prepared directory:
     # None reads its meta.json; another value than the directory's is an error.
     vocab_size: int | None = None
-    tokenizer: Literal["bpe", "unigram"] = "bpe"
-    seq_len: int = 256
+    tokenizer: Literal["bpe", "unigram"] = "bpe"  # the bundled corpus's SentencePiece model type
+    seq_len: int = 256  # tokens per training sequence
     batch_size: int = 16  # sequences per micro-batch per process
-    num_proc: int = 2
-    val_fraction: float = 0.005
+    num_proc: int = 2  # processes that tokenize the bundled corpus
+    val_fraction: float = 0.005  # bundled: share held out for evaluation
 
 
 
@@ -135,14 +135,14 @@ class QKClipSection:
 @dataclass
 class OptimSection:
     name: str = "adamw"  # a key of launch.registry.OPTIMIZERS
-    lr: float = 3e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
+    lr: float = 3e-4  # peak learning rate
+    betas: tuple[float, float] = (0.9, 0.95)  # Adam's (beta1, beta2)
+    eps: float = 1e-8  # Adam's epsilon
     weight_decay: float = 0.1  # never applied to norms, biases or embeddings
     grad_clip: float = 1.0  # global L2 norm; 0 disables clipping
     z_loss: float = 0.0  # coefficient of mean(logsumexp^2) (SCIENCE.md section 5)
     # name muon (SCIENCE.md 6): Muon on the hidden matrices, AdamW (lr, betas, eps) on the rest
-    muon_scale: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
+    muon_scale: Literal["match_rms_adamw", "original"] = "match_rms_adamw"  # Moonlight or K. Jordan
     muon_momentum: float = 0.95  # Nesterov momentum of Muon
     muon_ns_dtype: Literal["bf16", "fp32"] = "bf16"  # Newton-Schulz precision (paper: bf16)
     qk_clip: QKClipSection | None = None  # QK-Clip after every step (SCIENCE.md 7), any optimizer
@@ -150,8 +150,9 @@ class OptimSection:
 
 @dataclass
 class ScheduleSection:
+    # the lr's shape after the linear warm-up
     kind: Literal["cosine", "linear", "constant", "wsd", "inv_sqrt", "vaswani"] = "cosine"
-    warmup_steps: int = 100
+    warmup_steps: int = 100  # linear warm-up from 0 to optim.lr
     decay_fraction: float = 0.2  # wsd: last fraction of the steps decays linearly
     min_lr_ratio: float = 0.1  # floor of cosine/linear/wsd as a fraction of optim.lr
 
@@ -159,37 +160,37 @@ class ScheduleSection:
 @dataclass
 class TrainingSection:
     steps: int = 1000  # optimizer steps
-    grad_accum: int = 1
-    seed: int = 0
+    grad_accum: int = 1  # micro-batches per optimizer step
+    seed: int = 0  # initialisation, data order and dropout
     eval_every: int = 100  # 0: evaluate only at the end
-    eval_batches: int = 8
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    log_every: int = 10
+    eval_batches: int = 8  # validation batches per evaluation
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
+    log_every: int = 10  # steps between metric rows and instrument readings
     threads: int | None = None  # torch.set_num_threads on CPU; None keeps torch's default
 
 
 @dataclass
 class PrecisionSection:
-    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast or parameter dtype
     loss_scale_init: float = 65536.0  # fp16 dynamic loss scaling: initial scale
-    loss_scale_growth_interval: int = 2000
+    loss_scale_growth_interval: int = 2000  # fp16: steps without overflow per doubling
 
 
 @dataclass
 class WandbSection:
     """Weights & Biases beside TensorBoard (training/wandb_logger.py; extra normlab[wandb])."""
 
-    project: str = "normlab"
+    project: str = "normlab"  # W&B project
     entity: str | None = None  # W&B team or user; None: the logged-in default
     # offline: write <run>/wandb/ only, upload later with `wandb sync`; disabled: no W&B at all
     mode: Literal["online", "offline", "disabled"] = "online"
-    tags: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)  # W&B run tags
 
 
 @dataclass
 class LoggingSection:
-    tensorboard: bool = True
-    jsonl: bool = True
+    tensorboard: bool = True  # TensorBoard events in <run>/tb
+    jsonl: bool = True  # <run>/metrics.jsonl
     progress: bool = True  # live display; off automatically when stdout is not a terminal
     # dense peak TFLOP/s of one device for MFU (launch/training/mfu.py); None: looked up for
     # A100/H100/H200, and no MFU on a CPU or an unknown GPU
@@ -200,7 +201,7 @@ class LoggingSection:
 @dataclass
 class CheckpointSection:
     every: int = 500  # steps; 0: only the final checkpoint
-    keep_last: int = 3
+    keep_last: int = 3  # checkpoints kept (wsd also keeps its stable-phase end)
     # recipe key `async`: write in the background while training goes on (engine fsdp)
     async_: bool = field(default=False, metadata={"key": "async"})
 
@@ -208,9 +209,9 @@ class CheckpointSection:
 @dataclass
 class EngineSection:
     name: str = "single"  # a key of launch.registry.ENGINES
-    zero_stage: Literal[0, 1, 2, 3] = 0
-    activation_checkpointing: bool = False
-    compile: bool = False
+    zero_stage: Literal[0, 1, 2, 3] = 0  # deepspeed: ZeRO stage
+    activation_checkpointing: bool = False  # recompute each block in the backward pass
+    compile: bool = False  # torch.compile every block
     # torch.compile backend: inductor (the speed-up), aot_eager or eager (debugging: dynamo
     # and autograd tracing without code generation)
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
@@ -218,7 +219,7 @@ class EngineSection:
     # torchtitan's default, each rank keeps only its gradient shard) or once per step ("step":
     # one reduce-scatter, but every rank holds the whole unsharded fp32 gradient meanwhile)
     grad_sync: Literal["micro_batch", "step"] = "micro_batch"
-    deepspeed_config: str | None = None
+    deepspeed_config: str | None = None  # a JSON file merged over the generated config
     replicate: int = 1  # fsdp: HSDP, shard within world/replicate ranks, replicate across groups
 
 

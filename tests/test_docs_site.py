@@ -1,0 +1,142 @@
+"""The documentation site (mkdocs.yml, docs/): the generated pages are what docs/gen_reference.py
+writes now (regenerate with `python docs/gen_reference.py`), every recipe key has a meaning, and
+`mkdocs build --strict` builds the site without a warning."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "gen_reference", REPO / "docs" / "gen_reference.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_pages_are_current() -> None:
+    gen = generator()
+    for path, text in gen.pages().items():
+        if path.name == "commands.md" and f"Python {gen.PYTHON} -->" not in path.read_text():
+            continue  # argparse lays help out differently on another Python: see the next test
+        assert path.exists() and path.read_text() == text, (
+            f"{path.relative_to(REPO)} is stale: run python docs/gen_reference.py"
+        )
+
+
+def test_every_recipe_key_has_type_default_and_meaning() -> None:
+    keys = generator().recipe_keys()
+    names = [k.name for k in keys]
+    assert len(names) == len(set(names))
+    for must in ("model.placement", "engine.grad_sync", "optim.qk_clip.tau", "checkpoint.async",
+                 "data.sources[].weight", "instruments.spike_policy.max_bad_steps"):  # fmt: skip
+        assert must in names
+    missing = [k.name for k in keys if not k.meaning]
+    assert not missing, f"give these fields a trailing # comment (their meaning): {missing}"
+    by_name = {k.name: k for k in keys}
+    assert by_name["engine.grad_sync"].allowed == "`micro_batch`, `step`"
+    assert by_name["engine.grad_sync"].default == "micro_batch"
+    assert by_name["model.placement"].default == "pre"
+    assert "`ln_scaling`" in by_name["model.placement"].allowed
+
+
+def test_every_command_has_its_help_on_the_commands_page() -> None:
+    from normlab.launch.cli import build_parser
+
+    page = (REPO / "docs" / "reference" / "commands.md").read_text()
+    parser = build_parser()
+    for action in parser._subparsers._group_actions:  # type: ignore[union-attr]
+        for name, sub in action.choices.items():
+            assert f"## `normlab {name}`" in page
+            section = page.split(f"## `normlab {name}`", 1)[1].split("\n## ", 1)[0]
+            for option in sub._actions:
+                for flag in option.option_strings:
+                    assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", section), (
+                        name,
+                        flag,
+                    )
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mkdocs") is None,
+    reason="mkdocs is not installed (pip install -e '.[docs]')",
+)
+def test_site_builds_without_warnings(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "site" / "reference" / "recipe_keys" / "index.html").exists()
+
+
+def readme_or_draft() -> str:
+    """The README once it has the newcomer's 'What it finds', else the draft of it."""
+    readme = (REPO / "README.md").read_text()
+    if "## What it finds" in readme:
+        return readme
+    return (REPO / "docs" / "_readme_draft.md").read_text()
+
+
+def test_readme_numbers_are_the_committed_data() -> None:
+    """The three numbers of the README's 'What it finds', recomputed from the committed study
+    outputs (docs/study/lr12, docs/study/wortsman)."""
+    import csv
+    from collections import defaultdict
+
+    text = " ".join(readme_or_draft().split("## What it finds", 1)[1].split())
+    study = REPO / "docs" / "study"
+    runs = list(csv.DictReader((study / "lr12" / "compare.csv").open()))
+    for recipe in ("post_nowarmup", "post_warmup"):
+        seeds = [
+            float(r["eval_loss"]) for r in runs if r["recipe"] == recipe and r["lr"] == "0.001"
+        ]
+        assert len(seeds) == 2 and ", ".join(f"{v:.3f}" for v in seeds) in text, recipe
+    curves = {r["recipe"]: r for r in csv.DictReader((study / "lr12" / "sensitivity.csv").open())}
+    assert f"against {float(curves['pre_nowarmup']['plateau']):.3f}" in text
+    for recipe in ("pre_nowarmup", "post_warmup", "deepnorm_warmup", "post_nowarmup"):
+        assert f"{float(curves[recipe]['lr_sensitivity']):.3f}" in text, recipe
+    logits = defaultdict(list)
+    for r in csv.DictReader((study / "wortsman" / "compare.csv").open()):
+        logits[(r["recipe"], float(r["lr"]))].append(float(r["max_logit"]))
+    mean = {k: sum(v) / len(v) for k, v in logits.items()}
+    assert (
+        f"from {mean[('pre', 3e-4)]:.1f} at lr 3e-4 to {mean[('pre', 0.3)]:,.0f} at lr 0.3" in text
+    )
+    qk = [v for (recipe, _), v in mean.items() if recipe == "pre_qknorm_head"]
+    assert f"between {min(qk):.0f} and {max(qk):.0f}" in text
+
+
+def test_findings_show_each_verdict_with_its_seeds(tmp_path: Path, monkeypatch) -> None:
+    """A verdicts.json that `normlab verdicts` writes under docs/ shows on the findings page:
+    every claim with its seeds, and the undecided ones with the seeds they would need."""
+    import json
+
+    from normlab.launch.study.verdict_report import run_verdicts
+
+    gen = generator()
+    docs = tmp_path / "docs"
+    run_verdicts(REPO / "docs/study/lr12/compare.csv", plateau=6.258, out=docs / "lr12")
+    monkeypatch.setattr(gen, "DOCS", docs)
+    page = gen.findings_page()
+    rows = json.loads((docs / "lr12" / "verdicts.json").read_text())
+    table = [line for line in page.splitlines() if line.startswith("| post_nowarmup | post_warmup")]
+    assert len(table) == sum(v["a"] == "post_nowarmup" and v["b"] == "post_warmup" for v in rows)
+    assert all("| 2/2 |" in line for line in table)
+    undecided = [v for v in rows if v["verdict"] == "inconclusive"]
+    assert f"Not yet decided ({len(undecided)} of {len(rows)}):" in page
+    assert "seeds per arm for 80% power" in page
