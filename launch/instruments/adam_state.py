@@ -43,6 +43,9 @@ N_SUMS = 8
 
 
 class AdamState(Callback):
+    """Adam's state per block on log steps: update RMS, moment norms, the epsilon-floor share,
+    gradient-momentum alignment and the head norm (SCIENCE.md 23.2)."""
+
     name = "adam_state"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:

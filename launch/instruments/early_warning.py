@@ -56,6 +56,10 @@ def levanter_threshold(history: list[float], sigma: float, window: int) -> float
 
 
 class EarlyWarning(Callback):
+    """The online divergence detector of SCIENCE.md 23.4: a robust z-score of the watched
+    signals each step, agreed over ranks, and an action on alarm (checkpoint, lr back-off,
+    rollback, clip)."""
+
     name = "early_warning"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:

@@ -32,6 +32,8 @@ def kurtosis_from_sums(sums: torch.Tensor) -> torch.Tensor:
 
 
 class ActivationKurtosis(Callback):
+    """Kurtosis of each block's output on log steps (SCIENCE.md 23.2, FOG's outlier metric)."""
+
     name = "kurtosis"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:

@@ -46,6 +46,9 @@ def _full(w: torch.Tensor) -> torch.Tensor:
 
 
 class QKSpectrum(Callback):
+    """QK spectral entropy per block on log steps (min over heads): normlab's stand-in for the
+    attention statistic of arXiv 2606.28116 (SCIENCE.md 23.2)."""
+
     name = "qk_spectrum"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
