@@ -72,7 +72,7 @@ def _check_declared(backend: Any, path: Path) -> None:
             )
 
 
-def _clash(path: Path, i: int, a: str, b: str) -> str:
+def _clash(path: Path, i: int, a: str | None, b: str) -> str:
     return (
         f"{path} gives id {i} to two tokens, {a!r} and {b!r} (each token needs its own id: an "
         "added/special token's id must not be an ordinary token's); fix the tokenizer.json"

@@ -33,12 +33,18 @@ CLASSES = ("hidden", "block_vector", "embed", "head", "outer_vector")
 
 def width_mult(cfg: ModelConfig) -> float:
     """m_N = d / d_base (1 under sp)."""
-    return 1.0 if cfg.parametrization == "sp" else cfg.d_model / cfg.base_d_model
+    if cfg.parametrization == "sp":
+        return 1.0
+    assert cfg.base_d_model is not None  # ModelConfig requires it under mup and completep
+    return cfg.d_model / cfg.base_d_model
 
 
 def depth_mult(cfg: ModelConfig) -> float:
     """m_L = L / L_base, counting blocks (1 unless completep)."""
-    return cfg.n_layers / cfg.base_n_layers if cfg.parametrization == "completep" else 1.0
+    if cfg.parametrization != "completep":
+        return 1.0
+    assert cfg.base_n_layers is not None  # ModelConfig requires it under completep
+    return cfg.n_layers / cfg.base_n_layers
 
 
 def depth_alpha(cfg: ModelConfig) -> float:

@@ -74,10 +74,11 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{setup.axis}s: {exc}") from None
     make_out_dir(out)
     title = f"{cfg.name} ({model_cfg.parametrization})"
-    report = {"recipe": cfg.name, "parametrization": model_cfg.parametrization, "checks": []}
+    checks: list[dict] = []
+    report = {"recipe": cfg.name, "parametrization": model_cfg.parametrization, "checks": checks}
     for res in results:
         png = plot_coords(res, out / f"coord_{res.setup.axis}.png", title)
-        report["checks"].append(as_json(res) | {"png": png.name})
+        checks.append(as_json(res) | {"png": png.name})
         verdict = "pass" if res.passed else "FAIL"
         print(f"{res.setup.axis} {list(res.setup.sizes)}: {verdict}")
         for line in res.failed:

@@ -126,7 +126,8 @@ def _moment_sums(state: dict, group: dict) -> torch.Tensor:
 
 def head_norm(trainer: TrainerView) -> torch.Tensor:
     """||W_head||_F, its shards summed across ranks."""
-    w = unwrap(trainer.engine.model).head.weight
+    w = unwrap(trainer.engine.model).head.weight  # type: ignore[union-attr]
+    assert isinstance(w, torch.Tensor)
     sq = local(w).detach().float().square().sum()
     if is_sharded(w):
         sq = trainer.engine.all_reduce(sq.reshape(1), "sum")[0]

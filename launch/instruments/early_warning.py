@@ -68,7 +68,9 @@ class EarlyWarning(Callback):
         self.detectors = {sig: RobustZ(Rule(), s.k, s.window) for sig in self.signals}
         self.action = s.action
         self.alarms = self.rollbacks = self.clipped = 0
-        self.lr_scale, self.rewarm_from = 1.0, None  # backoff: peak scale, re-warm start step
+        # backoff: peak scale, re-warm start step
+        self.lr_scale = 1.0
+        self.rewarm_from: int | None = None
         self.last_alarm: int | None = None
         self.update_norms: deque[float] = deque(maxlen=s.clip_window)
         self._checkpoint_due = False
@@ -100,10 +102,10 @@ class EarlyWarning(Callback):
         self._checkpoint_due = False
         if self.action == "clip_update":
             self._clip(trainer)
-        values = torch.stack(
+        stacked = torch.stack(
             [torch.as_tensor(metrics[s]).detach().float().reshape(()) for s in self.signals]
         )
-        values = trainer.engine.all_reduce(values, "mean").tolist()  # the same on every rank
+        values = trainer.engine.all_reduce(stacked, "mean").tolist()  # the same on every rank
         hits = [
             self.detectors[s].update(step, v) for s, v in zip(self.signals, values, strict=True)
         ]

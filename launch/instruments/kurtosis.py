@@ -11,6 +11,7 @@ computation). Logged as `kurtosis/ii`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -53,7 +54,7 @@ class ActivationKurtosis(Callback):
             self._handles.append(block.register_forward_hook(self._hook(self._sums[i])))
 
     @staticmethod
-    def _hook(row: torch.Tensor):  # noqa: ANN205 (a forward hook)
+    def _hook(row: torch.Tensor) -> Callable[[torch.nn.Module, Any, torch.Tensor], None]:
         def hook(module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
             if not module.training:
                 return

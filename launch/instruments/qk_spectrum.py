@@ -69,7 +69,7 @@ class QKSpectrum(Callback):
         for i, block in enumerate(blocks(trainer)):
             att = attention_of(block)
             wq, wk = _full(att.q_proj.weight), _full(att.k_proj.weight)
-            dh, group = att.head_dim, att.n_heads // att.n_kv_heads
+            dh, group = att.head_dim, att.n_heads // (att.n_kv_heads or att.n_heads)
             per_head = [
                 spectral_entropy(
                     wq[h * dh : (h + 1) * dh], wk[(h // group) * dh : (h // group + 1) * dh]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from normlab.launch.config import OptimSection
@@ -80,7 +81,7 @@ def scaled_config(base: ModelConfig, axis: str, size: int) -> ModelConfig:
     if size % base.head_dim:
         raise ValueError(f"width {size} is not a multiple of d_head {base.head_dim}")
     heads = size // base.head_dim
-    kv = max(1, heads * base.n_kv_heads // base.n_heads)
+    kv = max(1, heads * (base.n_kv_heads or base.n_heads) // base.n_heads)
     d_ff = max(1, round(base.d_ff * size / base.d_model))
     return ModelConfig(
         **(values | {"d_model": size, "n_heads": heads, "n_kv_heads": kv, "d_ff": d_ff})
@@ -89,9 +90,10 @@ def scaled_config(base: ModelConfig, axis: str, size: int) -> ModelConfig:
 
 def _hooks(model: Transformer, record: Callable[[str, torch.Tensor], None]) -> list:
     last = model.blocks[-1]
-    taps = [(model.embed_mult, "embed"), (last, "last_layer"), (model.head, "logits")]
+    taps: list[tuple[Any, str]] = [(model.embed_mult, "embed"), (last, "last_layer")]
+    taps.append((model.head, "logits"))
     for block in model.blocks:
-        taps += [(block.attn.branch, "attn"), (block.mlp.branch, "mlp")]
+        taps += [(block.attn.branch, "attn"), (block.mlp.branch, "mlp")]  # type: ignore[union-attr]
     return [m.register_forward_hook(lambda _m, _i, out, k=k: record(k, out)) for m, k in taps]
 
 

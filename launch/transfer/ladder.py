@@ -58,7 +58,7 @@ def best_lr(lrs: np.ndarray, mean: np.ndarray) -> float:
     return float(2.0**vertex)
 
 
-def rung_stats(rung: Rung, rows: np.ndarray | None = None) -> dict[str, float]:
+def rung_stats(rung: Rung, rows: np.ndarray | np.integer | None = None) -> dict[str, float]:
     """The four statistics of one rung on the seed rows `rows` (all seeds when None)."""
     losses = rung.losses if rows is None else rung.losses[rows]
     mean = losses.mean(axis=0)
@@ -117,7 +117,7 @@ def _replicates(rungs: list[Rung], n: int, seed: int) -> np.ndarray:
     out = np.empty((n, len(rungs), len(QUANTITIES)))
     for b in range(n):
         for j, rung in enumerate(rungs):
-            rows = rng.integers(0, rung.losses.shape[0], rung.losses.shape[0])
+            rows = rng.integers(0, rung.losses.shape[0], size=rung.losses.shape[0])
             stats = rung_stats(rung, rows)
             out[b, j] = [stats[q] for q in QUANTITIES]
     return out

@@ -86,7 +86,7 @@ def write_ladder(curves: list[Curve], out: Path, target: float | None) -> list[s
     ]
     for r in rows:
         inside = {True: "yes", False: "no"}.get(r["holdout_covered"], "-")
-        held = (
+        shown = (
             f"{r['holdout_forecast']:.4g} [{r['holdout_lo']:.4g}, {r['holdout_hi']:.4g}]"
             if r["holdout_forecast"] != ""
             else "-"
@@ -94,7 +94,7 @@ def write_ladder(curves: list[Curve], out: Path, target: float | None) -> list[s
         measured = f"{r['holdout_measured']:.4g}" if r["holdout_measured"] != "" else "-"
         lines.append(
             f"| {r['recipe']} | {LABELS[r['quantity']]} | {r['exponent']:.3f} "
-            f"[{r['exponent_lo']:.3f}, {r['exponent_hi']:.3f}] | {held} | {measured} | {inside} |"
+            f"[{r['exponent_lo']:.3f}, {r['exponent_hi']:.3f}] | {shown} | {measured} | {inside} |"
         )
     lines += ["", f"Hold-out coverage: {hit} of {decided} forecasts held their measurement.", ""]
     for r in rows:

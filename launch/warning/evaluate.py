@@ -83,7 +83,8 @@ def _keys(run: Run, signal: Signal) -> list[str]:
     if not signal.per_block:
         return [signal.key] if signal.key in present else []
     found = [(p[1], k) for k in present if (p := parse_block_key(k)) and p[0] == signal.key]
-    return [k for _, k in sorted(f for f in found if parse_block_key(f[1])[2] is None)]
+    whole = [f for f in found if (parse_block_key(f[1]) or ("", 0, ""))[2] is None]
+    return [k for _, k in sorted(whole)]
 
 
 def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
