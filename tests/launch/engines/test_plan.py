@@ -326,15 +326,15 @@ def test_table_says_peak_is_not_the_sum_of_its_columns() -> None:
 
 
 def test_readme_plan_output_is_what_plan_prints() -> None:
-    """The README's table is the output of the command it names, line for line."""
-    readme = (REPO / "README.md").read_text()
+    """The throughput guide's table is the output of the command it names, line for line."""
+    readme = (REPO / "docs" / "guides" / "throughput.md").read_text()
     found = re.search(r"\(`normlab plan ([^`]*)`\):\s*```\n(.*?)```", readme, re.S)
-    assert found, "the README lost its plan example"
+    assert found, "the throughput guide lost its plan example"
     proc = normlab("plan", *found.group(1).split())
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == found.group(2).splitlines()
     example = re.search(r"`normlab plan (7b [^`]*engine.grad_sync=step)`", readme)
-    assert example, "the README lost its grad_sync=step example"
+    assert example, "the throughput guide lost its grad_sync=step example"
     proc = normlab("plan", *example.group(1).split())
     assert proc.returncode == 0, proc.stderr
     verdict = proc.stdout.splitlines()[-1]

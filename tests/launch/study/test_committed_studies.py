@@ -115,7 +115,8 @@ def test_no_directional_verdict_from_one_seed_or_on_the_aa_study(rebuilt: dict) 
 
 @pytest.mark.parametrize(
     "doc",
-    ["README.md", *sorted(str(p.relative_to(ROOT)) for p in DOCS.glob("*.md"))],
+    ["README.md", *sorted(str(p.relative_to(ROOT)) for p in DOCS.glob("*.md")),
+     *sorted(str(p.relative_to(ROOT)) for p in DOCS.glob("guides/*.md"))],
 )
 def test_generated_verdict_blocks_match_the_committed_verdicts(doc: str) -> None:
     assert stale(ROOT / doc, ROOT) == [], (
