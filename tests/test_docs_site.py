@@ -85,11 +85,8 @@ def test_site_builds_without_warnings(tmp_path: Path) -> None:
 
 
 def readme_or_draft() -> str:
-    """The README once it has the newcomer's 'What it finds', else the draft of it."""
-    readme = (REPO / "README.md").read_text()
-    if "## What it finds" in readme:
-        return readme
-    return (REPO / "docs" / "_readme_draft.md").read_text()
+    """The README (its 'What it finds' quotes the committed studies)."""
+    return (REPO / "README.md").read_text()
 
 
 def test_readme_numbers_are_the_committed_data() -> None:

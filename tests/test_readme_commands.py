@@ -51,7 +51,7 @@ CHEAP = [(c, m) for c, m, later in COMMANDS if not later and is_cheap(c, m)]
 
 
 def test_the_readme_is_parsed() -> None:
-    assert len(COMMANDS) >= 20
+    assert len(COMMANDS) >= 10  # the guides' commands: tests/test_docs_commands.py
     cheap = [c for c, _ in CHEAP]
     assert "normlab validate recipes/presets/7b.yaml" in cheap
     assert any("optim.lrr" in c for c in cheap)  # the unknown-key example
