@@ -52,6 +52,9 @@ class ModelConfig:
     vocab_size: int = 4096
     max_seq_len: int = 256
     mlp: MlpKind = "swiglu"
+    # Smooth-SwiGLU (Fishman et al. 2024; SCIENCE.md 24): a per-channel power-of-two scale on the
+    # SwiGLU product before the down projection's FP8 cast, undone in its weight (mlp swiglu only)
+    smooth_swiglu: bool = False
     norm: NormKind = "rmsnorm"
     norm_eps: float = 1e-6
     norm_backend: NormBackend = "torch"
@@ -122,6 +125,11 @@ class ModelConfig:
                 f"and beta are derived for that placement (got init={self.init!r}, "
                 f"placement={self.placement!r})"
             )
+        if self.smooth_swiglu and self.mlp != "swiglu":
+            raise ValueError(
+                f"model.smooth_swiglu rescales the SwiGLU product: it needs model.mlp 'swiglu', "
+                f"got {self.mlp!r}"
+            )
         if not 0.0 <= self.mix_ratio <= 1.0:
             raise ValueError(f"model.mix_ratio must lie in [0, 1], got {self.mix_ratio}")
         if not 0.0 <= self.dropout < 1.0:
@@ -174,9 +182,7 @@ class ModelConfig:
                 f"got {self.dyt_alpha0!r}"
             )
         if self.norm not in POINTWISE_NORMS and self.dyt_alpha0 != dict.fromkeys(DYT_ROLES, 0.5):
-            raise ValueError(
-                f"model.dyt_alpha0 belongs to norm dyt | derf, got norm {self.norm!r}"
-            )
+            raise ValueError(f"model.dyt_alpha0 belongs to norm dyt | derf, got norm {self.norm!r}")
         if self.placement in ("hybrid", "hybrid_star") and self.qk_norm != "head":
             raise ValueError(
                 f"placement {self.placement!r} normalises q, k and v per head: it needs "

@@ -25,6 +25,7 @@ import torch.distributed.checkpoint as dcp
 from normlab.launch.engines.base import OptimizerFactory, StepVeto
 from normlab.launch.engines.construct import build_on_meta, materialize
 from normlab.launch.engines.dist import DistributedEngine
+from normlab.launch.engines.fp8 import convert_fp8
 from normlab.launch.engines.recompute import apply_activation_checkpointing
 from normlab.launch.engines.single import read_file
 from normlab.launch.errors import CheckpointError, ConfigError
@@ -80,6 +81,8 @@ class FSDPEngine(DistributedEngine):
         self._device = self._join()
         self._mesh = device_mesh(self._device.type, self._world, self.cfg.engine.replicate)
         module, plan = build_on_meta(model_cfg)
+        # torchtitan's order: FP8 conversion, activation checkpointing, compile, sharding
+        convert_fp8(module, self.cfg, self._device.type, fsdp=True)
         if self.cfg.engine.activation_checkpointing:
             apply_activation_checkpointing(module, compiled=self.cfg.engine.compile)
         if self.cfg.engine.compile:

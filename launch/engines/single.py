@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from normlab.launch.engines.base import Engine, OptimizerFactory, StepVeto
 from normlab.launch.engines.construct import build_on_meta, materialize
+from normlab.launch.engines.fp8 import convert_fp8
 from normlab.launch.errors import CheckpointError
 from normlab.model import ModelConfig
 from torch import nn
@@ -40,6 +41,7 @@ class SingleEngine(Engine):
     def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
         self._device = resolve_device(self.cfg.training.device)
         module, plan = build_on_meta(model_cfg)  # allocated once, on the device
+        convert_fp8(module, self.cfg, self._device.type)  # precision.fp8: torchao's Float8Linear
         materialize(module, plan, self.cfg.training.seed, self._device)
         self._module = module
         e = self.cfg.engine
