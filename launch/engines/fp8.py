@@ -108,16 +108,21 @@ def float8_config(section: FP8Section, device_type: str, fsdp: bool, smooth: boo
     )
 
 
-def convert_fp8(module: nn.Module, cfg: RunConfig, device_type: str, fsdp: bool = False) -> int:
+def convert_fp8(
+    module: nn.Module,
+    fp8: FP8Section | None,
+    device_type: str,
+    *,
+    fsdp: bool = False,
+    smooth: bool = False,
+) -> int:
     """Swap the target linear layers of `module` (on meta or materialised) for torchao's
-    Float8Linear; returns how many were converted."""
-    fp8 = cfg.precision.fp8
+    Float8Linear (`smooth`: the model has Smooth-SwiGLU); returns how many were converted."""
     if fp8 is None:
         return 0
     from torchao.float8 import convert_to_float8_training
 
     targets = set(fp8_targets(module, fp8.keep)[0])
-    smooth = bool(cfg.model_config().smooth_swiglu)
     convert_to_float8_training(
         module,
         module_filter_fn=lambda _m, name: name in targets,

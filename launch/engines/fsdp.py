@@ -82,7 +82,8 @@ class FSDPEngine(DistributedEngine):
         self._mesh = device_mesh(self._device.type, self._world, self.cfg.engine.replicate)
         module, plan = build_on_meta(model_cfg)
         # torchtitan's order: FP8 conversion, activation checkpointing, compile, sharding
-        convert_fp8(module, self.cfg, self._device.type, fsdp=True)
+        fp8, smooth = self.cfg.precision.fp8, model_cfg.smooth_swiglu
+        convert_fp8(module, fp8, self._device.type, fsdp=True, smooth=smooth)
         if self.cfg.engine.activation_checkpointing:
             apply_activation_checkpointing(module, compiled=self.cfg.engine.compile)
         if self.cfg.engine.compile:

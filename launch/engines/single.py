@@ -41,7 +41,8 @@ class SingleEngine(Engine):
     def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
         self._device = resolve_device(self.cfg.training.device)
         module, plan = build_on_meta(model_cfg)  # allocated once, on the device
-        convert_fp8(module, self.cfg, self._device.type)  # precision.fp8: torchao's Float8Linear
+        fp8, smooth = self.cfg.precision.fp8, model_cfg.smooth_swiglu  # torchao's Float8Linear
+        convert_fp8(module, fp8, self._device.type, smooth=smooth)
         materialize(module, plan, self.cfg.training.seed, self._device)
         self._module = module
         e = self.cfg.engine
