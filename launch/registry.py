@@ -36,6 +36,7 @@ INSTRUMENTS = {
     "norm_stabilizers": "normlab.launch.instruments.norm_stabilizers:NormStabilizers",
     "init_loss": "normlab.launch.instruments.output_logits:InitLoss",
     "output_logits": "normlab.launch.instruments.output_logits:OutputLogits",
+    "fp8": "normlab.launch.instruments.fp8:FP8Stats",
 }
 
 
