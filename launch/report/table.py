@@ -23,6 +23,7 @@ from normlab.launch.metric_keys import (
     SPIKE_WINDOW,
 )
 from normlab.launch.report.domains import domain_columns, domain_values
+from normlab.launch.report.fp8_columns import FP8_COLUMNS, fp8_columns, fp8_label
 from normlab.launch.report.norm_columns import NORM_COLUMNS, norm_columns, norm_label
 from normlab.launch.report.provenance import tokenizer_id
 from normlab.launch.report.runs import Run, finite
@@ -66,6 +67,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("fp16_clamps", "fp16 clamps", "d"),
     *((key, label, spec) for key, (label, spec, _) in STABILIZER_COLUMNS.items()),
     *((key, label, spec) for key, (label, spec) in NORM_COLUMNS.items()),
+    *((key, label, spec) for key, (label, spec) in FP8_COLUMNS.items()),
     ("tokens_per_s", "tokens/s", ",.0f"),
     ("mfu", "MFU %", ".1f"),
 ]
@@ -84,6 +86,9 @@ NOTES = (
     "instrument at the last logged step (SCIENCE.md 12-14; block mean, massive act. block max). "
     "Mean |λ|, DyT/Derf α, saturation (share |f| >= 0.9): the norm_stabilizers instrument at the "
     "last logged step (SCIENCE.md 15-16; mean over sub-layers and the final layer). "
+    "FP8 underflow / >448 / input amax, kurtosis: the fp8 instrument at the last logged step "
+    "(SCIENCE.md 24; the largest over converted layers or blocks; >448: share beyond e4m3's "
+    "range at unit scale). "
     "'-': not measured (instrument off or no full window yet)."
 )
 
@@ -103,7 +108,7 @@ def placement_label(config: dict[str, Any]) -> str:
         label += f"+qk_norm:{m['qk_norm']}"
     if m.get("embed_norm"):
         label += "+embed_norm"
-    return label + stabilizer_label(m) + norm_label(m)
+    return label + stabilizer_label(m) + norm_label(m) + fp8_label(config)
 
 
 def dataset_label(config: dict[str, Any]) -> str:
@@ -198,6 +203,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "fp16_clamps": _last(run, FP16_CLAMPS),
         **stabilizer_columns(run),
         **norm_columns(run),
+        **fp8_columns(run),
         "tokens_per_s": tps if tps is not None and math.isfinite(tps) else None,
         "mfu": _mfu_percent(s, run.train),
         **domain_values(run),

@@ -67,3 +67,20 @@ def test_kurtosis_formula() -> None:
     hook(torch.nn.Identity(), (), x)
     s2, s4, n = cell.tolist()
     assert (s4 / n) / (s2 / n) ** 2 == pytest.approx((18 / 4) / (6 / 4) ** 2)
+
+
+def test_compare_shows_the_worst_layer_and_the_fp8_label() -> None:
+    from normlab.launch.report.fp8_columns import fp8_columns, fp8_label
+    from normlab.launch.report.runs import Run
+
+    rows = [
+        {"step": 1, "loss": 5.0, "fp8_under": 0.5},
+        {"step": 2, "loss": 4.0, "fp8_under": 0.01, "fp8_in_amax/00/q_proj": 2.0},
+        {"step": 2, "loss": 4.0, "fp8_under": 0.02, "fp8_in_amax/01/down_proj": 7.0},
+    ]
+    run = Run(path=Path("r"), config={}, train=rows[1:2], evals=[], summary={})
+    assert fp8_columns(run)["fp8_in_amax"] == 2.0 and fp8_columns(run)["fp8_under"] == 0.01
+    run.train = [{**rows[1], **rows[2]}]
+    assert fp8_columns(run)["fp8_in_amax"] == 7.0
+    cfg = {"model": {"smooth_swiglu": True}, "precision": {"fp8": {"recipe": "rowwise"}}}
+    assert fp8_label(cfg) == "+smooth_swiglu+fp8:rowwise" and fp8_label({}) == ""
