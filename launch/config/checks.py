@@ -207,17 +207,11 @@ def _validate_engine(cfg: RunConfig) -> None:
 
 
 def _validate_fp8(cfg: RunConfig) -> None:
-    """precision.fp8: the engines and dtypes it runs with (the device, the torchao install and
-    the layers its patterns match are checked by preflight, launch/engines/fp8.py)."""
+    """precision.fp8: the dtypes it runs with (the device, the torchao install and the layers
+    its patterns match are checked by preflight, launch/engines/fp8.py)."""
     fp8 = cfg.precision.fp8
     if fp8 is None:
         return
-    if cfg.engine.name == "deepspeed":
-        raise ConfigError(
-            "precision.fp8 needs engine.name single or fsdp: torchao's float8 training swaps the "
-            "linear layers and all-gathers FP8 weights through FSDP2, and is not wired into "
-            "DeepSpeed's ZeRO partitions (untested there); use engine.name: fsdp"
-        )
     if cfg.precision.dtype == "fp16":
         raise ConfigError(
             "precision.fp8 runs with precision.dtype fp32 or bf16 (torchao's recipes), got fp16"

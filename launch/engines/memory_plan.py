@@ -69,7 +69,6 @@ def layouts(cfg: RunConfig, world: int, nodes: int) -> list[tuple[str, Layout]]:
     out += [  # Muon included: it runs on ZeRO 1-3 (launch/engines/deepspeed_muon.py)
         (f"deepspeed zero_stage={s}", replace(base, engine="deepspeed", world=world, zero_stage=s))
         for s in (1, 2, 3)
-        if fp8 is None  # precision.fp8 runs on single and fsdp only
     ]
     return out
 

@@ -1,6 +1,6 @@
-"""precision.fp8 on FSDP2 (2 gloo ranks on CPU, emulated): tensorwise with torchao's float8
-all-gather follows the single-process FP8 curve, and a rowwise run with activation
-checkpointing resumes bit-identically on 2 ranks.
+"""precision.fp8 on FSDP2 and DeepSpeed ZeRO (2 gloo ranks on CPU, emulated): tensorwise with
+torchao's float8 all-gather follows the single-process FP8 curve, so do ZeRO-2 and ZeRO-3 (bf16),
+and a rowwise run with activation checkpointing resumes bit-identically on 2 ranks.
 
 Tolerance against one process: each rank scales its own micro-batch's activations (dynamic
 per-tensor scales over 2 sequences, not 4), so the curves differ by the quantisation of
@@ -52,3 +52,15 @@ def test_fsdp_rowwise_with_checkpointing_resumes_exactly(tiny: dict[str, Path]) 
     shutil.copytree(run, resumed)
     check_ok(launch(tiny["recipe"], resumed, 2, *over, extra=("--from", "4", "--force")))
     assert losses(resumed) == losses(run)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_zero_fp8_follows_the_single_process_curve(
+    tiny: dict[str, Path], stage: int
+) -> None:
+    """The conversion runs after DeepSpeed built (and, ZeRO-3, partitioned) the model and before
+    deepspeed.initialize registers its hooks; Float8Linear keeps the partitioned parameters."""
+    run = tiny["root"] / f"zero{stage}"
+    over = ("engine.name=deepspeed", f"engine.zero_stage={stage}", HALF, FP8)
+    check_ok(launch(tiny["recipe"], run, 2, *over))
+    assert_same_curve(run, losses(tiny["single"]), tol=1e-2)

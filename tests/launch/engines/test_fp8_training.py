@@ -1,5 +1,6 @@
 """precision.fp8 end to end on CPU (emulated): a few steps with every recipe, exact resume,
-Muon with QK-Clip, `export` of the weights as trained, and the refusals (one line, exit 2)."""
+Muon with QK-Clip, `export` of the weights as trained, and the refusals (one line, exit 2).
+FSDP2 and DeepSpeed: tests/launch/engines/test_fp8_dist.py."""
 
 from __future__ import annotations
 
@@ -100,14 +101,10 @@ def test_bad_fp8_input_is_one_line_and_exit_2(
     assert not run.exists()
 
 
-def test_deepspeed_and_fp16_are_refused(tiny_data: Path, tmp_path: Path) -> None:
+def test_fp16_is_refused(tiny_data: Path, tmp_path: Path) -> None:
     base = [*tiny_overrides(tiny_data, tmp_path / "r"), "precision.fp8={}"]
-    for extra, named in (
-        (["engine.name=deepspeed", "engine.zero_stage=2"], "engine.name"),
-        (["precision.dtype=fp16"], "precision.dtype"),
-    ):
-        with pytest.raises(ConfigError, match=named):
-            load_config(PRE, base + extra)
+    with pytest.raises(ConfigError, match="precision.dtype"):
+        load_config(PRE, [*base, "precision.dtype=fp16"])
 
 
 def test_a_gpu_below_sm89_is_refused_unless_emulated(
