@@ -131,8 +131,9 @@ class FP8Section:
     # as whole parts ('head', 'down_proj', 'blocks.0'); the embedding is no linear layer (never
     # converted), the default keeps the output head out too; each pattern must match a layer
     keep: list[str] = field(default_factory=lambda: ["head"])
-    # auto: emulated on CPU (real FP8 casts and scales, fp32 matmul), hardware FP8 on SM 8.9+
-    emulate: Literal["auto", "on", "off"] = "auto"
+    # auto: emulated on CPU (real FP8 casts and scales, fp32 matmul), hardware FP8 on SM 8.9+;
+    # on | off (YAML reads a bare on/off as true/false: the same)
+    emulate: Literal["auto", "on", "off"] | bool = "auto"
     # engine fsdp, recipe tensorwise: all-gather the weights in FP8 (torchao)
     fsdp_float8_all_gather: bool = True
 

@@ -45,7 +45,9 @@ def fp8_targets(module: nn.Module, keep: list[str]) -> tuple[list[str], dict[str
 
 
 def emulated(section: FP8Section, device_type: str) -> bool:
-    return section.emulate == "on" or (section.emulate == "auto" and device_type != "cuda")
+    if section.emulate == "auto":
+        return device_type != "cuda"
+    return section.emulate in ("on", True)
 
 
 def check_fp8(cfg: RunConfig, device_type: str, local: bool = True) -> None:

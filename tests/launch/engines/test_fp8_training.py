@@ -84,6 +84,7 @@ def test_muon_with_qk_clip_and_export_of_the_trained_weights(
         ("precision.fp8={keep: [hed]}", "precision.fp8.keep"),
         ("precision.fp8={keep: [head, blocks.9]}", "precision.fp8.keep"),
         ("precision.fp8={emulate: 'off'}", "precision.fp8.emulate"),
+        ("precision.fp8={emulate: off}", "precision.fp8.emulate"),  # YAML: false
         ("precision.fp8={nonsense: 1}", "precision.fp8.nonsense"),
     ],
 )
