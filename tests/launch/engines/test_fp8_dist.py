@@ -1,5 +1,6 @@
 """precision.fp8 on FSDP2 and DeepSpeed ZeRO (2 gloo ranks on CPU, emulated): tensorwise with
-torchao's float8 all-gather follows the single-process FP8 curve, so do ZeRO-2 and ZeRO-3 (bf16),
+torchao's float8 all-gather follows the single-process FP8 curve (its fp8 instrument reads the
+weights through the float8 wrapper), so do ZeRO-2 and ZeRO-3,
 and a rowwise run with activation checkpointing resumes bit-identically on 2 ranks.
 
 Tolerance against one process: each rank scales its own micro-batch's activations (dynamic
@@ -9,6 +10,7 @@ different scales: observed ~1e-3 on 8 steps; 1e-2 is asserted. HSDP (4 ranks) is
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -39,8 +41,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_fsdp_fp8_all_gather_follows_the_single_process_curve(tiny: dict[str, Path]) -> None:
     run = tiny["root"] / "fsdp"
-    check_ok(launch(tiny["recipe"], run, 2, "engine.name=fsdp", HALF, FP8))
+    check_ok(launch(tiny["recipe"], run, 2, "engine.name=fsdp", HALF, FP8, "instruments.fp8=true"))
     assert_same_curve(run, losses(tiny["single"]), tol=1e-2)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in rows if "loss" in r][-1]
+    assert last["fp8_w_amax/01/down_proj"] > 0 and last["kurtosis_resid/01"] > 1
 
 
 def test_fsdp_rowwise_with_checkpointing_resumes_exactly(tiny: dict[str, Path]) -> None:
