@@ -34,7 +34,7 @@ fi
 parts="${PARTS:-kernels throughput stabilizers fp8}"
 if [[ " $parts " == *" kernels "* ]]; then
 start=$SECONDS
-timeout 210 "$py" -m pytest tests/test_kernels.py tests/test_kernels_gpu.py -q -p no:cacheprovider \
+timeout 210 "$py" -m pytest tests/model/test_kernels.py tests/model/test_kernels_gpu.py -q -p no:cacheprovider \
     --durations=10 > "$out/tests.txt" 2>&1
 echo "tests: exit $? in $((SECONDS - start)) s; $(tail -n 1 "$out/tests.txt")" | tee -a "$summary"
 

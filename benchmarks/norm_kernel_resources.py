@@ -2,7 +2,7 @@
 
 Triton compiles to a cubin with its bundled ptxas; cuobjdump reports the resource usage. This is
 how the warp counts in model/kernels/functions.py were chosen (a spilling backward loses its
-bandwidth), and tests/test_kernels.py runs it to catch compile-only errors the CPU interpreter
+bandwidth), and tests/model/test_kernels.py runs it to catch compile-only errors the CPU interpreter
 cannot see. Run it in a process without TRITON_INTERPRET.
 
     python benchmarks/norm_kernel_resources.py [--widths 2048 4096 8192] [--arch 90] [--json]

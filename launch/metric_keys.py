@@ -41,5 +41,3 @@ def parse_block_key(key: str) -> tuple[str, int, str | None] | None:
 
 S_MAX, CLIPS, CLIP_EVENTS = "s_max", "qk_clips", "qk_clip_events"  # QK-Clip (optim.qk_clip)
 
-# the update_spikes instrument's settings when a recipe gives none (instruments.updates)
-UPDATE_SPIKE_DEFAULTS = {"window": 100, "threshold": 4.0}

@@ -39,6 +39,15 @@ INSTRUMENTS = {
     "fp8": "normlab.launch.instruments.fp8:FP8Stats",
 }
 
+# Each instrument's settings dataclass (launch.config.instruments); one not named here takes none.
+INSTRUMENT_SETTINGS = {
+    "attention_logits": "normlab.launch.config.instruments:AttentionLogitsSettings",
+    "spike_score": "normlab.launch.config.instruments:SpikeScoreSettings",
+    "update_spikes": "normlab.launch.config.instruments:UpdateSpikesSettings",
+    "spike_policy": "normlab.launch.config.instruments:SpikePolicySettings",
+    "fp16_clamp": "normlab.launch.config.instruments:FP16ClampSettings",
+}
+
 
 def resolve(table: dict[str, str], name: str) -> Any:
     """The component registered under `name` (a KeyError for an unknown one: check names first)."""

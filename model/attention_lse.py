@@ -86,6 +86,7 @@ def _sdp_choice(
 
 # torch.compiler.assume_constant_result(_sdp_choice) without importing torch._dynamo at import
 # time (seconds of CPU every command that loads the model code would pay): the decorator only sets
-# this attribute, which dynamo reads when it traces; tests/test_cli_startup.py holds the two equal.
+# this attribute, which dynamo reads when it traces; tests/launch/test_cli_startup.py holds the
+# two equal.
 DYNAMO_CONSTANT_MARK = "_dynamo_marked_constant"
 setattr(_sdp_choice, DYNAMO_CONSTANT_MARK, True)

@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args, get_origin
 
 Placement = Literal[
-    "post", "pre", "peri", "olmo2", "deepnorm", "mix", "hybrid", "hybrid_star", "keel"
+    "post", "pre", "peri", "olmo2", "deepnorm", "mix", "hybrid", "hybrid_star", "keel",
+    "ln_scaling",
 ]
 NormKind = Literal["layernorm", "rmsnorm", "dyt", "derf"]
 NormBackend = Literal["torch", "triton", "auto"]
@@ -30,6 +31,7 @@ RESIDUAL_SCALED = ("pre", "peri", "olmo2", "mix")
 FINAL_NORM = {
     "post": False,
     "pre": True,
+    "ln_scaling": True,  # Pre-LN's final norm
     "peri": True,
     "olmo2": True,
     "deepnorm": False,
@@ -61,9 +63,9 @@ class ModelConfig:
     placement: Placement = "pre"
     embed_norm: bool = False
     mix_ratio: float = 0.25
-    ln_scaling: bool = False
+    ln_scaling: bool = False  # the older spelling of placement: ln_scaling (with placement: pre)
     qk_norm: QKNorm = "none"
-    init: InitScheme | None = None  # None: default_init (deepnorm; normal with ln_scaling; gpt2)
+    init: InitScheme | None = None  # None: default_init (deepnorm; normal for ln_scaling; gpt2)
     init_std: float = 0.02
     tie_embeddings: bool = False
     bias: bool = False
@@ -85,8 +87,15 @@ class ModelConfig:
             _check_type(f.name, getattr(self, f.name), _hint(f.name))
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
+        if self.ln_scaling and self.placement not in ("pre", "ln_scaling"):
+            raise ValueError(
+                f"model.ln_scaling is defined only for placement 'pre' (SCIENCE.md section 1), "
+                f"got placement '{self.placement}'; allowed: placement: ln_scaling"
+            )
+        if self.placement == "ln_scaling" or self.ln_scaling:  # one name, both spellings
+            self.placement, self.ln_scaling = "ln_scaling", True
         if self.init is None:
-            self.init = default_init(self.placement, self.ln_scaling)
+            self.init = default_init(self.placement)
         self._check_combinations()
         self._check_norm_side()
         if self.residual_scale_init is None and self.residual_scale != "none":
@@ -110,11 +119,6 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head dim d_model/n_heads = {self.head_dim} must be even for RoPE")
-        if self.ln_scaling and self.placement != "pre":
-            raise ValueError(
-                f"model.ln_scaling is defined only for placement 'pre' (SCIENCE.md section 1), "
-                f"got placement '{self.placement}'; allowed: placement: pre with ln_scaling: true"
-            )
         if self.embed_norm and self.placement != "peri":
             raise ValueError(
                 f"model.embed_norm belongs to placement 'peri', got placement '{self.placement}'"
@@ -147,12 +151,11 @@ class ModelConfig:
     def _check_norm_side(self) -> None:
         """The residual scales, DyT/Derf, HybridNorm and Keel (SCIENCE.md 15-18)."""
         if self.residual_scale != "none":
-            if self.placement not in RESIDUAL_SCALED or self.ln_scaling:
+            if self.placement not in RESIDUAL_SCALED:
                 raise ValueError(
                     f"model.residual_scale needs the scale to be the last thing on the branch: "
-                    f"allowed placements {', '.join(RESIDUAL_SCALED)} (mix: its pre blocks), "
-                    f"without ln_scaling; got placement {self.placement!r}"
-                    + (" with ln_scaling" if self.ln_scaling else "")
+                    f"allowed placements {', '.join(RESIDUAL_SCALED)} (mix: its pre blocks); "
+                    f"got placement {self.placement!r}"
                 )
         elif self.residual_scale_init is not None:
             raise ValueError(
@@ -160,11 +163,10 @@ class ModelConfig:
                 "allowed: residual_scale: layerscale | scalar"
             )
         if self.norm in POINTWISE_NORMS:
-            if self.placement != "pre" or self.ln_scaling:
+            if self.placement != "pre":
                 raise ValueError(
                     f"model.norm {self.norm!r} replaces the norms of placement 'pre' only (as its "
                     f"references are tested), got placement {self.placement!r}"
-                    + (" with ln_scaling" if self.ln_scaling else "")
                 )
             if self.norm_backend == "triton":
                 raise ValueError(
@@ -245,13 +247,13 @@ class ModelConfig:
         return cls(**values)
 
 
-def default_init(placement: str, ln_scaling: bool) -> str:
+def default_init(placement: str) -> str:
     """The init a placement gets unless the recipe names one (SCIENCE.md section 2): DeepNorm's
     own; plain N(0, init_std) under LayerNorm Scaling, whose authors found depth-scaled init
     cancels its benefit; GPT-2's depth-scaled init otherwise."""
     if placement == "deepnorm":
         return "deepnorm"
-    return "normal" if ln_scaling else "gpt2"
+    return "normal" if placement == "ln_scaling" else "gpt2"
 
 
 def cait_epsilon(n_layers: int) -> float:
@@ -318,6 +320,4 @@ def sublayer_kind(cfg: ModelConfig, layer: int) -> str:
         return "post" if layer <= cfg.n_post_blocks else "pre"
     if cfg.placement == "hybrid_star":  # HybridNorm*: block 1 is Pre-LN (with QKV-norm)
         return "pre" if layer == 1 else "hybrid"
-    if cfg.placement == "pre" and cfg.ln_scaling:
-        return "ln_scaling"
     return cfg.placement

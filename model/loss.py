@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class LMLoss:
+    """The training objective as a component: cross-entropy plus z_loss * log(Z)^2 (PaLM;
+    SCIENCE.md 5). Called with (logits, targets), it returns (loss, {"ce", "z"}) in fp32."""
+
+    z_loss: float = 0.0
+
+    def __call__(
+        self, logits: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return lm_loss(logits, targets, z_loss_coef=self.z_loss)
 
 
 def lm_loss(

@@ -193,35 +193,48 @@ def deepnorm_constants(n_layers: int) -> tuple[float, float]:
     return (2 * n_layers) ** 0.25, (8 * n_layers) ** -0.25
 
 
+Build = Callable[[ModelConfig, int, str, nn.Module, MakeNorm], nn.Module]
+
+
+def _simple(cls: type[nn.Module]) -> Build:
+    return lambda cfg, layer, role, branch, make_norm: cls(branch, make_norm)
+
+
+def _scalable(cls: type[nn.Module], scaled: type[nn.Module]) -> Build:
+    """`cls`, or its residual-scaled form x + λ ⊙ (...) when model.residual_scale is set."""
+
+    def build(
+        cfg: ModelConfig, layer: int, role: str, branch: nn.Module, mk: MakeNorm
+    ) -> nn.Module:
+        if cfg.residual_scale == "none":
+            return cls(branch, mk)
+        size = cfg.d_model if cfg.residual_scale == "layerscale" else 1
+        return scaled(branch, mk, BranchScale(size, cfg.residual_scale_init))  # type: ignore[arg-type]
+
+    return build
+
+
+# The wrapper of each sub-layer kind (model.config.sublayer_kind): the placement table.
+WRAPPERS: dict[str, Build] = {
+    "post": _simple(PostNorm),
+    "pre": _scalable(PreNorm, ScaledBranchPreNorm),
+    "peri": _scalable(PeriNorm, ScaledBranchPeriNorm),
+    "olmo2": _scalable(ReorderedNorm, ScaledBranchReorderedNorm),
+    "ln_scaling": lambda cfg, layer, role, b, mk: ScaledPreNorm(b, mk, layer=layer),
+    "deepnorm": lambda cfg, layer, role, b, mk: DeepNorm(
+        b, mk, alpha=deepnorm_constants(cfg.n_layers)[0]
+    ),
+    "keel": lambda cfg, layer, role, b, mk: Keel(b, mk, alpha=cfg.keel_alpha_value),
+    "hybrid": lambda cfg, layer, role, b, mk: (PlainResidual if role == "attn" else NormedResidual)(
+        b, mk
+    ),
+}
+SCALED_WRAPPERS = {"pre": ScaledBranchPreNorm, "peri": ScaledBranchPeriNorm,
+                   "olmo2": ScaledBranchReorderedNorm}  # fmt: skip
+
+
 def wrap_sublayer(
     cfg: ModelConfig, layer: int, role: str, branch: nn.Module, make_norm: MakeNorm
 ) -> nn.Module:
     """The residual wrapper of sub-layer `role` ('attn' or 'ffn') of block `layer` (1-based)."""
-    kind = sublayer_kind(cfg, layer)
-    if kind == "hybrid":
-        return (PlainResidual if role == "attn" else NormedResidual)(branch, make_norm)
-    if kind == "keel":
-        return Keel(branch, make_norm, alpha=cfg.keel_alpha_value)
-    if kind == "deepnorm":
-        return DeepNorm(branch, make_norm, alpha=deepnorm_constants(cfg.n_layers)[0])
-    if kind == "ln_scaling":
-        return ScaledPreNorm(branch, make_norm, layer=layer)
-    if cfg.residual_scale != "none" and kind in SCALED_WRAPPERS:
-        size = cfg.d_model if cfg.residual_scale == "layerscale" else 1
-        scale = BranchScale(size, cfg.residual_scale_init)  # type: ignore[arg-type]
-        return SCALED_WRAPPERS[kind](branch, make_norm, scale)
-    return SIMPLE_WRAPPERS[kind](branch, make_norm)
-
-
-SIMPLE_WRAPPERS: dict[str, type[nn.Module]] = {
-    "post": PostNorm,
-    "pre": PreNorm,
-    "peri": PeriNorm,
-    "olmo2": ReorderedNorm,
-}
-SCALED_WRAPPERS: dict[str, type[nn.Module]] = {
-    "pre": ScaledBranchPreNorm,
-    "peri": ScaledBranchPeriNorm,
-    "olmo2": ScaledBranchReorderedNorm,
-}
-
+    return WRAPPERS[sublayer_kind(cfg, layer)](cfg, layer, role, branch, make_norm)

@@ -11,12 +11,14 @@ import torch
 
 # Without CUDA the Triton kernel tests run through the interpreter, which must be on before triton
 # is first imported: once torch.compile's inductor has imported it, kernels can no longer be
-# interpreted (tests/test_kernels.py after tests/test_compile.py in one worker). The `auto`
+# interpreted (tests/model/test_kernels.py after tests/launch/engines/test_compile.py in one
+# worker). The `auto`
 # norm backend still picks torch on CPU; tests of the CPU refusal unset the variable.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"  # shared helpers and worker scripts live here, beside conftest.py
 SLICE_LINES = 20000
 
 

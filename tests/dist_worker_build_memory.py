@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from normlab.launch.config import load_config
+from normlab.launch.engines.base import RunFacts
 from normlab.launch.engines.construct import build_zero3
 from normlab.launch.engines.deepspeed_engine import ds_config, skip_shm_comm_build
 from normlab.launch.engines.fsdp import FSDPEngine
@@ -54,7 +55,7 @@ def gather(value: int) -> list[int]:
 def main() -> None:
     torch.set_num_threads(1)
     cfg = load_config(RECIPE, [*CPU_FP32, "engine.name=fsdp"])
-    engine = FSDPEngine(cfg)
+    engine = FSDPEngine.for_run(cfg)
     fsdp, _ = peak_growth(
         lambda: engine.setup(cfg.model_config(), partial(build_optimizer, cfg=cfg.optim))
     )
@@ -65,7 +66,7 @@ def main() -> None:
 
     deepspeed.init_distributed(dist_backend="gloo")
     z3cfg = load_config(RECIPE, [*CPU_FP32, "engine.name=deepspeed", "engine.zero_stage=3"])
-    config = ds_config(z3cfg, dist.get_world_size())
+    config = ds_config(z3cfg.engine, z3cfg.precision, RunFacts.of(z3cfg), dist.get_world_size())
     zero3, module = peak_growth(lambda: build_zero3(z3cfg.model_config(), 0, config))
     result = {
         "full_bytes": count_params(cfg.model_config()) * 4,

@@ -31,7 +31,7 @@ def status_bytes(key: str) -> int:
 
 
 def train(cfg, steps: int):
-    engine = resolve(ENGINES, cfg.engine.name)(cfg)
+    engine = resolve(ENGINES, cfg.engine.name).for_run(cfg)
     engine.setup(cfg.model_config(), partial(build_optimizer, cfg=cfg.optim))
     per = cfg.data.batch_size
     gen = torch.Generator().manual_seed(engine.rank)

@@ -29,6 +29,7 @@ import normlab.launch.optim.sharded as sharded
 import torch
 import torch.distributed as dist
 from normlab.launch.config import OptimSection, RunConfig
+from normlab.launch.engines.base import RunFacts
 from normlab.launch.engines.deepspeed_engine import DeepSpeedEngine, ds_config, skip_shm_comm_build
 from normlab.launch.engines.fsdp import FSDPEngine, device_mesh
 from normlab.launch.optim import build_optimizer
@@ -87,9 +88,9 @@ def engine_for(stage: int) -> tuple[DeepSpeedEngine, OptimSection]:
     cfg.engine.name, cfg.engine.zero_stage = "deepspeed", stage
     cfg.optim = OptimSection(name="muon", lr=0.02, muon_ns_dtype="fp32")
     cfg.data.batch_size, cfg.training.grad_accum = 1, 1
-    engine = DeepSpeedEngine(cfg)
+    engine = DeepSpeedEngine.for_run(cfg)
     engine._device, engine._rank, engine._world = torch.device("cpu"), dist.get_rank(), 2
-    engine._config = ds_config(cfg, 2)
+    engine._config = ds_config(cfg.engine, cfg.precision, RunFacts.of(cfg), 2)
     return engine, cfg.optim
 
 
@@ -116,7 +117,7 @@ def fsdp_case(failure: str | None) -> Any:
     cfg.engine.name = "fsdp"
     name = "adamw" if failure == "adamw" else "muon"
     cfg.optim = OptimSection(name=name, lr=0.02, muon_ns_dtype="fp32")
-    engine = FSDPEngine(cfg)
+    engine = FSDPEngine.for_run(cfg)
     engine._device, engine._rank, engine._world = torch.device("cpu"), dist.get_rank(), 2
     engine._mesh = device_mesh("cpu", 2, 1)
     return self_check(engine, cfg.optim, None if failure == "adamw" else failure)

@@ -28,7 +28,7 @@ def batch() -> torch.Tensor:
 def main() -> None:
     cfg = load_config(sys.argv[1], sys.argv[3:])
     torch.manual_seed(0)
-    engine = resolve(ENGINES, cfg.engine.name)(cfg)
+    engine = resolve(ENGINES, cfg.engine.name).for_run(cfg)
     engine.setup(cfg.model_config(), partial(build_optimizer, cfg=cfg.optim))
     per = GLOBAL_BATCH // engine.world_size
     x = batch()[engine.rank * per : (engine.rank + 1) * per]

@@ -119,3 +119,36 @@ def test_one_installed_namespace() -> None:
     probe = f"import importlib.util as u; print([u.find_spec(n) is None for n in {PACKAGES!r}])"
     out = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True)
     assert out.stdout.strip() == "[True, True, True]", out.stderr
+
+
+# test files that check the repository as a whole, not one package
+REPO_WIDE_TESTS = {"test_layout.py", "test_readme_commands.py", "test_science_doc.py"}
+
+
+def test_tests_mirror_the_package() -> None:
+    """tests/<folder>/test_*.py tests the package folder of the same path (tests/launch/study ->
+    launch/study); only the repository-wide checks sit at tests/ itself."""
+    tests = REPO / "tests"
+    at_root = {p.name for p in tests.glob("test_*.py")}
+    assert at_root <= REPO_WIDE_TESTS, sorted(at_root - REPO_WIDE_TESTS)
+    for test in tests.rglob("test_*.py"):
+        folder = test.parent.relative_to(tests)
+        if folder == Path("."):
+            continue
+        assert (REPO / folder).is_dir() and (REPO / folder / "__init__.py").is_file(), test
+        assert (test.parent / "__init__.py").is_file(), f"{test.parent} needs an __init__.py"
+
+
+def test_type_checker_debt_only_shrinks() -> None:
+    """pyproject.toml's list of modules the type checker skips (.ci/typecheck) was 55 long when
+    mypy came in; a module leaves it when clean, none joins (new code is checked from the start)."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
+    overrides = [o for o in config.get("overrides", []) if o.get("ignore_errors")]
+    skipped = [m for o in overrides for m in o["module"]]
+    assert config["disallow_untyped_defs"] and config["check_untyped_defs"]
+    assert len(skipped) <= 55, len(skipped)
+    for module in skipped:
+        path = REPO / module.removeprefix("normlab.").replace(".", "/")
+        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), module

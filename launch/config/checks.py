@@ -6,10 +6,11 @@ import math
 import re
 from typing import Any
 
+from normlab.launch.config.instruments import check_instruments
 from normlab.launch.config.loader import find_non_finite, suggest
 from normlab.launch.config.schema import RunConfig
 from normlab.launch.errors import ConfigError
-from normlab.launch.registry import ENGINES, INSTRUMENTS, OPTIMIZERS
+from normlab.launch.registry import ENGINES, OPTIMIZERS
 
 
 def validate(cfg: RunConfig) -> None:
@@ -118,14 +119,13 @@ def _lookup(data: Any, dotted: str) -> Any:
 
 
 def _validate_instruments(cfg: RunConfig) -> None:
+    """Names and each instrument's typed settings (launch.config.instruments), at load time."""
     for name, settings in cfg.instruments.items():
-        if name not in INSTRUMENTS:
-            hint = suggest(str(name), list(INSTRUMENTS), "instruments.")
-            raise ConfigError(f"unknown instrument 'instruments.{name}'{hint}")
         if not isinstance(settings, dict | bool | None):
             raise ConfigError(
                 f"instruments.{name} must be a mapping of settings, true or false, got {settings!r}"
             )
+    check_instruments(cfg.instruments)
 
 
 def _validate_optim(cfg: RunConfig) -> None:

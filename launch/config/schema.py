@@ -7,33 +7,71 @@ beside this file; each error is a `ConfigError` whose message names the dotted k
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from normlab.launch.config.loader import to_plain
-from normlab.model.config import ModelConfig
+from normlab.model.config import (
+    AttnGate,
+    InitScheme,
+    KeelAlpha,
+    MlpKind,
+    ModelConfig,
+    NormBackend,
+    NormKind,
+    Placement,
+    QKNorm,
+    ResidualScale,
+)
 
 
-def _model_section() -> type:
-    """ModelSection mirrors every ModelConfig field (None: take the preset's or the default)."""
-    hints = typing.get_type_hints(ModelConfig)
-    specs: list[Any] = [("preset", str | None, field(default=None))]
-    for f in dataclasses.fields(ModelConfig):
-        specs.append((f.name, hints[f.name] | None, field(default=None)))
-    cls = dataclasses.make_dataclass("ModelSection", specs, namespace={"to_model_config": _to_mc})
-    cls.__doc__ = "Model fields (see model.ModelConfig) plus `preset`, a name in model.presets."
-    return cls
+@dataclass
+class ModelSection:
+    """The recipe's `model:` section: `preset` (a name in model.presets) and every ModelConfig
+    field, each None unless the recipe sets it (None: the preset's value, else ModelConfig's
+    default). tests/launch/config/test_model_section.py holds it field for field to ModelConfig."""
 
+    preset: str | None = None
+    n_layers: int | None = None
+    d_model: int | None = None
+    n_heads: int | None = None
+    n_kv_heads: int | None = None  # None: one key/value head per query head (plain MHA)
+    d_ff: int | None = None
+    vocab_size: int | None = None  # None: the prepared data's tokenizer decides
+    max_seq_len: int | None = None
+    mlp: MlpKind | None = None
+    smooth_swiglu: bool | None = None  # Smooth-SwiGLU (FP8; SCIENCE.md 24)
+    norm: NormKind | None = None
+    norm_eps: float | None = None
+    norm_backend: NormBackend | None = None
+    placement: Placement | None = None
+    embed_norm: bool | None = None
+    mix_ratio: float | None = None
+    ln_scaling: bool | None = None
+    qk_norm: QKNorm | None = None
+    init: InitScheme | None = None  # None: model.config.default_init of the placement
+    init_std: float | None = None
+    tie_embeddings: bool | None = None
+    bias: bool | None = None
+    dropout: float | None = None
+    rope_theta: float | None = None
+    # attention stabilizers (SCIENCE.md 12-14)
+    attn_gate: AttnGate | None = None
+    attn_sinks: bool | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    # norm-side stabilizers (SCIENCE.md 15-18)
+    residual_scale: ResidualScale | None = None
+    residual_scale_init: float | None = None
+    dyt_alpha0: dict | None = None
+    keel_alpha: KeelAlpha | float | None = None
 
-def _to_mc(self: Any) -> ModelConfig:
-    values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig)}
-    return ModelConfig(**{k: v for k, v in values.items() if v is not None})
-
-
-ModelSection = _model_section()
+    def to_model_config(self) -> ModelConfig:
+        """The ModelConfig of the fields the recipe set (ModelConfig checks the combination)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig)}
+        return ModelConfig(**{k: v for k, v in values.items() if v is not None})
 
 
 @dataclass
@@ -197,7 +235,7 @@ class EngineSection:
 class RunConfig:
     name: str | None = None  # default: the recipe file's stem
     run_dir: str | None = None  # default: runs/<name>
-    model: ModelSection = field(default_factory=ModelSection)  # type: ignore[valid-type]
+    model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     optim: OptimSection = field(default_factory=OptimSection)
     schedule: ScheduleSection = field(default_factory=ScheduleSection)

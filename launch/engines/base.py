@@ -10,13 +10,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from normlab.launch.config import RunConfig
+from normlab.launch.config import EngineSection, PrecisionSection, RunConfig
 from normlab.model import ModelConfig
-from normlab.model.loss import lm_loss
+from normlab.model.loss import LMLoss
 from torch import nn
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
@@ -41,13 +42,42 @@ def scale_rows_(param: torch.Tensor, factors: torch.Tensor) -> None:
     param.mul_(factors)
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What an engine needs from the rest of the run, besides its own section and the precision."""
+
+    device: str  # training.device
+    seed: int  # training.seed: every rank draws the same initial weights from it
+    grad_accum: int  # training.grad_accum: micro-batches per optimizer step
+    micro_batch: int  # data.batch_size: sequences per micro-batch and rank (DeepSpeed's config)
+    grad_clip: float  # optim.grad_clip (DeepSpeed clips inside its own step)
+    optimizer: str  # optim.name (DeepSpeed checks its config against Muon)
+    async_checkpoint: bool = False  # checkpoint.async: saves talk over their own process group
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> RunFacts:
+        t = cfg.training
+        return cls(t.device, t.seed, t.grad_accum, cfg.data.batch_size, cfg.optim.grad_clip,
+                   cfg.optim.name, cfg.checkpoint.async_)  # fmt: skip
+
+
 class Engine(ABC):
-    """One training backend. Methods are called by every rank; `is_main` ranks write logs."""
+    """One training backend. Methods are called by every rank; `is_main` ranks write logs.
+
+    An engine sees its own section (engine:), the precision, the few run facts it needs and the
+    training objective, not the whole run config; `Engine.for_run(cfg)` picks them out."""
 
     name: str = "base"
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+    def __init__(
+        self, section: EngineSection, precision: PrecisionSection, run: RunFacts, loss: LMLoss
+    ) -> None:
+        self.section, self.precision, self.run, self.loss = section, precision, run, loss
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig) -> Engine:
+        """This engine for run config `cfg` (its sections, facts and objective)."""
+        return cls(cfg.engine, cfg.precision, RunFacts.of(cfg), LMLoss(cfg.optim.z_loss))
 
     # --- construction -------------------------------------------------------------------------
     @abstractmethod
@@ -134,7 +164,7 @@ class Engine(ABC):
         """Move one batch to the device, forward; (cross-entropy + z-loss, {"ce", "z"}) in fp32."""
         logits = self._forward(inputs.to(self._device, non_blocking=True))
         targets = targets.to(self._device, non_blocking=True)
-        return lm_loss(logits, targets, z_loss_coef=self.cfg.optim.z_loss)
+        return self.loss(logits, targets)
 
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Training objective of one micro-batch; its parts are kept for `pop_loss_parts`."""

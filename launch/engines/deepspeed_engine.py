@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from normlab.launch.config import RunConfig
+from normlab.launch.config import EngineSection, PrecisionSection
 from normlab.launch.config.loader import deep_merge
-from normlab.launch.engines.base import OptimizerFactory, StepVeto
+from normlab.launch.engines.base import OptimizerFactory, RunFacts, StepVeto
 from normlab.launch.engines.construct import build_on_meta, build_zero3, materialize
 from normlab.launch.engines.deepspeed_muon import (
     check_muon_config,
@@ -48,20 +48,22 @@ DS_TAG = "deepspeed"  # the sub-directory DeepSpeed writes inside a step directo
 RECIPE_OWNED = ("optimizer", "scheduler")
 
 
-def ds_config(cfg: RunConfig, world_size: int) -> dict[str, Any]:
+def ds_config(
+    section: EngineSection, prec: PrecisionSection, run: RunFacts, world_size: int
+) -> dict[str, Any]:
     """The DeepSpeed config the recipe implies, with engine.deepspeed_config merged on top."""
-    prec, stage = cfg.precision, cfg.engine.zero_stage
+    stage = section.zero_stage
     if stage not in (1, 2, 3):
         raise ConfigError(
             f"engine deepspeed needs engine.zero_stage 1, 2 or 3, got {stage} "
             "(stage 0 is plain data parallelism: use engine.name: fsdp)"
         )
-    micro, accum = cfg.data.batch_size, cfg.training.grad_accum
+    micro, accum = run.micro_batch, run.grad_accum
     out: dict[str, Any] = {
         "train_batch_size": micro * accum * world_size,
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
-        "gradient_clipping": cfg.optim.grad_clip,
+        "gradient_clipping": run.grad_clip,
         "zero_optimization": {"stage": stage},
         "zero_allow_untested_optimizer": True,  # the recipe's torch optimizer, by design
         "bf16": {"enabled": prec.dtype == "bf16"},
@@ -74,9 +76,9 @@ def ds_config(cfg: RunConfig, world_size: int) -> dict[str, Any]:
         "steps_per_print": 2**62,  # the trainer logs; keep DeepSpeed quiet
         "wall_clock_breakdown": False,
     }
-    user = cfg.engine.deepspeed_config
+    user = section.deepspeed_config
     merged = deep_merge(out, _user_config(user, out)) if user else out
-    if cfg.optim.name == "muon":
+    if run.optimizer == "muon":
         check_muon_config(merged)
     return merged
 
@@ -135,7 +137,7 @@ class DeepSpeedEngine(DistributedEngine):
 
     def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
         self._device = self._join()
-        config = ds_config(self.cfg, self._world)
+        config = ds_config(self.section, self.precision, self.run, self._world)
         if self._device.type == "cpu":  # skips DeepSpeed's accelerator probe and its warning
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         import deepspeed  # heavy; only for this engine
@@ -146,13 +148,13 @@ class DeepSpeedEngine(DistributedEngine):
         self._config = config
         module = self._build(model_cfg, config)
         # precision.fp8 swaps the linear layers, keeping their (partitioned) parameters
-        fp8, smooth = self.cfg.precision.fp8, model_cfg.smooth_swiglu
+        fp8, smooth = self.precision.fp8, model_cfg.smooth_swiglu
         convert_fp8(module, fp8, self._device.type, smooth=smooth)
-        if self.cfg.engine.activation_checkpointing:
-            apply_activation_checkpointing(module, compiled=self.cfg.engine.compile)
-        if self.cfg.engine.compile:
+        if self.section.activation_checkpointing:
+            apply_activation_checkpointing(module, compiled=self.section.compile)
+        if self.section.compile:
             for block in module.blocks:
-                block.compile(backend=self.cfg.engine.compile_backend)
+                block.compile(backend=self.section.compile_backend)
         self._module = module
         self._optimizer = build_optimizer(module)
         self._gate_optimizer(self._optimizer)
@@ -162,7 +164,7 @@ class DeepSpeedEngine(DistributedEngine):
             )
         except (AssertionError, ValueError) as exc:
             raise ConfigError(f"DeepSpeed rejected the generated config: {exc}") from None
-        register_flat_layouts(self._ds.optimizer, self._optimizer, self.cfg.engine.zero_stage)
+        register_flat_layouts(self._ds.optimizer, self._optimizer, self.section.zero_stage)
         self._micro = 0
 
     def probe_step(
@@ -177,10 +179,10 @@ class DeepSpeedEngine(DistributedEngine):
     def _build(self, model_cfg: ModelConfig, config: dict[str, Any]) -> Transformer:
         """ZeRO-3: constructed partitioned under zero.Init; ZeRO-1/2 keep whole weights on every
         rank, built on the meta device and drawn once on the device. Same values either way."""
-        if self.cfg.engine.zero_stage == 3:
-            return build_zero3(model_cfg, self.cfg.training.seed, config)
+        if self.section.zero_stage == 3:
+            return build_zero3(model_cfg, self.run.seed, config)
         module, plan = build_on_meta(model_cfg)
-        materialize(module, plan, self.cfg.training.seed, self._device)
+        materialize(module, plan, self.run.seed, self._device)
         return module
 
     def _gate_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -204,7 +206,7 @@ class DeepSpeedEngine(DistributedEngine):
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self._micro += 1
-        self._ds.set_gradient_accumulation_boundary(self._micro >= self.cfg.training.grad_accum)
+        self._ds.set_gradient_accumulation_boundary(self._micro >= self.run.grad_accum)
         loss = self._loss(inputs, targets)
         self._ds.backward(loss)  # divides by gradient_accumulation_steps, applies the loss scale
         return self.all_reduce(loss.detach(), "mean")
@@ -212,7 +214,7 @@ class DeepSpeedEngine(DistributedEngine):
     def clip_and_step(
         self, max_norm: float, veto: StepVeto | None = None
     ) -> tuple[torch.Tensor, bool]:
-        if max_norm != self.cfg.optim.grad_clip:
+        if max_norm != self.run.grad_clip:
             raise ValueError("DeepSpeed clips at the configured optim.grad_clip only")
         self._veto, self._decision = veto, None
         self._ds.step()  # norm, overflow check (fp16), clip, gated optimizer step
@@ -233,7 +235,7 @@ class DeepSpeedEngine(DistributedEngine):
         """ZeRO-3: each rank's partition of the weights and of the fp32 gradient (shards).
         ZeRO-1/2: full weight replicas; the gradient as this rank's fragment of the reduced
         fp32 gradient partition, which exists only between the backward and the step."""
-        if self.cfg.engine.zero_stage == 3:
+        if self.section.zero_stage == 3:
             from deepspeed.utils import safe_get_local_grad
 
             if kind == "param":
@@ -251,7 +253,7 @@ class DeepSpeedEngine(DistributedEngine):
         optimizer steps, so the next forward and the next step both start from the clipped value."""
         shape = tuple(getattr(param, "ds_shape", param.shape))
         flat = factors.float().reshape(-1, 1).expand(shape[0], math.prod(shape[1:])).flatten()
-        if self.cfg.engine.zero_stage == 3:
+        if self.section.zero_stage == 3:
             from deepspeed.utils import safe_get_local_fp32_param, safe_set_local_fp32_param
 
             part = param.ds_tensor.numel()  # ZeRO-3 splits the flattened tensor, last one padded
@@ -280,7 +282,7 @@ class DeepSpeedEngine(DistributedEngine):
             meta = {
                 "engine": self.name,
                 "world_size": self._world,
-                "zero_stage": self.cfg.engine.zero_stage,
+                "zero_stage": self.section.zero_stage,
                 "format": "deepspeed",
                 "tag": DS_TAG,
             }
@@ -294,10 +296,10 @@ class DeepSpeedEngine(DistributedEngine):
                 f"{meta.get('engine', 'single')!r}); resume it with that engine, or start from "
                 "its weights via `normlab export`"
             )
-        if meta.get("zero_stage") != self.cfg.engine.zero_stage:
+        if meta.get("zero_stage") != self.section.zero_stage:
             raise CheckpointError(
                 f"checkpoint {ckpt_dir} holds ZeRO-{meta.get('zero_stage')} shards; this run has "
-                f"ZeRO-{self.cfg.engine.zero_stage}: resume with engine.zero_stage="
+                f"ZeRO-{self.section.zero_stage}: resume with engine.zero_stage="
                 f"{meta.get('zero_stage')} (or export it)"
             )
         load_dir, universal = ckpt_dir, meta.get("world_size") != self._world

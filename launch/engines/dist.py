@@ -92,7 +92,7 @@ class DistributedEngine(Engine):
     _closed: bool = False
 
     def _join(self) -> torch.device:
-        device = init_process_group(self.cfg.training.device)
+        device = init_process_group(self.run.device)
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
         return device
 

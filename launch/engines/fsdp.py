@@ -79,24 +79,24 @@ class FSDPEngine(DistributedEngine):
 
     def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
         self._device = self._join()
-        self._mesh = device_mesh(self._device.type, self._world, self.cfg.engine.replicate)
+        self._mesh = device_mesh(self._device.type, self._world, self.section.replicate)
         module, plan = build_on_meta(model_cfg)
         # torchtitan's order: FP8 conversion, activation checkpointing, compile, sharding
-        fp8, smooth = self.cfg.precision.fp8, model_cfg.smooth_swiglu
+        fp8, smooth = self.precision.fp8, model_cfg.smooth_swiglu
         convert_fp8(module, fp8, self._device.type, fsdp=True, smooth=smooth)
-        if self.cfg.engine.activation_checkpointing:
-            apply_activation_checkpointing(module, compiled=self.cfg.engine.compile)
-        if self.cfg.engine.compile:
+        if self.section.activation_checkpointing:
+            apply_activation_checkpointing(module, compiled=self.section.compile)
+        if self.section.compile:
             for block in module.blocks:
-                block.compile(backend=self.cfg.engine.compile_backend)
+                block.compile(backend=self.section.compile_backend)
         self._shard(module)
-        materialize(module, plan, self.cfg.training.seed, self._device)
+        materialize(module, plan, self.run.seed, self._device)
         # asynchronous saves talk over their own CPU group (a collective call on every rank)
-        self._io_group = dist.new_group(backend="gloo") if self.cfg.checkpoint.async_ else None
+        self._io_group = dist.new_group(backend="gloo") if self.run.async_checkpoint else None
         self._module = module
         self._optimizer = build_optimizer(module)
         self._micro = 0
-        prec = self.cfg.precision
+        prec = self.precision
         # fp16: dynamic loss scaling whose inf/NaN check is agreed over every rank's shards
         self._scaler = ShardedGradScaler(
             self._device.type,
@@ -106,7 +106,7 @@ class FSDPEngine(DistributedEngine):
         )
 
     def _shard(self, module: Transformer) -> None:
-        low = LOW_PRECISION.get(self.cfg.precision.dtype)  # fp32 master shards either way
+        low = LOW_PRECISION.get(self.precision.dtype)  # fp32 master shards either way
         policy = (
             MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
             if low is not None
@@ -126,12 +126,12 @@ class FSDPEngine(DistributedEngine):
         return self._module(inputs)
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        accum = self.cfg.training.grad_accum
+        accum = self.run.grad_accum
         self._micro += 1
         assert isinstance(self._module, FSDPModule)
         # engine.grad_sync: reduce-scatter after every micro-batch (each rank keeps only its fp32
         # gradient shard) or once, after the last (the whole unsharded gradient meanwhile)
-        every = self.cfg.engine.grad_sync == "micro_batch"
+        every = self.section.grad_sync == "micro_batch"
         self._module.set_requires_gradient_sync(every or self._micro >= accum)
         loss = self._loss(inputs, targets)
         self._scaler.scale(loss / accum).backward()
@@ -183,7 +183,7 @@ class FSDPEngine(DistributedEngine):
             meta = {
                 "engine": self.name,
                 "world_size": self._world,
-                "replicate": self.cfg.engine.replicate,
+                "replicate": self.section.replicate,
                 "format": "dcp",
                 "scaler": self._scaler.state_dict(),  # {} outside fp16; the same on every rank
             }

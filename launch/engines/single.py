@@ -39,18 +39,18 @@ class SingleEngine(Engine):
     name = "single"
 
     def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
-        self._device = resolve_device(self.cfg.training.device)
+        self._device = resolve_device(self.run.device)
         module, plan = build_on_meta(model_cfg)  # allocated once, on the device
-        fp8, smooth = self.cfg.precision.fp8, model_cfg.smooth_swiglu  # torchao's Float8Linear
+        fp8, smooth = self.precision.fp8, model_cfg.smooth_swiglu  # torchao's Float8Linear
         convert_fp8(module, fp8, self._device.type, smooth=smooth)
-        materialize(module, plan, self.cfg.training.seed, self._device)
+        materialize(module, plan, self.run.seed, self._device)
         self._module = module
-        e = self.cfg.engine
+        e = self.section
         self._model: nn.Module = (
             torch.compile(module, backend=e.compile_backend) if e.compile else module
         )
         self._optimizer = build_optimizer(module)
-        prec = self.cfg.precision
+        prec = self.precision
         self._amp_dtype = AMP_DTYPES.get(prec.dtype)
         self._scaler = torch.amp.GradScaler(
             self._device.type,
@@ -70,7 +70,7 @@ class SingleEngine(Engine):
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss = self._loss(inputs, targets)
-        self._scaler.scale(loss / self.cfg.training.grad_accum).backward()
+        self._scaler.scale(loss / self.run.grad_accum).backward()
         return loss.detach()
 
     def clip_and_step(

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import (
     ATTN_OUT,
     MLP_OUT,
@@ -25,7 +26,6 @@ from normlab.launch.instruments.common import (
     block_key,
     blocks,
     is_log_step,
-    settings_of,
 )
 from torch.utils.hooks import RemovableHandle
 
@@ -48,7 +48,7 @@ class ActivationStats(Callback):
     name = "activations"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        settings_of(settings, {}, self.name)
+        checked_settings(self.name, settings)
         self._handles: list[RemovableHandle] = []
         self._sumsq: torch.Tensor | None = None
         self._count: torch.Tensor | None = None

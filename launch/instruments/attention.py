@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
-from normlab.launch.instrument_settings import checked_settings
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import (
     MAX_LOGIT,
     MAX_LOGIT_LOWER,
@@ -25,7 +25,6 @@ from normlab.launch.instruments.common import (
     block_key,
     blocks,
     is_log_step,
-    settings_of,
 )
 from normlab.launch.instruments.gradients import local_parts, sum_squares
 from torch import nn
@@ -41,7 +40,7 @@ class AttentionLogits(Callback):
     name = "attention_logits"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        self.mode = checked_settings(self.name, settings)["mode"]
+        self.mode = checked_settings(self.name, settings).mode
         self._handles: list[RemovableHandle] = []
         self._best: torch.Tensor | None = None  # (blocks, heads): exact max, or [upper, lower]
 
@@ -108,7 +107,7 @@ class QKGains(Callback):
     name = "qk_gains"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        settings_of(settings, {}, self.name)
+        checked_settings(self.name, settings)
 
     def on_train_start(self, trainer: TrainerView) -> None:
         self._gains: list[tuple[str, torch.Tensor]] = []

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from normlab.launch.instrument_settings import settings_of  # noqa: F401 (re-exported)
 
 # re-exported: the key names live in launch.metric_keys (torch-free, read by the reports)
 from normlab.launch.metric_keys import (  # noqa: F401
@@ -47,6 +46,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from normlab.launch.callbacks import TrainerView
+
 
 def is_log_step(trainer: TrainerView, step: int) -> bool:
     """The trainer writes metrics for `step` (keep in step with Trainer._loop)."""

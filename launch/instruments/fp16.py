@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.engines.recompute import recomputing
-from normlab.launch.instrument_settings import checked_settings
 from normlab.launch.instruments.common import (
     FP16_CLAMPS,
     block_key,
@@ -135,7 +135,7 @@ class FP16Clamp(Callback):
     name = "fp16_clamp"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        self.mode = checked_settings(self.name, settings)["mode"]
+        self.mode = checked_settings(self.name, settings).mode
         self.hooks: ClampHooks | None = None
         self._saved: list[float] | None = None
 

@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.engines.fp8 import E4M3_MAX, float8_linears
 from normlab.launch.engines.recompute import recomputing
-from normlab.launch.instruments.common import block_key, is_log_step, settings_of, unwrap
+from normlab.launch.instruments.common import block_key, is_log_step, unwrap
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -79,7 +80,7 @@ class FP8Stats(Callback):
     name = "fp8"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        settings_of(settings, {}, self.name)
+        checked_settings(self.name, settings)
         self._handles: list[RemovableHandle] = []
         self._layers: list[tuple[int, str, nn.Module]] = []
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import (
     GRAD,
     UPDATE,
@@ -21,7 +22,6 @@ from normlab.launch.instruments.common import (
     is_log_step,
     is_sharded,
     local,
-    settings_of,
     unwrap,
 )
 from torch import nn
@@ -56,7 +56,7 @@ class GradientStats(Callback):
     name = "gradients"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        settings_of(settings, {}, self.name)
+        checked_settings(self.name, settings)
         self._before: list[Parts] | None = None
         self._grad_sq: torch.Tensor | None = None
 

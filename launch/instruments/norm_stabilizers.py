@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import (
     block_key,
     blocks,
     is_log_step,
-    settings_of,
     unwrap,
 )
 from normlab.launch.instruments.stabilizers import _full
@@ -32,7 +32,10 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 RESIDUAL_SCALE, ALPHA, SHIFT, SATURATION = (
-    "residual_scale", "pointwise_alpha", "pointwise_shift", "saturation"
+    "residual_scale",
+    "pointwise_alpha",
+    "pointwise_shift",
+    "saturation",
 )
 SATURATED = 0.9  # |f| at or above counts as saturated (a choice: SCIENCE.md 16)
 SUBLAYERS = ("attn", "mlp")
@@ -61,7 +64,7 @@ class NormStabilizers(Callback):
     name = "norm_stabilizers"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        settings_of(settings, {}, self.name)
+        checked_settings(self.name, settings)
         self._handles: list[RemovableHandle] = []
         self._sums: dict[str, torch.Tensor] = {}  # key -> [saturated, elements]
         self._armed = False  # a log step is under way (a model without DyT/Derf has no hooks)

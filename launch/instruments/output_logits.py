@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
-from normlab.launch.instruments.common import is_log_step, settings_of, unwrap
+from normlab.launch.config.instruments import checked_settings
+from normlab.launch.instruments.common import is_log_step, unwrap
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -40,7 +41,7 @@ class InitLoss(Callback):
     name = "init_loss"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        settings_of(settings, {}, self.name)
+        checked_settings(self.name, settings)
 
     def on_train_start(self, trainer: TrainerView) -> None:
         if trainer.step != 0:
@@ -57,7 +58,7 @@ class OutputLogits(Callback):
     name = "output_logits"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        settings_of(settings, {}, self.name)
+        checked_settings(self.name, settings)
         self._handle: RemovableHandle | None = None
         self._acc: torch.Tensor | None = None  # [sum log Z, count, sum mean logit, -min, max]
         self._mean_norm: torch.Tensor | None = None  # ||mean row of the head|| at the step

@@ -38,11 +38,10 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, StopRun, TrainerView
-from normlab.launch.instrument_settings import POLICY_DEFAULTS, checked_settings
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import ROLLBACKS, ROLLED_BACK, SKIPPED
 from normlab.launch.rundir.checkpoint import STEP_DIR
 
-DEFAULTS = POLICY_DEFAULTS
 KEYS = ("loss", "grad_norm")
 
 
@@ -55,11 +54,11 @@ class SpikePolicy(Callback):
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         s = checked_settings(self.name, settings)
-        self.k, self.max_bad, self.rollback = s["k"], s["max_bad_steps"], bool(s["rollback"])
-        self.max_rollbacks = s["max_rollbacks"]
-        self.windows = {key: deque(maxlen=s["window"]) for key in KEYS}
+        self.k, self.max_bad, self.rollback = s.k, s.max_bad_steps, s.rollback
+        self.max_rollbacks = s.max_rollbacks
+        self.windows = {key: deque(maxlen=s.window) for key in KEYS}
         # judging starts from half a window, with at least 20 values (or the whole window)
-        self.min_values = max(s["window"] // 2, min(20, s["window"]))
+        self.min_values = max(s.window // 2, min(20, s.window))
         self.skipped = self.rollbacks = self.rebaselines = 0
         self.applied: int | None = 0  # updates the model holds (None: resumed from an older one)
         self.bad_values: list[dict[str, float]] = []  # the current run of bad steps

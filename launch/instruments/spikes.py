@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
-from normlab.launch.instrument_settings import checked_settings
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import (
     NONFINITE,
     SCALER_SKIPS,
@@ -125,8 +125,8 @@ class SpikeScore(Callback):
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         s = checked_settings(self.name, settings)
-        self.loss = RollingSpikeScore(s["window"], s["k"])
-        self.grad = RollingSpikeScore(s["window"], s["k"])
+        self.loss = RollingSpikeScore(s.window, s.k)
+        self.grad = RollingSpikeScore(s.window, s.k)
         self.nonfinite = self.scaler_skips = 0
         self.restored, self.fp16 = False, False
         self._pending: list[torch.Tensor] = []

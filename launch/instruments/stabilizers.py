@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import (
     attention_of,
     block_key,
     blocks,
     is_log_step,
-    settings_of,
     unwrap,
 )
 from normlab.model.attention_cores import SoftCap, attention_logits, future_mask
@@ -45,7 +45,7 @@ class AttentionStabilizers(Callback):
     name = "attention_stabilizers"
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
-        settings_of(settings, {}, self.name)
+        checked_settings(self.name, settings)
         self._handles: list[RemovableHandle] = []
         self._sums: dict[str, torch.Tensor] = {}  # key -> running [sum, count]
         self._maxes: dict[str, torch.Tensor] = {}

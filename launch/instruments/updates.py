@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
-from normlab.launch.instrument_settings import checked_settings
+from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import (
     ROLLBACKS,
     UPDATE_NORM,
@@ -43,9 +43,6 @@ from normlab.launch.instruments.common import (
 )
 from normlab.launch.instruments.gradients import Parts, local_parts, sum_squares
 from normlab.launch.instruments.spikes import run_window
-from normlab.launch.metric_keys import UPDATE_SPIKE_DEFAULTS
-
-DEFAULTS = UPDATE_SPIKE_DEFAULTS
 
 
 def _copy(parts: Parts) -> Parts:
@@ -91,7 +88,7 @@ class UpdateSpikes(Callback):
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         s = checked_settings(self.name, settings)
-        self.window, self.threshold = s["window"], s["threshold"]
+        self.window, self.threshold = s.window, s.threshold
         self.blocks: list[BlockUpdateSpikes] = []
         self.spike_steps = 0
         self.restored: dict[str, Any] | None = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from normlab.launch.config.instruments import UpdateSpikesSettings
 from normlab.launch.metric_keys import (
     FP16_CLAMPS,
     NONFINITE,
@@ -32,7 +33,6 @@ from normlab.launch.metric_keys import (
     UPDATE_SPIKES,
     parse_block_key,
 )
-from normlab.launch.metric_keys import UPDATE_SPIKE_DEFAULTS as DEFAULTS
 from normlab.launch.report.runs import Run
 from rich.console import Console
 from rich.table import Table
@@ -122,7 +122,7 @@ def _threshold(run: Run) -> str:
     """'x4' from the run's instruments.update_spikes settings (or the default)."""
     settings = (run.config.get("instruments") or {}).get("update_spikes")
     value = settings.get("threshold") if isinstance(settings, dict) else None
-    return f"x{value if value is not None else DEFAULTS['threshold']:g}"
+    return f"x{value if value is not None else UpdateSpikesSettings().threshold:g}"
 
 
 def _scored(score: float | None) -> float | None:

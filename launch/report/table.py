@@ -102,8 +102,8 @@ def columns_for(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
 def placement_label(config: dict[str, Any]) -> str:
     m = config.get("model", {}) or {}
     label = str(m.get("placement", "?"))
-    if m.get("ln_scaling"):
-        label += "+ln_scaling"
+    if m.get("ln_scaling") or label == "ln_scaling":  # labelled as before it had its own name
+        label = "pre+ln_scaling"
     if m.get("qk_norm") not in (None, "none"):
         label += f"+qk_norm:{m['qk_norm']}"
     if m.get("embed_norm"):

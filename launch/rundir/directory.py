@@ -42,12 +42,22 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """'key: old -> new' for every differing dotted key outside IGNORED."""
+    old, new = _one_spelling(old), _one_spelling(new)
     a, b = ({k: v for k, v in flatten(d).items() if _compared(k)} for d in (old, new))
     return [
         f"{k}: {a.get(k)!r} -> {b.get(k)!r}"
         for k in sorted(a.keys() | b.keys())
         if a.get(k) != b.get(k)
     ]
+
+
+def _one_spelling(config: dict[str, Any]) -> dict[str, Any]:
+    """LayerNorm Scaling as a run saved it before it was a placement name (placement: pre,
+    ln_scaling: true) reads as today's placement: ln_scaling, so such a run resumes unchanged."""
+    model = config.get("model")
+    if not isinstance(model, dict) or not model.get("ln_scaling"):
+        return config
+    return {**config, "model": {**model, "placement": "ln_scaling", "ln_scaling": None}}
 
 
 def _compared(key: str) -> bool:

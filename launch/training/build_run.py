@@ -57,7 +57,7 @@ def build_parts(cfg: RunConfig, run_dir: Path) -> RunParts:
     if cfg.training.threads:
         torch.set_num_threads(cfg.training.threads)
     seed_everything(cfg.training.seed)
-    engine = resolve(ENGINES, cfg.engine.name)(cfg)
+    engine = resolve(ENGINES, cfg.engine.name).for_run(cfg)
     specs = resolve_sources(cfg.data, quiet=True)
     d = cfg.data
     rank, world = rank_world()

@@ -8,13 +8,18 @@ eval loss rests on fewer batches than asked."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from normlab.data.errors import DataError
 
+if TYPE_CHECKING:
+    from normlab.data.mixture import MixtureLoader
+    from normlab.launch.engines.base import Engine
+    from normlab.launch.training.trainer import Trainer
 
-def measure_eval(engine: Any, loader: Any, batches: int) -> tuple[float, list[float]]:
+
+def measure_eval(engine: Engine, loader: MixtureLoader, batches: int) -> tuple[float, list[float]]:
     """(eval loss, per-source losses) over `batches` validation batches of every source, averaged
     over ranks. Records nothing (the init_loss instrument measures the loss at step 0 with it)."""
     means = [
@@ -25,7 +30,7 @@ def measure_eval(engine: Any, loader: Any, batches: int) -> tuple[float, list[fl
     return float(sum(p * v for p, v in zip(loader.p, per_source, strict=True))), per_source
 
 
-def evaluate(trainer: Any, step: int) -> None:
+def evaluate(trainer: Trainer, step: int) -> None:
     """The eval of `step`: stats, `eval_loss` and `eval/<source>` in the metrics, one line."""
     loader = trainer.loader
     value, per_source = trainer.measure_eval()
@@ -51,7 +56,7 @@ def eval_text(value: float, names: list[str], per_source: list[float]) -> str:
     return text
 
 
-def small_val_warnings(loader: Any, batches: int) -> list[str]:
+def small_val_warnings(loader: MixtureLoader, batches: int) -> list[str]:
     """One line per source whose validation split is smaller than one eval pass of `batches`
     global batches (each eval then uses fewer batches than training.eval_batches asks for).
     A split too small for even one batch is left to the eval's own error."""

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from normlab.launch.training.trainer import Trainer
 
 
 def summary_of(name: str, status: str, step: int, stats: dict[str, Any], **extra: Any) -> dict:
@@ -42,7 +45,7 @@ def fresh_stats() -> dict[str, Any]:
     return {"min_loss": math.inf, "loss": None, "eval_loss": None, "tokens": 0, "train_s": 0.0}
 
 
-def run_summary(trainer: Any, status: str, **extra: Any) -> dict[str, Any]:
+def run_summary(trainer: Trainer, status: str, **extra: Any) -> dict[str, Any]:
     """summary.json of a trainer now: the stats, tokens per step and per source, the throughput
     (MFU) and, passed on to the metrics loggers (W&B), the same dict."""
     extra.setdefault("tokens_per_step", getattr(trainer, "tokens_per_step", None))  # compare

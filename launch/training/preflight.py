@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from normlab.launch.config import RunConfig
+from normlab.launch.config.instruments import check_instruments
 from normlab.launch.errors import ConfigError
 from normlab.launch.extras import require
-from normlab.launch.instrument_settings import check_instruments
 from normlab.launch.training.wandb_setup import check_wandb
 
 
@@ -53,9 +53,11 @@ def _check_engine(cfg: RunConfig, world_size: int, local: bool) -> None:
     if cfg.engine.name != "deepspeed":
         return
     require("deepspeed", "engine.name=deepspeed")
+    from normlab.launch.engines.base import RunFacts
     from normlab.launch.engines.deepspeed_engine import ds_config
 
-    ds_config(cfg, world_size)  # the generated config and engine.deepspeed_config
+    # the generated config and engine.deepspeed_config
+    ds_config(cfg.engine, cfg.precision, RunFacts.of(cfg), world_size)
     on_cpu = device_type == "cpu"
     if cfg.precision.dtype == "fp16" and on_cpu:
         raise ConfigError(

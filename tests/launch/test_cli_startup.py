@@ -2,7 +2,7 @@
 
 Each command runs in a fresh interpreter; at exit the test reads `sys.modules`. `--help` of every
 command, `status`, `plan`, `compare` of finished runs and `submit --dry-run` (which runs
-`train`'s preflight: instrument settings are checked by launch.instrument_settings, without the
+`train`'s preflight: instrument settings are checked by launch.config.instruments, without the
 instruments) import no torch. The one that needs torch, and why:
 - `validate` counts the model by building it on the meta device (a `torch.device` context imports
   torch._dynamo) and prints each source's epochs through normlab.data (whose modules import torch
@@ -198,11 +198,11 @@ def test_count_params_kinds_match_the_wrappers() -> None:
      {"activations": {"every": 3}}, {"spike_scor": True}, {"qk_gains": 3}],
 )  # fmt: skip
 def test_preflight_refuses_what_building_the_instruments_refuses(section: dict) -> None:
-    """The torch-free check (launch.instrument_settings) and the instruments' constructors give
+    """The torch-free check (launch.config.instruments) and the instruments' constructors give
     the same one line for the same bad section."""
     from normlab.launch.callbacks import build_callbacks
+    from normlab.launch.config.instruments import check_instruments
     from normlab.launch.errors import ConfigError
-    from normlab.launch.instrument_settings import check_instruments
 
     with pytest.raises(ConfigError) as built:
         build_callbacks(section)
@@ -212,8 +212,10 @@ def test_preflight_refuses_what_building_the_instruments_refuses(section: dict) 
 
 
 def test_sound_settings_pass_both_ways() -> None:
+    import typing
+
     from normlab.launch.callbacks import build_callbacks
-    from normlab.launch.instrument_settings import ATTENTION_MODES, check_instruments
+    from normlab.launch.config.instruments import AttentionLogitsSettings, check_instruments
     from normlab.launch.instruments.attention import MODES
     from normlab.launch.registry import INSTRUMENTS
 
@@ -222,4 +224,5 @@ def test_sound_settings_pass_both_ways() -> None:
     built = build_callbacks(section)
     assert [cb.name for cb in built] == list(INSTRUMENTS)
     assert next(cb for cb in built if cb.name == "fp16_clamp").mode == "off"  # YAML's `off`
-    assert set(ATTENTION_MODES) == set(MODES)
+    modes = typing.get_args(typing.get_type_hints(AttentionLogitsSettings)["mode"])
+    assert set(modes) == set(MODES)

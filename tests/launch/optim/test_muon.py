@@ -21,6 +21,8 @@ from normlab.launch.optim.muon import newton_schulz5
 from normlab.launch.optim.selfcheck import SelfCheckError, check_orthogonalised, probe_gradient
 from normlab.model import ModelConfig, Transformer
 
+from tests.conftest import TESTS
+
 SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=64, max_seq_len=16)
 MUON = OptimSection(name="muon", lr=1e-2, weight_decay=0.1)
 
@@ -101,7 +103,7 @@ def test_newton_schulz_singular_values_in_band() -> None:
 
 
 def _engine() -> SingleEngine:
-    engine = SingleEngine(RunConfig())
+    engine = SingleEngine.for_run(RunConfig())
     engine._device = torch.device("cpu")
     return engine
 
@@ -140,7 +142,7 @@ def test_selfcheck_on_sharded_engines_passes_whole_and_refuses_each_fallback(
     own rows and a factory that built AdamW are each refused."""
     from tests.dist_helpers import check_ok, env, free_port
 
-    here = Path(__file__).parent
+    here = TESTS
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     out = tmp_path / "selfcheck.json"

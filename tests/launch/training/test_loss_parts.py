@@ -26,7 +26,7 @@ def test_engine_reports_ce_and_z_apart_and_eval_is_ce(tiny_data: Path, tmp_path:
     cfg = load_config(
         REPO / "recipes" / "pre.yaml", tiny_overrides(tiny_data, tmp_path, optim__z_loss=Z)
     )
-    engine = SingleEngine(cfg)
+    engine = SingleEngine.for_run(cfg)
     engine.setup(cfg.model_config(), partial(build_optimizer, cfg=cfg.optim))
     tokens = torch.randint(0, 512, (4, 33), generator=torch.Generator().manual_seed(0))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]

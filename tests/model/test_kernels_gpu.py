@@ -1,7 +1,7 @@
 """GPU-only checks of the Triton norm kernels: training-sized shapes, autocast and torch.compile.
 
-tests/test_kernels.py covers every op on small shapes (on the GPU when there is one); these add
-what only a GPU can show: widths up to 8192 with 16 warps, a persistent backward grid of
+tests/model/test_kernels.py covers every op on small shapes (on the GPU when there is one);
+these add what only a GPU can show: widths up to 8192 with 16 warps, a persistent backward grid of
 hundreds of programs, fp32 dg partials over many rows, and a model under bf16 autocast and
 torch.compile with norm_backend='triton'.
 """

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO
+
 DOCS = REPO / "docs"
 REPORTS = sorted(p.parent for p in (DOCS / "study").glob("*/sensitivity.csv"))
 LINK = re.compile(r"\(study/([\w-]+)/sensitivity\.csv\)")

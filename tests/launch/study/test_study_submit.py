@@ -1,7 +1,7 @@
 """`normlab study NAME --submit` against stand-in sbatch/squeue/sinfo scripts (the real-cluster
-test is tests/test_slurm.py): one job per run; an sbatch that refuses part-way keeps what was
-queued and says how many; the same command again submits only what is missing; a finished run
-is never resubmitted; `normlab status DIR` counts the queued runs."""
+test is tests/launch/cluster/test_slurm.py): one job per run; an sbatch that refuses
+part-way keeps what was queued and says how many; the same command again submits only what
+is missing; a finished run is never resubmitted; `normlab status DIR` counts the queued runs."""
 
 from __future__ import annotations
 

@@ -23,9 +23,9 @@ from normlab.model import ModelConfig, Transformer
 from normlab.model.loss import lm_loss
 from normlab.model.presets import PRESETS, count_params
 
+from tests.conftest import REPO, TESTS
 from tests.dist_helpers import env, free_port, normlab
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(n_layers=2, d_model=64, n_heads=4, d_ff=192, vocab_size=512, max_seq_len=64)
 
 
@@ -94,7 +94,7 @@ def memory_recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def measure(recipe: Path, out: Path, nproc: int, *overrides: str) -> int:
-    worker = str(Path(__file__).with_name("dist_worker_memory.py"))
+    worker = str(TESTS / "dist_worker_memory.py")
     cmd = [sys.executable, worker]
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]

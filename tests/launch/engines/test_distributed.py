@@ -18,6 +18,7 @@ import pytest
 import torch
 from normlab.launch.config import load_config
 
+from tests.conftest import TESTS
 from tests.dist_helpers import (
     LOSS_TOL,
     assert_same_curve,
@@ -217,7 +218,7 @@ def _engine(tiny: dict[str, Path], *overrides: str):
 
     cfg = load_config(tiny["r8"], list(overrides))
     torch.manual_seed(0)
-    engine = resolve(ENGINES, cfg.engine.name)(cfg)
+    engine = resolve(ENGINES, cfg.engine.name).for_run(cfg)
     engine.setup(cfg.model_config(), partial(build_optimizer, cfg=cfg.optim))
     return engine
 
@@ -269,7 +270,7 @@ def test_local_tensors_assemble_the_global_statistics(
     from tests.dist_worker_stats import batch
 
     out = tiny["root"] / f"stats_{'_'.join(overrides)}.json"
-    worker = Path(__file__).with_name("dist_worker_stats.py")
+    worker = TESTS / "dist_worker_stats.py"
     cmd = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d"]
     cmd += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(worker), str(tiny["r8"]), str(out)]
     proc = subprocess.run(

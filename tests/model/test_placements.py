@@ -240,3 +240,19 @@ def test_lse_bounds_bracket_the_exact_max_logit_and_keep_gradients():
     lower, upper = attn.lse_bounds
     assert torch.all(lower <= attn.max_logits + 1e-5) and torch.all(attn.max_logits <= upper + 1e-5)
     assert torch.all(upper - lower <= math.log(16) + 1e-5)  # the bound's width is at most log n
+
+
+def test_the_placement_table_covers_every_sublayer_kind() -> None:
+    """model.placements.WRAPPERS has one builder per kind model.config.sublayer_kind returns."""
+    import typing
+
+    from normlab.model.config import ModelConfig, Placement, sublayer_kind
+    from normlab.model.placements import WRAPPERS
+
+    kinds = set()
+    for placement in typing.get_args(Placement):
+        for ln_scaling in (False, True) if placement == "pre" else (False,):
+            qk = {"qk_norm": "head"} if placement.startswith("hybrid") else {}
+            cfg = ModelConfig(placement=placement, ln_scaling=ln_scaling, n_layers=4, **qk)
+            kinds |= {sublayer_kind(cfg, layer) for layer in range(1, 5)}
+    assert kinds == set(WRAPPERS)

@@ -1,7 +1,7 @@
 """The norm-side stabilizers on the sharded engines (gloo, CPU): a LayerScale + DyT model on 2
 ranks follows the single-process loss curve within 1e-5 (fp32) on FSDP2 and ZeRO-3, and the
 norm_stabilizers instrument logs the same |λ| and α as one process. Their sharded init equals
-one process's: tests/test_scale.py (dist_worker_init.norm_side_configs)."""
+one process's: tests/launch/engines/test_scale.py (dist_worker_init.norm_side_configs)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The attention stabilizers on every engine (gloo, CPU): a gated + sinks + soft-capped model on 2
 ranks follows the single-process loss curve within 1e-5 (fp32) on FSDP2 and ZeRO 2/3, under
 MuonClip too (QK-Clip reads S_max before the cap; W_g goes to Muon, the sinks to AdamW), and a
-SIGKILLed FSDP2 run resumes bit-exactly. FSDP2's meta-device init equals one process's init:
-tests/test_scale.py covers the name-keyed draws for every parameter, g_proj and sinks included."""
+SIGKILLed FSDP2 run resumes bit-exactly. FSDP2's meta-device init equals one process's
+init: tests/launch/engines/test_scale.py covers the name-keyed draws for every parameter,
+g_proj and sinks included."""
 
 from __future__ import annotations
 

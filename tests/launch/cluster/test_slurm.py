@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TESTS
 from tests.dist_helpers import check_ok, env, free_port, losses, normlab, prepare_tiny, write_recipe
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
-CLUSTER = Path(__file__).parent / "slurm" / "cluster.sh"
+CLUSTER = TESTS / "slurm" / "cluster.sh"
 
 
 def cluster_problem() -> str | None:

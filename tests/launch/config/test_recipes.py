@@ -13,7 +13,7 @@ from normlab.model import Transformer, count_params
 from tests.conftest import REPO
 
 # recipes/clusters holds cluster files for `normlab submit` and recipes/studies study files (their
-# own test: tests/test_study_file.py), not recipes
+# own test: tests/launch/study/test_study_file.py), not recipes
 RECIPES = sorted(
     p for p in (REPO / "recipes").rglob("*.yaml") if not {"clusters", "studies"} & set(p.parts)
 )
@@ -26,7 +26,7 @@ SCHEMES = {
     "olmo2": "olmo2",
     "deepnorm": "deepnorm",
     "mix": "mix",
-    "ln_scaling": "pre",
+    "ln_scaling": "ln_scaling",
     "pre_qknorm_head": "pre",
     "pre_qknorm_flat": "pre",
 }
@@ -46,7 +46,7 @@ def test_one_recipe_per_scheme() -> None:
         assert cfg.model.preset == "tiny"
     assert load_config(REPO / "recipes/post_warmup.yaml").schedule.warmup_steps > 0
     assert load_config(REPO / "recipes/post_nowarmup.yaml").schedule.warmup_steps == 0
-    assert load_config(REPO / "recipes/ln_scaling.yaml").model.ln_scaling is True
+    assert load_config(REPO / "recipes/ln_scaling.yaml").model_config().ln_scaling is True
     axes = {
         load_config(REPO / f"recipes/pre_qknorm_{a}.yaml").model.qk_norm for a in ("head", "flat")
     }

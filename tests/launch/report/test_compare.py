@@ -19,7 +19,7 @@ from normlab.launch.training.trainer import Trainer
 from rich.console import Console
 
 from tests.conftest import REPO, tiny_overrides
-from tests.test_spike_policy import Inject
+from tests.launch.instruments.test_spike_policy import Inject
 
 INSTRUMENTS = [
     "instruments.activations=true",

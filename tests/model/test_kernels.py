@@ -25,6 +25,8 @@ triton = pytest.importorskip("triton")
 from normlab.model.kernels import functions as fn  # noqa: E402
 from normlab.model.kernels import norm_kernels as nk  # noqa: E402
 
+from tests.conftest import REPO  # noqa: E402
+
 if not HAS_CUDA and "Interpreted" not in type(nk.norm_fwd_kernel).__name__:
     importlib.reload(nk)  # decorated earlier without the interpreter: re-decorate under it
 if _prev is None:
@@ -315,7 +317,7 @@ def test_model_triton_backend_matches_torch(placement, norm):
 
 
 def _bench():
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_norm_kernels.py")
+    path = str(REPO / "benchmarks" / "bench_norm_kernels.py")
     spec = importlib.util.spec_from_file_location("bench_norm_kernels", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -359,7 +361,7 @@ def test_benchmark_summary_ratios_and_targets():
 def test_kernels_compile_for_h100_without_spills():
     """The interpreter skips Triton's compiler: compile every launched variant for sm_90 in a
     fresh process (bf16, the launch's warps) and check that none spills registers."""
-    root = os.path.join(os.path.dirname(__file__), "..")
+    root = str(REPO)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not os.path.exists(tool):
         pytest.skip("triton's bundled CUDA tools (ptxas, cuobjdump) are not installed")

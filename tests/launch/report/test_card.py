@@ -16,7 +16,7 @@ from normlab.launch.training.trainer import Trainer
 from rich.console import Console
 
 from tests.conftest import REPO, tiny_overrides
-from tests.test_spike_policy import Inject
+from tests.launch.instruments.test_spike_policy import Inject
 
 
 def quiet() -> Console:
@@ -127,7 +127,7 @@ def test_rolled_back_steps_of_a_real_rollback(tiny_data: Path, tmp_path: Path) -
     """Steps 1-4 applied, checkpoint at 3, NaN at 5-8 (skipped; the 4th rolls back to step 3,
     discarding step 4), a 1e6x spike at 9 (skipped), step 10 applied: 5 skipped + 1 rolled
     back = 6 of 10 steps lost."""
-    from tests.test_spike_policy import _trainer
+    from tests.launch.instruments.test_spike_policy import _trainer
 
     inject = Inject(nan_steps={5, 6, 7, 8}, big_steps={9})
     trainer, _ = _trainer(tiny_data, tmp_path / "run", inject, checkpoint__every=3)

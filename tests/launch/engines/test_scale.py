@@ -21,6 +21,7 @@ import torch
 from normlab.launch.engines.construct import build_on_meta, materialize
 from normlab.model import Transformer
 
+from tests.conftest import TESTS
 from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
@@ -36,7 +37,7 @@ from tests.dist_helpers import (
 )
 
 pytestmark = pytest.mark.distributed
-HERE = Path(__file__).resolve().parent
+HERE = TESTS  # the worker scripts
 HALF, QUARTER = "data.batch_size=2", "data.batch_size=1"  # per rank: the single run's batch of 4
 
 

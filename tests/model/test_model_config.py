@@ -38,8 +38,22 @@ def test_round_trip_and_defaults():
     assert cfg.init == "deepnorm" and cfg.n_kv_heads == cfg.n_heads
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     assert set(FINAL_NORM) == {
-        "post", "pre", "peri", "olmo2", "deepnorm", "mix", "hybrid", "hybrid_star", "keel"
+        "post", "pre", "peri", "olmo2", "deepnorm", "mix", "hybrid", "hybrid_star", "keel",
+        "ln_scaling",
     }
+
+
+def test_ln_scaling_is_a_placement_and_the_older_spelling_means_the_same() -> None:
+    """placement: ln_scaling and the older placement: pre + ln_scaling: true build one config
+    (LayerNorm Scaling's own init, `normal`); the saved form of an older run compares equal."""
+    from normlab.launch.rundir.directory import config_diff
+
+    new, old = ModelConfig(placement="ln_scaling"), ModelConfig(placement="pre", ln_scaling=True)
+    assert new == old
+    assert (new.placement, new.ln_scaling, new.init) == ("ln_scaling", True, "normal")
+    before = {"model": {"placement": "pre", "ln_scaling": True}}
+    assert config_diff(before, {"model": {"placement": "ln_scaling", "ln_scaling": None}}) == []
+    assert config_diff(before, {"model": {"placement": "pre", "ln_scaling": None}}) != []
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -29,9 +29,9 @@ from normlab.launch.config import load_config
 from normlab.launch.rundir.directory import RunDirLock, write_config
 from normlab.launch.rundir.owner import check_owner_job
 
+from tests.conftest import REPO
 from tests.dist_helpers import env, losses, prepare_tiny, write_recipe
 
-REPO = Path(__file__).resolve().parents[1]
 NORMLAB = Path(sys.executable).parent / "normlab"
 SHADOW = "raise SystemExit('shadowed: the working directory was imported from')\n"
 
