@@ -1,6 +1,6 @@
 """engine.compile with precision.fp8 (and Smooth-SwiGLU, and the fp8 instrument armed on log
 steps): no graph break, no recompilation, the eager run's losses (dynamo's `eager` backend, as
-tests/test_compile.py checks every placement)."""
+tests/launch/engines/test_compile.py checks every placement)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_compile import check, train
+from tests.launch.engines.test_compile import check, train
 
 pytest.importorskip("torchao")
 
