@@ -4,11 +4,14 @@
 # Then the throughput checks (issue 21, about 3-4 minutes): the MFU peak lookup of this GPU and
 # compiled against eager step time (inductor, bf16, QK-Clip and the instruments on) with the
 # MFU each reaches on the 125m preset.
+# Then FP8 (issue 33, capped at 5 minutes): bf16 against precision.fp8 tensorwise and rowwise
+# (torchao, compiled, engine fsdp on one GPU) step time and MFU on the 125m and 1b presets, as
+# ratios over bf16 (benchmarks/bench_fp8.py); needs torchao (pip install 'normlab[fp8]').
 # Usage: benchmarks/gpu_check.sh [OUT_DIR]   (default: $OUT if set, else gpu_check_out)
 #        PARTS="throughput" benchmarks/gpu_check.sh   runs only the named parts (kernels, throughput,
-#        stabilizers)
+#        stabilizers, fp8); PARTS="fp8" alone takes about 5 minutes
 # Writes OUT_DIR/{env.txt,tests.txt,bench.txt,bench.jsonl,table.txt,mfu.txt,compile.txt,
-# compile.json,summary.txt}.
+# compile.json,fp8.txt,fp8.json,summary.txt}.
 set -u
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-gpu_check_out}}"
@@ -28,7 +31,7 @@ fi
     "$py" -c "import liger_kernel; print('liger-kernel present')" 2>/dev/null || echo "no liger-kernel"
 } > "$out/env.txt" 2>&1
 
-parts="${PARTS:-kernels throughput stabilizers}"
+parts="${PARTS:-kernels throughput stabilizers fp8}"
 if [[ " $parts " == *" kernels "* ]]; then
 start=$SECONDS
 timeout 210 "$py" -m pytest tests/model/test_kernels.py tests/model/test_kernels_gpu.py -q -p no:cacheprovider \
@@ -69,4 +72,13 @@ timeout 120 "$py" benchmarks/bench_stabilizers.py --device cuda --sizes small --
     --json "$out/stabilizers.json" > "$out/stabilizers.txt" 2>&1
 echo "stabilizers benchmark: exit $? in $((SECONDS - start)) s" | tee -a "$summary"
 tail -n 8 "$out/stabilizers.txt" | tee -a "$summary"
+fi
+
+if [[ " $parts " == *" fp8 "* ]]; then
+# FP8 training through torchao: the hardware path (SM 8.9+), compiled, against bf16
+start=$SECONDS
+timeout 300 "$py" benchmarks/bench_fp8.py --device cuda --sizes 125m 1b --steps 10 --warmup 4 \
+    --json "$out/fp8.json" > "$out/fp8.txt" 2>&1
+echo "fp8 benchmark: exit $? in $((SECONDS - start)) s (124 = timed out)" | tee -a "$summary"
+grep -E "^(size|125m|1b) " "$out/fp8.txt" | tee -a "$summary"
 fi

@@ -12,6 +12,7 @@ EXTRAS = {
     "deepspeed": ("DeepSpeed", "distributed"),
     "transformers": ("HF transformers", "hf"),
     "wandb": ("Weights & Biases (wandb)", "wandb"),
+    "torchao": ("torchao (float8 training)", "fp8"),
 }
 
 

@@ -55,6 +55,9 @@ class ModelConfig:
     vocab_size: int = 4096  # rows of the embedding and the output head
     max_seq_len: int = 256  # longest sequence the RoPE tables cover
     mlp: MlpKind = "swiglu"  # the MLP's activation (swiglu: gated, three matrices)
+    # Smooth-SwiGLU (Fishman et al. 2024; SCIENCE.md 24): a per-channel power-of-two scale on the
+    # SwiGLU product before the down projection's FP8 cast, undone in its weight (mlp swiglu only)
+    smooth_swiglu: bool = False
     norm: NormKind = "rmsnorm"  # every norm's kind; dyt/derf: point-wise (SCIENCE.md 16)
     norm_eps: float = 1e-6  # epsilon inside every norm
     norm_backend: NormBackend = "torch"  # triton: fused kernels (CUDA); auto: triton on CUDA
@@ -157,6 +160,11 @@ class ModelConfig:
                 "model.init 'deepnorm' and model.placement 'deepnorm' go together: its alpha "
                 f"and beta are derived for that placement (got init={self.init!r}, "
                 f"placement={self.placement!r})"
+            )
+        if self.smooth_swiglu and self.mlp != "swiglu":
+            raise ValueError(
+                f"model.smooth_swiglu rescales the SwiGLU product: it needs model.mlp 'swiglu', "
+                f"got {self.mlp!r}"
             )
         if not 0.0 <= self.mix_ratio <= 1.0:
             raise ValueError(f"model.mix_ratio must lie in [0, 1], got {self.mix_ratio}")

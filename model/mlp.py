@@ -1,10 +1,12 @@
-"""Position-wise feed-forward sub-layers: SwiGLU (Shazeer 2020), GELU, ReLU."""
+"""Position-wise feed-forward sub-layers: SwiGLU (Shazeer 2020), Smooth-SwiGLU (Fishman et al.
+2024), GELU, ReLU."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from .config import ModelConfig
 
@@ -23,6 +25,31 @@ class SwiGLU(nn.Module):
         return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
 
 
+@torch.no_grad()
+def channel_scale(h: torch.Tensor) -> torch.Tensor:
+    """s_i = 2^-floor(log2 max_t |h_ti|) per channel i of h (..., F): each channel's absmax
+    lands in [1, 2); 1 for an all-zero channel. The channel max follows Fishman et al. 2024
+    ("channel max-scaling" [2nd]); the power-of-two rounding is normlab's choice: multiplying
+    and dividing by s is then exact, so the smoothed MLP equals SwiGLU bit for bit unquantised."""
+    amax = h.detach().abs().reshape(-1, h.shape[-1]).amax(dim=0).float()  # (F,)
+    exponent = torch.floor(torch.log2(torch.where(amax > 0, amax, torch.ones_like(amax))))
+    return torch.exp2(-exponent).to(h.dtype)
+
+
+class SmoothSwiGLU(SwiGLU):
+    """Smooth-SwiGLU (Fishman et al. 2024, arXiv 2409.12517): W3 diag(s)^-1 Q(diag(s) h) with
+    h = silu(gate(x)) * up(x) and a per-channel scale s (`channel_scale`), so the FP8 cast of the
+    down projection's input sees channels of one magnitude. The inverse scale is folded into W3
+    (its columns), which the down projection casts in turn; in exact arithmetic the output is
+    SwiGLU's. Unconverted (no FP8), it is SwiGLU bit for bit."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (B, T, F)
+        s = channel_scale(h)  # (F,)
+        w3 = self.down_proj.weight / s  # (C, F): W3 diag(s)^-1
+        return self.dropout(functional_call(self.down_proj, {"weight": w3}, (h * s,)))
+
+
 class PlainMLP(nn.Module):
     """down(act(up(x))) with act GELU or ReLU."""
 
@@ -38,4 +65,6 @@ class PlainMLP(nn.Module):
 
 
 def build_mlp(cfg: ModelConfig) -> nn.Module:
-    return SwiGLU(cfg) if cfg.mlp == "swiglu" else PlainMLP(cfg)
+    if cfg.mlp == "swiglu":
+        return SmoothSwiGLU(cfg) if cfg.smooth_swiglu else SwiGLU(cfg)
+    return PlainMLP(cfg)

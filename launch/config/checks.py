@@ -55,6 +55,7 @@ def validate(cfg: RunConfig) -> None:
     _validate_optim(cfg)
     _validate_schedule(cfg)
     _validate_engine(cfg)
+    _validate_fp8(cfg)
     _validate_instruments(cfg)
 
 
@@ -202,6 +203,23 @@ def _validate_engine(cfg: RunConfig) -> None:
         raise ConfigError(
             f"engine deepspeed needs engine.zero_stage 1, 2 or 3, got {e.zero_stage} "
             "(stage 0 is plain data parallelism: use engine.name: fsdp)"
+        )
+
+
+def _validate_fp8(cfg: RunConfig) -> None:
+    """precision.fp8: the dtypes it runs with (the device, the torchao install and the layers
+    its patterns match are checked by preflight, launch/engines/fp8.py)."""
+    fp8 = cfg.precision.fp8
+    if fp8 is None:
+        return
+    if cfg.precision.dtype == "fp16":
+        raise ConfigError(
+            "precision.fp8 runs with precision.dtype fp32 or bf16 (torchao's recipes), got fp16"
+        )
+    if not all(isinstance(p, str) and p.strip(".") for p in fp8.keep):
+        raise ConfigError(
+            f"precision.fp8.keep must list layer-name patterns such as 'head' or 'down_proj', "
+            f"got {fp8.keep!r}"
         )
 
 

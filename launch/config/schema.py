@@ -43,6 +43,8 @@ class ModelSection:
     vocab_size: int | None = None  # None: the prepared data's tokenizer decides
     max_seq_len: int | None = None
     mlp: MlpKind | None = None
+    smooth_swiglu: bool | None = None  # Smooth-SwiGLU before the FP8 cast of down_proj's input
+    smooth_swiglu: bool | None = None  # Smooth-SwiGLU (FP8; SCIENCE.md 24)
     norm: NormKind | None = None
     norm_eps: float | None = None
     norm_backend: NormBackend | None = None
@@ -117,7 +119,6 @@ class DataSection:
     val_fraction: float = 0.005  # bundled: share held out for evaluation
 
 
-
 def source_entries(cfg: DataSection) -> list[tuple[str, str, float]]:
     """(name, path, weight) of every source as configured; `data.dataset` is one source."""
     if cfg.sources:
@@ -170,10 +171,30 @@ class TrainingSection:
 
 
 @dataclass
+class FP8Section:
+    """FP8 matmuls in the hidden linear layers through torchao's float8 training (SCIENCE.md 24;
+    launch/engines/fp8.py; extra normlab[fp8]). The weights stay in their training dtype."""
+
+    # torchao's recipes: tensorwise (per-tensor scales), rowwise (per-row, power-of-two scales),
+    # rowwise_with_gw_hp (rowwise, the weight gradient in high precision)
+    recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
+    # linear layers kept in high precision: a pattern matches a layer whose dotted name holds it
+    # as whole parts ('head', 'down_proj', 'blocks.0'); the embedding is no linear layer (never
+    # converted), the default keeps the output head out too; each pattern must match a layer
+    keep: list[str] = field(default_factory=lambda: ["head"])
+    # auto: emulated on CPU (real FP8 casts and scales, fp32 matmul), hardware FP8 on SM 8.9+;
+    # on | off (YAML reads a bare on/off as true/false: the same)
+    emulate: Literal["auto", "on", "off"] | bool = "auto"
+    # engine fsdp, recipe tensorwise: all-gather the weights in FP8 (torchao)
+    fsdp_float8_all_gather: bool = True
+
+
+@dataclass
 class PrecisionSection:
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast or parameter dtype
     loss_scale_init: float = 65536.0  # fp16 dynamic loss scaling: initial scale
     loss_scale_growth_interval: int = 2000  # fp16: steps without overflow per doubling
+    fp8: FP8Section | None = None  # a mapping turns FP8 training on ({} takes every default)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from normlab.launch.engines.deepspeed_muon import (
 )
 from normlab.launch.engines.deepspeed_universal import universal_dir, universal_load
 from normlab.launch.engines.dist import DistributedEngine
+from normlab.launch.engines.fp8 import convert_fp8
 from normlab.launch.engines.fsdp import (
     META_FILE,
     apply_activation_checkpointing,
@@ -146,6 +147,9 @@ class DeepSpeedEngine(DistributedEngine):
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
         self._config = config
         module = self._build(model_cfg, config)
+        # precision.fp8 swaps the linear layers, keeping their (partitioned) parameters
+        fp8, smooth = self.precision.fp8, model_cfg.smooth_swiglu
+        convert_fp8(module, fp8, self._device.type, smooth=smooth)
         if self.section.activation_checkpointing:
             apply_activation_checkpointing(module, compiled=self.section.compile)
         if self.section.compile:

@@ -25,6 +25,7 @@ import torch.distributed.checkpoint as dcp
 from normlab.launch.engines.base import OptimizerFactory, StepVeto
 from normlab.launch.engines.construct import build_on_meta, materialize
 from normlab.launch.engines.dist import DistributedEngine
+from normlab.launch.engines.fp8 import convert_fp8
 from normlab.launch.engines.recompute import apply_activation_checkpointing
 from normlab.launch.engines.single import read_file
 from normlab.launch.errors import CheckpointError, ConfigError
@@ -80,6 +81,9 @@ class FSDPEngine(DistributedEngine):
         self._device = self._join()
         self._mesh = device_mesh(self._device.type, self._world, self.section.replicate)
         module, plan = build_on_meta(model_cfg)
+        # torchtitan's order: FP8 conversion, activation checkpointing, compile, sharding
+        fp8, smooth = self.precision.fp8, model_cfg.smooth_swiglu
+        convert_fp8(module, fp8, self._device.type, fsdp=True, smooth=smooth)
         if self.section.activation_checkpointing:
             apply_activation_checkpointing(module, compiled=self.section.compile)
         if self.section.compile:

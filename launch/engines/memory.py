@@ -22,6 +22,10 @@ Every term is bytes on one rank (model states as in Rajbhandari et al. 2020, ZeR
   whole unsharded fp32 gradient when it reduces once per step (grad_sync step).
 - Muon on DeepSpeed gathers each matrix whole to its owner rank for Newton-Schulz: fp32 copies of
   the largest block matrix (the gathered update, X, X X^T and the polynomial) in the step.
+- FP8 (precision.fp8, `fp8_working`): e4m3 casts of one layer at a time and their fp32 scales;
+  fewer 16-bit weight copies (single autocast) or 1-byte gathered block matrices (fsdp,
+  tensorwise float8 all-gather). torchao saves the same high-precision tensors for the backward
+  as nn.Linear, so the activations do not change.
 The peak of a steady step is static state + max(activations at the start of the backward plus
 the gradients held from earlier micro-batches, gradients + step temporaries).
 """
@@ -56,6 +60,8 @@ class Layout:
     cuda: bool = True
     grad_accum: int = 1  # micro-batches per step
     grad_sync: str = "micro_batch"  # fsdp: reduce-scatter every micro-batch, or once per "step"
+    fp8: str | None = None  # precision.fp8.recipe (None: no FP8)
+    fp8_gather: bool = True  # fsdp, tensorwise: torchao's float8 all-gather
 
 
 @dataclass(frozen=True)
@@ -159,12 +165,36 @@ def estimate(cfg: ModelConfig, lay: Layout) -> Estimate:
         params, grads, working = _deepspeed(p, blk, root, lay)
     else:  # autocast keeps the 16-bit copy of every weight from forward to backward
         working = p * width if mixed else 0.0
+    working += fp8_working(cfg, lay)
     largest = max(blk, cfg.vocab_size * cfg.d_model)
     step_temp = p / o_sh * 4 if lay.cuda else 2 * 4 * largest
     if lay.engine == "deepspeed" and lay.optimizer == "muon":
         step_temp += 4 * 4 * largest_matrix(cfg)
     held = held_gradients(p, grads, lay) if lay.grad_accum > 1 else 0.0
     return Estimate(params, grads, optim, activation_bytes(cfg, lay), working, step_temp, held)
+
+
+def fp8_working(cfg: ModelConfig, lay: Layout) -> float:
+    """Bytes precision.fp8 adds to the working set (negative: saves). The blocks' linear layers
+    are converted (the head stays in high precision); torchao casts one layer at a time:
+    - e4m3 copies (1 byte) of the largest converted weight (forward, and again in the backward),
+      of its input and of its output gradient, with fp32 scales (2 per tensor for tensorwise; one
+      per row for the rowwise recipes);
+    - single with bf16/fp16 autocast: autocast's 16-bit weight copies of the converted layers,
+      kept from forward to backward, are not made (Float8Linear casts its weight itself);
+    - fsdp with tensorwise float8 all-gather: the two gathered blocks' matrices take 1 byte per
+      element instead of the parameter width (their scales are negligible)."""
+    if lay.fp8 is None:
+        return 0.0
+    tokens, wide = lay.batch * lay.seq_len, max(cfg.d_model, cfg.d_ff)
+    scales = 4 * (tokens + wide if lay.fp8 != "tensorwise" else 2)
+    transient = 2 * largest_matrix(cfg) + 2 * tokens * wide + 2 * scales
+    width = WIDTH[lay.dtype]
+    if lay.engine == "single" and lay.dtype != "fp32":
+        return transient - matrix_params(cfg) * width
+    if lay.engine == "fsdp" and lay.fp8 == "tensorwise" and lay.fp8_gather:
+        return transient - 2 * matrix_params(cfg) / cfg.n_layers * (width - 1)
+    return transient
 
 
 def largest_matrix(cfg: ModelConfig) -> int:

@@ -50,6 +50,10 @@ def layouts(cfg: RunConfig, world: int, nodes: int) -> list[tuple[str, Layout]]:
         cuda=cfg.training.device != "cpu",
         grad_accum=cfg.training.grad_accum,
     )
+    fp8 = cfg.precision.fp8
+    if fp8 is not None:
+        gather = fp8.fsdp_float8_all_gather and not cfg.model_config().smooth_swiglu
+        base = replace(base, fp8=fp8.recipe, fp8_gather=gather)
     out = [("single", base)] if world == 1 else []
     fsdp = replace(base, engine="fsdp", world=world)
     replicas = sorted({cfg.engine.replicate, nodes} - {1})
@@ -126,7 +130,8 @@ def table_line(name: str, lay: Layout, mc: ModelConfig) -> str:
 def header(cfg: RunConfig, nodes: int, gpus_per_node: int, capacity: float) -> str:
     mc = cfg.model_config()
     return (
-        f"{cfg.name}: {count_params(mc) / 1e9:.2f}B parameters, {cfg.precision.dtype}, "
+        f"{cfg.name}: {count_params(mc) / 1e9:.2f}B parameters, {cfg.precision.dtype}"
+        f"{'' if cfg.precision.fp8 is None else ' + fp8 ' + cfg.precision.fp8.recipe}, "
         f"{cfg.optim.name}, micro-batch {cfg.data.batch_size} x {cfg.data.seq_len} tokens per "
         f"rank, grad_accum {cfg.training.grad_accum}; {nodes} node(s) x "
         f"{gpus_per_node} GPU(s) of {capacity / GIB:.0f} GiB "

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from normlab.launch.engines.base import Engine, OptimizerFactory, StepVeto
 from normlab.launch.engines.construct import build_on_meta, materialize
+from normlab.launch.engines.fp8 import convert_fp8
 from normlab.launch.errors import CheckpointError
 from normlab.model import ModelConfig
 from torch import nn
@@ -40,6 +41,8 @@ class SingleEngine(Engine):
     def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
         self._device = resolve_device(self.run.device)
         module, plan = build_on_meta(model_cfg)  # allocated once, on the device
+        fp8, smooth = self.precision.fp8, model_cfg.smooth_swiglu  # torchao's Float8Linear
+        convert_fp8(module, fp8, self._device.type, smooth=smooth)
         materialize(module, plan, self.run.seed, self._device)
         self._module = module
         e = self.section

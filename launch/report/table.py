@@ -23,6 +23,7 @@ from normlab.launch.metric_keys import (
     SPIKE_WINDOW,
 )
 from normlab.launch.report.domains import domain_columns, domain_values
+from normlab.launch.report.fp8_columns import FP8_COLUMNS, fp8_columns, fp8_label
 from normlab.launch.report.norm_columns import NORM_COLUMNS, norm_columns, norm_label
 from normlab.launch.report.provenance import tokenizer_id
 from normlab.launch.report.runs import Run, finite
@@ -68,6 +69,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("fp16_clamps", "fp16 clamps", "d"),
     *((key, label, spec) for key, (label, spec, _) in STABILIZER_COLUMNS.items()),
     *((key, label, spec) for key, (label, spec) in NORM_COLUMNS.items()),
+    *((key, label, spec) for key, (label, spec) in FP8_COLUMNS.items()),
     ("tokens_per_s", "tokens/s", ",.0f"),
     ("mfu", "MFU %", ".1f"),
 ]
@@ -88,6 +90,9 @@ NOTES = (
     "last logged step (SCIENCE.md 15-16; mean over sub-layers and the final layer). "
     "Events (SCIENCE.md 23.1): E1 non-finite, E2 smoothed loss 0.5 nats above its running "
     "minimum for 100 steps, E3 back above the initial loss - 0.1 after warm-up; @ first step. "
+    "FP8 underflow / >448 / input amax, kurtosis: the fp8 instrument at the last logged step "
+    "(SCIENCE.md 24; the largest over converted layers or blocks; >448: share beyond e4m3's "
+    "range at unit scale). "
     "'-': not measured (instrument off or no full window yet)."
 )
 
@@ -109,7 +114,7 @@ def placement_label(config: dict[str, Any]) -> str:
         label += "+embed_norm"
     if m.get("parametrization") not in (None, "sp"):  # µP / CompleteP (SCIENCE.md 21)
         label += f"+{m['parametrization']}"
-    return label + stabilizer_label(m) + norm_label(m)
+    return label + stabilizer_label(m) + norm_label(m) + fp8_label(config)
 
 
 def dataset_label(config: dict[str, Any]) -> str:
@@ -229,6 +234,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "fp16_clamps": _last(run, FP16_CLAMPS),
         **stabilizer_columns(run),
         **norm_columns(run),
+        **fp8_columns(run),
         "tokens_per_s": tps if tps is not None and math.isfinite(tps) else None,
         "mfu": _mfu_percent(s, run.train),
         **domain_values(run),

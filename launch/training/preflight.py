@@ -44,6 +44,10 @@ def _check_engine(cfg: RunConfig, world_size: int, local: bool) -> None:
             f"engine.name is 'single' but the launch asks for {world_size} processes; set "
             "engine.name=fsdp or engine.name=deepspeed (or use `normlab train`)"
         )
+    if cfg.precision.fp8 is not None:
+        from normlab.launch.engines.fp8 import check_fp8
+
+        check_fp8(cfg, device_type, local)
     if world_size % cfg.engine.replicate:
         raise ConfigError(
             f"engine.replicate ({cfg.engine.replicate}) must divide the world size ({world_size} "

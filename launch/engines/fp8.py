@@ -1,0 +1,155 @@
+"""FP8 training (precision.fp8) applied from outside the model, like compile and activation
+checkpointing: torchao's `convert_to_float8_training` swaps the hidden `nn.Linear` layers for
+`Float8Linear` (SCIENCE.md 24). The parameters keep their names, shapes and dtype (the optimizer,
+Muon included, QK-Clip, checkpoints and `export` see the high-precision weights as trained); the
+forward casts input and weight to float8 e4m3 with dynamic scales and the backward casts the
+output gradient (e5m2 for tensorwise, e4m3 for rowwise).
+
+Which layers: every `nn.Linear` but those whose dotted name holds a pattern of
+`precision.fp8.keep` as whole parts (default `head`: the output layer stays in high precision, as
+torchtitan's default filter and DeepSeek-V3 keep it; the embedding is no linear layer). A pattern
+that matches no layer is an error (a typo would otherwise silently convert everything).
+
+Emulation (`emulate: auto` on CPU): torchao casts to float8 with the real scales and multiplies
+in fp32, so the quantisation error is reproduced and the speed is not. The hardware path needs
+`torch._scaled_mm`, i.e. a GPU of compute capability 8.9 or more (Ada, Hopper, Blackwell).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import torch
+from normlab.launch.errors import ConfigError
+from torch import nn
+
+if TYPE_CHECKING:
+    from normlab.launch.config import RunConfig
+    from normlab.launch.config.schema import FP8Section
+
+MIN_CAPABILITY = (8, 9)  # torch._scaled_mm: Ada (8.9) and Hopper (9.0) and newer
+E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+
+
+def matches(name: str, pattern: str) -> bool:
+    """Whether `pattern` ('head', 'down_proj', 'blocks.0') occurs in `name` as whole parts."""
+    return f".{pattern.strip('.')}." in f".{name}."
+
+
+def fp8_targets(module: nn.Module, keep: list[str]) -> tuple[list[str], dict[str, int]]:
+    """(names of the linear layers FP8 converts, layers each keep-pattern matched)."""
+    linears = [n for n, m in module.named_modules() if isinstance(m, nn.Linear)]
+    hits = {p: sum(matches(n, p) for n in linears) for p in keep}
+    return [n for n in linears if not any(matches(n, p) for p in keep)], hits
+
+
+def emulated(section: FP8Section, device_type: str) -> bool:
+    if section.emulate == "auto":
+        return device_type != "cuda"
+    return section.emulate in ("on", True)
+
+
+def check_fp8(cfg: RunConfig, device_type: str, local: bool = True) -> None:
+    """Everything precision.fp8 would refuse, before anything is written: torchao installed,
+    the device (a CPU only emulated; a GPU below SM 8.9 only emulated), layers matched."""
+    fp8 = cfg.precision.fp8
+    if fp8 is None:
+        return
+    from normlab.launch.extras import require
+
+    require("torchao", "precision.fp8")
+    emulate = emulated(fp8, device_type)
+    if device_type == "cpu" and not emulate:
+        raise ConfigError(
+            "precision.fp8.emulate 'off' needs a CUDA GPU of compute capability 8.9+; on CPU "
+            "FP8 is emulated: allowed emulate: auto or on"
+        )
+    if local and device_type == "cuda" and not emulate:
+        capability = torch.cuda.get_device_capability()
+        if tuple(capability) < MIN_CAPABILITY:
+            raise ConfigError(
+                f"precision.fp8 needs a GPU of compute capability 8.9+ for FP8 matmuls (this one "
+                f"is {capability[0]}.{capability[1]}); set precision.fp8.emulate: on to emulate "
+                "it (no speed-up), or remove precision.fp8"
+            )
+    from normlab.launch.engines.construct import build_on_meta
+
+    model, _ = build_on_meta(cfg.model_config())
+    targets, hits = fp8_targets(model, fp8.keep)
+    unmatched = [p for p, n in hits.items() if n == 0]
+    if unmatched:
+        example = ", ".join(repr(n) for n in [*targets[:1], "head"])
+        raise ConfigError(
+            f"precision.fp8.keep pattern {unmatched[0]!r} matches no linear layer; a pattern is "
+            f"whole dotted parts of a layer name ({example}, 'down_proj', 'blocks.0')"
+        )
+    if not targets:
+        raise ConfigError("precision.fp8.keep keeps every linear layer: nothing runs in FP8")
+    if not emulate:
+        odd = [n for n in targets if any(d % 16 for d in model.get_submodule(n).weight.shape)]
+        if odd:
+            raise ConfigError(
+                f"precision.fp8: {odd[0]} has a dimension not divisible by 16, which FP8 "
+                "matmuls need; add it to precision.fp8.keep or change model.d_model / d_ff"
+            )
+
+
+def float8_config(section: FP8Section, device_type: str, fsdp: bool, smooth: bool) -> Any:
+    """torchao's Float8LinearConfig for the recipe, emulated or not; FP8 all-gather only where
+    torchao supports it (FSDP2, tensorwise) and not with Smooth-SwiGLU (its rescaled W3 is
+    computed from the gathered high-precision weight)."""
+    from torchao.float8 import Float8LinearConfig
+
+    config = Float8LinearConfig.from_recipe_name(section.recipe)
+    gather = fsdp and section.fsdp_float8_all_gather and section.recipe == "tensorwise"
+    return dataclasses.replace(
+        config,
+        emulate=emulated(section, device_type),
+        enable_fsdp_float8_all_gather=gather and not smooth,
+    )
+
+
+def convert_fp8(
+    module: nn.Module,
+    fp8: FP8Section | None,
+    device_type: str,
+    *,
+    fsdp: bool = False,
+    smooth: bool = False,
+) -> int:
+    """Swap the target linear layers of `module` (on meta or materialised) for torchao's
+    Float8Linear (`smooth`: the model has Smooth-SwiGLU); returns how many were converted."""
+    if fp8 is None:
+        return 0
+    from torchao.float8 import convert_to_float8_training
+
+    targets = set(fp8_targets(module, fp8.keep)[0])
+    convert_to_float8_training(
+        module,
+        module_filter_fn=lambda _m, name: name in targets,
+        config=float8_config(fp8, device_type, fsdp, smooth),
+    )
+    for _, layer in float8_linears(module):
+        layer.register_forward_pre_hook(_autocast_input)
+    return len(targets)
+
+
+def _autocast_input(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Cast the input to the autocast dtype on any device: Float8Linear does it for CUDA
+    autocast only, so under CPU bf16 autocast its operands (fp32 norm output, bf16 output
+    gradient) would not share a dtype in the high-precision weight-gradient matmul."""
+    x = args[0]
+    kind = x.device.type
+    if not torch.is_autocast_enabled(kind):
+        return None
+    return (x.to(torch.get_autocast_dtype(kind)), *args[1:])
+
+
+def float8_linears(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, layer) of every converted layer (empty without torchao or FP8)."""
+    try:
+        from torchao.float8.float8_linear import Float8Linear
+    except ImportError:
+        return []
+    return [(n, m) for n, m in module.named_modules() if isinstance(m, Float8Linear)]

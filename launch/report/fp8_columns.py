@@ -1,0 +1,42 @@
+"""compare's columns for FP8 training (launch/instruments/fp8.py): the last logged value of each
+statistic, reduced over the converted layers or the blocks (the largest: FP8 breaks at its worst
+layer), and the label of a run's FP8 switches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from normlab.launch.report.runs import Run
+
+# key kind -> (column label, format); every column is the max over layers or blocks
+FP8_COLUMNS = {
+    "fp8_under": ("FP8 underflow", ".2e"),
+    "fp8_over": ("FP8 >448", ".2e"),
+    "fp8_in_amax": ("FP8 input amax", ".3g"),
+    "kurtosis_swiglu": ("kurtosis SwiGLU", ".1f"),
+    "kurtosis_resid": ("kurtosis resid", ".1f"),
+}
+
+
+def fp8_columns(run: Run) -> dict[str, Any]:
+    """{kind: max over its keys, or None} from the last train row holding any of them."""
+    out: dict[str, Any] = dict.fromkeys(FP8_COLUMNS)
+    for row in reversed(run.train):
+        per_kind: dict[str, list[float]] = {}
+        for key, value in row.items():
+            kind = key.split("/", 1)[0]
+            if kind in FP8_COLUMNS:
+                per_kind.setdefault(kind, []).append(float(value))
+        if per_kind:
+            out |= {kind: max(values) for kind, values in per_kind.items()}
+            return out
+    return out
+
+
+def fp8_label(config: dict[str, Any]) -> str:
+    """'+smooth_swiglu+fp8:rowwise' for a run's FP8 switches ('' for none)."""
+    label = "+smooth_swiglu" if (config.get("model") or {}).get("smooth_swiglu") else ""
+    fp8 = (config.get("precision") or {}).get("fp8")
+    if isinstance(fp8, dict):
+        label += f"+fp8:{fp8.get('recipe', 'tensorwise')}"
+    return label
