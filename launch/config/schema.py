@@ -43,7 +43,6 @@ class ModelSection:
     vocab_size: int | None = None  # None: the prepared data's tokenizer decides
     max_seq_len: int | None = None
     mlp: MlpKind | None = None
-    smooth_swiglu: bool | None = None  # Smooth-SwiGLU before the FP8 cast of down_proj's input
     smooth_swiglu: bool | None = None  # Smooth-SwiGLU (FP8; SCIENCE.md 24)
     norm: NormKind | None = None
     norm_eps: float | None = None

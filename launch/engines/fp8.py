@@ -87,7 +87,8 @@ def check_fp8(cfg: RunConfig, device_type: str, local: bool = True) -> None:
     if not targets:
         raise ConfigError("precision.fp8.keep keeps every linear layer: nothing runs in FP8")
     if not emulate:
-        odd = [n for n in targets if any(d % 16 for d in model.get_submodule(n).weight.shape)]
+        shapes = {n: tuple(model.get_submodule(n).weight.shape) for n in targets}  # type: ignore[arg-type]
+        odd = [n for n in targets if any(d % 16 for d in shapes[n])]
         if odd:
             raise ConfigError(
                 f"precision.fp8: {odd[0]} has a dimension not divisible by 16, which FP8 "

@@ -26,6 +26,7 @@ The sums stay on the device until the trainer's one copy per log step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -66,7 +67,7 @@ def cast_stats(x: torch.Tensor, cast: Any, axiswise_dim: int, pow2: bool) -> tor
 
 def _weight(layer: nn.Module) -> torch.Tensor:
     """The high-precision weight the layer casts (unwrapping torchao's FSDP float8 wrappers)."""
-    w = layer.weight
+    w: Any = layer.weight
     w = getattr(w, "_tensor", w)  # WeightWithDynamicFloat8CastTensor
     if hasattr(w, "_data") and hasattr(w, "_scale"):  # already float8 (float8 all-gather)
         w = w.to_original_precision()
@@ -95,7 +96,7 @@ class FP8Stats(Callback):
             self._arm(trainer)
 
     def _arm(self, trainer: TrainerView) -> None:
-        model = unwrap(trainer.engine.model)
+        model: Any = unwrap(trainer.engine.model)  # a Transformer (blocks, mlp.branch)
         device = next(model.parameters()).device
         n = len(self._layers)
         self._extreme = torch.zeros(n, 4, device=device, dtype=torch.float64)
@@ -112,13 +113,14 @@ class FP8Stats(Callback):
             hook = self._moment_hook(self._moments[1, i], pre=False)
             self._handles.append(block.register_forward_hook(hook))
 
-    def _cast_hook(self, j: int):  # noqa: ANN202 (a forward pre-hook)
+    def _cast_hook(self, j: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         extreme, counts = self._extreme[j], self._counts[j]
 
         def hook(layer: nn.Module, args: tuple[Any, ...]) -> None:
             if not layer.training or recomputing():
                 return
-            c, pow2 = layer.config, layer.config.round_scales_to_power_of_2
+            c: Any = layer.config  # torchao's Float8LinearConfig
+            pow2 = c.round_scales_to_power_of_2
             x = args[0]
             if torch.is_autocast_enabled(x.device.type):  # as the layer will cast it
                 x = x.to(torch.get_autocast_dtype(x.device.type))
@@ -135,7 +137,7 @@ class FP8Stats(Callback):
         return hook
 
     @staticmethod
-    def _moment_hook(cell: torch.Tensor, pre: bool):  # noqa: ANN205 (a forward (pre-)hook)
+    def _moment_hook(cell: torch.Tensor, pre: bool) -> Callable[..., None]:
         """Add sum x^2, sum x^4 and the element count of the observed tensor into `cell`."""
 
         def add(module: nn.Module, x: torch.Tensor) -> None:
