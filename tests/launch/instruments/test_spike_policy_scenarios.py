@@ -181,12 +181,12 @@ def test_lasting_non_finite_values_stop_with_or_without_checkpoints(
 @pytest.mark.parametrize(
     ("settings", "match"),
     [
-        ({"rollback": "no"}, "spike_policy.rollback must be bool"),
-        ({"window": True}, "spike_policy.window must be int"),
+        ({"rollback": "no"}, "spike_policy.rollback must be of type bool"),
+        ({"window": True}, "spike_policy.window must be an integer"),
         ({"k": float("nan")}, "spike_policy.k must be a finite number"),
         ({"k": float("inf")}, "spike_policy.k must be a finite number"),
         ({"max_rollbacks": -1}, "max_rollbacks >= 0"),
-        ({"max_rollbacks": 2.5}, "spike_policy.max_rollbacks must be int"),
+        ({"max_rollbacks": 2.5}, "spike_policy.max_rollbacks must be an integer"),
         ({"max_bad": 3}, "unknown key 'instruments.spike_policy.max_bad'"),
     ],
 )
