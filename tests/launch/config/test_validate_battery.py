@@ -108,6 +108,8 @@ def test_vocab_sizes_follow_the_prepared_tokenizer(
     shown = yaml.safe_load(out[: out.rindex("\npre: valid")])
     assert shown["model"]["vocab_size"] == 512 and shown["data"]["vocab_size"] == 512
     off = {"attn_softcap", "final_softcap", "residual_scale_init"}  # null: no cap, no scale
+    off |= {"base_d_model", "base_n_layers", "completep_alpha", "input_mult", "output_mult",
+            "attn_mult", "d_head", "d_ff_mult"}  # null under parametrization sp (SCIENCE.md 21)
     assert all(v is not None for k, v in shown["model"].items() if k not in off)  # resolved
     code, _, err = _validate(capsys, "pre", f"data.dataset={tiny_data}", "model.vocab_size=300")
     assert code == 2 and "remove model.vocab_size" in err and "set it >= 512" in err
