@@ -77,7 +77,7 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config(args, Path(tmp))
-        engine = FSDPEngine(cfg)
+        engine = FSDPEngine.for_run(cfg)
         engine.setup(cfg.model_config(), partial(build_optimizer, cfg=cfg.optim))
         for mode in ("sync", "async"):
             ckpt = CheckpointManager(Path(tmp) / mode, keep_last=2, asynchronous=mode == "async")

@@ -32,7 +32,7 @@ def recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def fp16_engine(recipe: Path):  # noqa: ANN201
     cfg = load_config(recipe, ["engine.name=fsdp", "precision.dtype=fp16"])
-    engine = resolve(ENGINES, "fsdp")(cfg)
+    engine = resolve(ENGINES, "fsdp").for_run(cfg)
     engine.setup(cfg.model_config(), partial(build_optimizer, cfg=cfg.optim))
     return engine
 

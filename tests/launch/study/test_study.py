@@ -257,15 +257,16 @@ def _start_two_long_runs(
     return proc, runs, log
 
 
-def _stopped_cleanly(proc: subprocess.Popen[bytes], log: Path, says: str) -> None:
-    """The signalled study exits 1 within 90 s, saying `says`, with no traceback."""
+def _stopped_cleanly(proc: subprocess.Popen[bytes], log: Path, says: str, signum: int) -> None:
+    """The signalled study exits 128 + signum within 90 s (as `launch` does: 130 for Ctrl-C, 143
+    for SIGTERM), saying `says`, with no traceback."""
     try:
         proc.wait(timeout=90)
     finally:
         proc.kill()
         proc.wait()
     output = log.read_text()
-    assert proc.returncode == 1, output[-2000:]
+    assert proc.returncode == 128 + signum, output[-2000:]
     assert says in output and "Traceback" not in output, output[-2000:]
 
 
@@ -281,7 +282,7 @@ def test_sigterm_to_the_study_stops_its_running_runs_with_a_checkpoint(
     proc, runs, log = _start_two_long_runs(tmp_path / "study", tiny_data)
     workers = [c for c in _children(proc.pid) if b"spawn_main" in _cmdline(c)]
     proc.send_signal(signal.SIGTERM)
-    _stopped_cleanly(proc, log, "study stopped after 2 of 2 runs (a signal)")
+    _stopped_cleanly(proc, log, "study stopped after 2 of 2 runs (a signal)", signal.SIGTERM)
     assert workers and not any(_alive(w) for w in workers)
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
@@ -302,7 +303,7 @@ def test_ctrl_c_stops_the_running_runs_and_starts_no_queued_one(
     out = tmp_path / "study"
     proc, runs, log = _start_two_long_runs(out, tiny_data, seeds="0,1,2")
     os.killpg(proc.pid, signal.SIGINT)
-    _stopped_cleanly(proc, log, "study stopped after 2 of 3 runs (a signal)")
+    _stopped_cleanly(proc, log, "study stopped after 2 of 3 runs (a signal)", signal.SIGINT)
     assert not (out / "runs" / "pre_nowarmup_lr0.002_s2").exists()
     for run in runs:
         assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
