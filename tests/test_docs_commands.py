@@ -16,7 +16,7 @@ import pytest
 from normlab.launch.cli import build_parser, main
 
 from tests.conftest import REPO
-from tests.test_readme_commands import expected_error, readme_commands
+from tests.test_readme_commands import expected_error, readme_commands, run_as_written
 
 PAGES = [REPO / "docs" / "getting_started.md", *sorted((REPO / "docs" / "guides").glob("*.md"))]
 TAG = re.compile(r"\[(gpu|cluster|after|your files|cpu: [^\]]+)\]")
@@ -83,17 +83,7 @@ def test_cheap_commands_run_as_written(
     command: str, comment: str, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    monkeypatch.chdir(REPO)
-    before = sorted(p.name for p in REPO.iterdir())
-    capsys.readouterr()
-    code = main(shlex.split(command)[1:])
-    err = capsys.readouterr().err
-    want = expected_error(comment)
-    if want is None:
-        assert code == 0, (command, err)
-    else:
-        assert code == 2 and want in err and err.count("\n") == 1, (command, err)
-    assert sorted(p.name for p in REPO.iterdir()) == before  # nothing written
+    run_as_written(command, comment, capsys, monkeypatch)
 
 
 CPU = [c for c, tag in TAGGED if tag.startswith("cpu:") and shlex.split(c)[1] != "prepare"]

@@ -73,6 +73,15 @@ def test_cheap_readme_commands_run_as_written(
     command: str, comment: str, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
+    run_as_written(command, comment, capsys, monkeypatch)
+
+
+def run_as_written(
+    command: str, comment: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Run a documented command in-process from the repository root: exit 0 (or 2 with the one
+    line its comment quotes) and nothing written there."""
     monkeypatch.chdir(REPO)
     before = sorted(p.name for p in REPO.iterdir())
     capsys.readouterr()
