@@ -2,7 +2,7 @@
 
 The batch script runs on the first node of the allocation (sbatch(1)), which is the rendezvous
 host, so it can look there: the candidate derived from the job id is taken when nothing on that
-node listens on it, else the next free one in the range. Two jobs sharing the head node therefore
+node listens on it, else the next free one at a stride through the range. Two jobs sharing the head node therefore
 get different ports even when their ids agree modulo the range (`PORT_BASE + id % PORT_SPAN`
 alone collided there), and a requeued job starts from the same candidate. The range ends below
 Linux's ephemeral ports (32768-60999), which the kernel hands to outgoing connections. Left open:
@@ -17,11 +17,17 @@ import sys
 from collections.abc import Callable
 
 PORT_BASE, PORT_SPAN = 20000, 12768  # [20000, 32768): under the ephemeral range
+# a busy candidate moves by this stride, not by one: job id + 1 (the next job of a study, often on
+# the same node) owns the next port, and a step of one would take it (prime to PORT_SPAN)
+STRIDE = 4099
 
 
 def port_is_free(port: int) -> bool:
-    """Nothing on this host listens on `port` (TCP, any address), as TCPStore would bind it."""
+    """Nothing on this host listens on `port` (TCP, any address), as TCPStore would bind it:
+    with SO_REUSEADDR, so the TIME_WAIT connections an earlier job left behind do not count as
+    busy (TCPStore binds through them; counting them moved a job onto its neighbour's port)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", port))
         except OSError:
@@ -30,10 +36,11 @@ def port_is_free(port: int) -> bool:
 
 
 def rendezvous_port(job_id: int, is_free: Callable[[int], bool] = port_is_free) -> int:
-    """The first free port from the job's own candidate on, wrapping within the range."""
+    """The job's own candidate, else the first free one at STRIDE steps from it, wrapping within
+    the range (STRIDE is prime to PORT_SPAN, so every port is tried once)."""
     start = job_id % PORT_SPAN
     for k in range(PORT_SPAN):
-        port = PORT_BASE + (start + k) % PORT_SPAN
+        port = PORT_BASE + (start + k * STRIDE) % PORT_SPAN
         if is_free(port):
             return port
     raise SystemExit(f"normlab: no free rendezvous port in [{PORT_BASE}, {PORT_BASE + PORT_SPAN})")

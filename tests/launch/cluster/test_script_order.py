@@ -16,7 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from normlab.launch.cluster.port import PORT_BASE, PORT_SPAN, port_is_free, rendezvous_port
+from normlab.launch.cluster.port import (
+    PORT_BASE,
+    PORT_SPAN,
+    STRIDE,
+    port_is_free,
+    rendezvous_port,
+)
 from normlab.launch.cluster.script import render_script
 from normlab.launch.cluster.spec import ClusterSpec
 
@@ -58,8 +64,29 @@ def test_ports_of_jobs_agreeing_modulo_the_range_differ_when_one_is_taken() -> N
     assert second != first and PORT_BASE <= second < PORT_BASE + PORT_SPAN
     # the range wraps at its end and stays under the ephemeral ports
     last = PORT_SPAN - 1
-    assert rendezvous_port(last, lambda p: p != PORT_BASE + last) == PORT_BASE
+    moved = rendezvous_port(last, lambda p: p != PORT_BASE + last)
+    assert moved == PORT_BASE + (last + STRIDE) % PORT_SPAN
     assert PORT_BASE + PORT_SPAN <= 32768
+    # a busy candidate never moves onto the next job's port (a study's next job, same node)
+    assert rendezvous_port(500, lambda p: p != PORT_BASE + 500) != PORT_BASE + 501
+    # every port of the range is tried once
+    assert len({(k * STRIDE) % PORT_SPAN for k in range(PORT_SPAN)}) == PORT_SPAN
+
+
+def test_a_port_left_in_time_wait_counts_as_free() -> None:
+    """An earlier job's closed rendezvous leaves TIME_WAIT connections; TCPStore binds through
+    them (SO_REUSEADDR), so the probe must not count the port as busy."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = server.accept()
+    conn.close()  # the side that closes first holds TIME_WAIT
+    server.close()
+    client.close()
+    assert port_is_free(port)
 
 
 def _held_job() -> tuple[int, socket.socket]:
