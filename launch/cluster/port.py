@@ -4,8 +4,9 @@ The batch script runs on the first node of the allocation (sbatch(1)), which is 
 host, so it can look there: the candidate derived from the job id is taken when nothing on that
 node listens on it, else the next free one at a stride through the range. Two jobs sharing the
 head node therefore get different ports even when their ids agree modulo the range
-(`PORT_BASE + id % PORT_SPAN` alone collided there), and a requeued job starts from the same candidate. The range ends below
-Linux's ephemeral ports (32768-60999), which the kernel hands to outgoing connections. Left open:
+(`PORT_BASE + id % PORT_SPAN` alone collided there), and a requeued job starts from the same
+candidate. The range ends below Linux's ephemeral ports (32768-60999), which the kernel hands to
+outgoing connections. Left open:
 two jobs that start on one node within the seconds between this probe and torchrun's bind AND
 whose ids agree modulo PORT_SPAN. A leaf module: stdlib only, no torch.
 """
