@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from normlab.launch.report.runs import Run
+from normlab.launch.report.runs import Run, last_logged
 
 # key kind -> (column label, format); every column is the max over layers or blocks
 FP8_COLUMNS = {
@@ -20,17 +20,7 @@ FP8_COLUMNS = {
 
 def fp8_columns(run: Run) -> dict[str, Any]:
     """{kind: max over its keys, or None} from the last train row holding any of them."""
-    out: dict[str, Any] = dict.fromkeys(FP8_COLUMNS)
-    for row in reversed(run.train):
-        per_kind: dict[str, list[float]] = {}
-        for key, value in row.items():
-            kind = key.split("/", 1)[0]
-            if kind in FP8_COLUMNS:
-                per_kind.setdefault(kind, []).append(float(value))
-        if per_kind:
-            out |= {kind: max(values) for kind, values in per_kind.items()}
-            return out
-    return out
+    return last_logged(run, FP8_COLUMNS, lambda key: key.split("/", 1)[0], lambda _, v: max(v))
 
 
 def fp8_label(config: dict[str, Any]) -> str:

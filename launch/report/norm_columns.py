@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from normlab.launch.report.runs import Run
+from normlab.launch.report.runs import Run, last_logged
 
 # key kind -> (column label, format)
 NORM_COLUMNS = {
@@ -18,17 +18,12 @@ NORM_COLUMNS = {
 
 def norm_columns(run: Run) -> dict[str, Any]:
     """{kind: mean over its keys, or None} from the last train row holding any of them."""
-    out: dict[str, Any] = dict.fromkeys(NORM_COLUMNS)
-    for row in reversed(run.train):
-        per_kind: dict[str, list[float]] = {}
-        for key, value in row.items():
-            kind = key.split("/", 1)[0]
-            if kind in NORM_COLUMNS and "/" in key:
-                per_kind.setdefault(kind, []).append(float(value))
-        if per_kind:
-            out |= {kind: float(np.mean(values)) for kind, values in per_kind.items()}
-            return out
-    return out
+    return last_logged(run, NORM_COLUMNS, _kind, lambda _, values: float(np.mean(values)))
+
+
+def _kind(key: str) -> str | None:
+    """'residual_scale' of 'residual_scale/block_1_attn' (a key without '/' is no column's)."""
+    return key.split("/", 1)[0] if "/" in key else None
 
 
 def norm_label(model: dict[str, Any]) -> str:

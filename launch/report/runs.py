@@ -5,6 +5,7 @@ progress (a half-written last line, no summary yet) or one that diverged (NaN wr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,3 +89,24 @@ def load_run(path: str | Path) -> Run:
 
 def finite(values: list[float]) -> list[float]:
     return [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
+
+
+def last_logged(
+    run: Run,
+    kinds: Iterable[str],
+    kind_of: Callable[[str], str | None],
+    reduce: Callable[[str, list[float]], float],
+) -> dict[str, Any]:
+    """{kind: reduce(kind, its values) or None} from the last train row holding a key of any of
+    `kinds` (`kind_of` maps a metric key to its kind, None for none): compare's instrument
+    columns read the last logged step this way."""
+    out: dict[str, Any] = dict.fromkeys(kinds)
+    for row in reversed(run.train):
+        per_kind: dict[str, list[float]] = {}
+        for key, value in row.items():
+            kind = kind_of(key)
+            if kind in out:
+                per_kind.setdefault(kind, []).append(float(value))
+        if per_kind:
+            return out | {kind: reduce(kind, values) for kind, values in per_kind.items()}
+    return out

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 from normlab.launch.metric_keys import parse_block_key
-from normlab.launch.report.runs import Run
+from normlab.launch.report.runs import Run, last_logged
 
 # key -> (column label, format, reduction over blocks)
 STABILIZER_COLUMNS = {
@@ -22,19 +22,17 @@ STABILIZER_COLUMNS = {
 
 def stabilizer_columns(run: Run) -> dict[str, Any]:
     """{key: value or None} from the last train row holding any of them."""
-    out: dict[str, Any] = dict.fromkeys(STABILIZER_COLUMNS)
-    for row in reversed(run.train):
-        per_kind: dict[str, list[float]] = {}
-        for key, value in row.items():
-            parsed = parse_block_key(key)
-            kind = parsed[0] if parsed and parsed[2] is None else key
-            if kind in STABILIZER_COLUMNS:
-                per_kind.setdefault(kind, []).append(float(value))
-        if per_kind:
-            for kind, values in per_kind.items():
-                out[kind] = float(STABILIZER_COLUMNS[kind][2](values))
-            return out
-    return out
+    return last_logged(run, STABILIZER_COLUMNS, _kind, _reduce)
+
+
+def _kind(key: str) -> str:
+    """A per-block key's kind ('gate_mean' of 'gate_mean/block_1'); any other key as it is."""
+    parsed = parse_block_key(key)
+    return parsed[0] if parsed and parsed[2] is None else key
+
+
+def _reduce(kind: str, values: list[float]) -> float:
+    return float(STABILIZER_COLUMNS[kind][2](values))
 
 
 def stabilizer_label(model: dict[str, Any]) -> str:
