@@ -222,17 +222,18 @@ def _simple(cls: type[nn.Module]) -> Build:
 
 
 def _scalable(cls: type[nn.Module], scaled: type[nn.Module]) -> Build:
-    """`cls`, or its residual-scaled form x + λ ⊙ (...) when model.residual_scale is set."""
+    """`cls`, or its scaled form x + λ ⊙ (...): a learned residual scale (model.residual_scale)
+    or CompleteP's constant m_L^-α (peri/olmo2: after N_out); the two are never combined."""
 
     def build(
         cfg: ModelConfig, layer: int, role: str, branch: nn.Module, mk: MakeNorm
     ) -> nn.Module:
-        if cfg.residual_scale == "none" and residual_mult(cfg) == 1.0:
-            return cls(branch, mk)
-        if cfg.residual_scale == "none":  # CompleteP: x + m_L^-α · F (peri/olmo2: after N_out)
-            return scaled(branch, mk, ConstScale(residual_mult(cfg)))
-        size = cfg.d_model if cfg.residual_scale == "layerscale" else 1
-        return scaled(branch, mk, BranchScale(size, cfg.residual_scale_init))  # type: ignore[arg-type]
+        if cfg.residual_scale != "none":
+            size = cfg.d_model if cfg.residual_scale == "layerscale" else 1
+            scale = BranchScale(size, cfg.residual_scale_init)  # type: ignore[arg-type]
+            return scaled(branch, mk, scale)
+        mult = residual_mult(cfg)
+        return cls(branch, mk) if mult == 1.0 else scaled(branch, mk, ConstScale(mult))
 
     return build
 
