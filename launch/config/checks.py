@@ -6,7 +6,7 @@ import math
 import re
 from typing import Any
 
-from normlab.launch.config.instruments import check_instruments
+from normlab.launch.config.instruments import check_instruments, check_warning_engine
 from normlab.launch.config.loader import find_non_finite, suggest
 from normlab.launch.config.schema import RunConfig
 from normlab.launch.errors import ConfigError
@@ -126,6 +126,7 @@ def _validate_instruments(cfg: RunConfig) -> None:
                 f"instruments.{name} must be a mapping of settings, true or false, got {settings!r}"
             )
     check_instruments(cfg.instruments)
+    check_warning_engine(cfg.instruments, cfg.engine.name)  # an action this engine cannot do
 
 
 def _validate_optim(cfg: RunConfig) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from normlab.launch.config import RunConfig
-from normlab.launch.config.instruments import check_instruments, check_warning_engine
+from normlab.launch.config.instruments import check_instruments
 from normlab.launch.errors import ConfigError
 from normlab.launch.extras import require
 from normlab.launch.rundir.directory import check_lock_settings
@@ -23,7 +23,6 @@ def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:
     local=False (a job submitted to other machines) skips the checks of this host's devices."""
     check_instruments(cfg.instruments)  # names and settings, without importing the instruments
     check_lock_settings()  # NORMLAB_LOCK_STALE_S / _HEARTBEAT_S: numbers of seconds > 0
-    check_warning_engine(cfg.instruments, cfg.engine.name)  # an action this engine cannot do
     # W&B: not installed or broken, refused WANDB_* settings, no credentials, damaged wandb.json
     check_wandb(cfg.logging.wandb, Path(cfg.run_dir or "runs/run"), credentials=local)
     _check_engine(cfg, world_size, local)
