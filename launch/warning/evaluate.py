@@ -82,9 +82,10 @@ def _keys(run: Run, signal: Signal) -> list[str]:
     present = {k for row in run.train for k in row}
     if not signal.per_block:
         return [signal.key] if signal.key in present else []
-    found = [(p[1], k) for k in present if (p := parse_block_key(k)) and p[0] == signal.key]
-    whole = [f for f in found if (parse_block_key(f[1]) or ("", 0, ""))[2] is None]
-    return [k for _, k in sorted(whole)]
+    parsed = {k: p for k in present if (p := parse_block_key(k)) is not None}
+    # the signal's whole-block keys, by block index (not its per-sub-layer ones)
+    found = [(p[1], k) for k, p in parsed.items() if p[0] == signal.key and p[2] is None]
+    return [k for _, k in sorted(found)]
 
 
 def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
