@@ -34,8 +34,12 @@ def _stopped_prepare(src: Path, out: Path, tokenizer: Path, sig: int) -> Path:
     """Run `prepare --tokenizer` in a child whose build pauses once its shards are written,
     send `sig` there; return the temporary folder it was building in."""
     code = textwrap.dedent(f"""
+        import signal
         import time
         import normlab.data.prepare as p
+        # a terminal's child: SIGHUP at its default action (pytest under nohup would pass SIG_IGN
+        # down, and a preparation started under nohup rightly keeps ignoring it)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         real = p.build
         def paused(srcs, sizes, tmp, *rest):
             meta = real(srcs, sizes, tmp, *rest)

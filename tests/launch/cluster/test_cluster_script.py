@@ -168,7 +168,6 @@ def free_job_id() -> int:
     raise AssertionError("no free rendezvous port")
 
 
-@pytest.mark.slow
 @pytest.mark.distributed
 def test_submitted_script_trains_from_a_directory_that_shadows_modules(
     tiny: dict[str, Path],

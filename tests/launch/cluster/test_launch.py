@@ -128,7 +128,6 @@ def test_a_broken_latest_pointer_is_refused_before_torchrun(tiny: dict[str, Path
     assert len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.slow
 def test_a_refusal_inside_the_ranks_is_printed_once(tiny: dict[str, Path]) -> None:
     """A damaged checkpoint is found only when the ranks load it: one line, exit 2, neither
     torchrun's traceback nor its failure report."""

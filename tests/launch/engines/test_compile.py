@@ -82,7 +82,6 @@ def test_mix_compiles_without_breaks_or_recompiles(tiny_data: Path, tmp_path: Pa
     check(eager, compiled, rtol=1e-6)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("placement", ["post", "pre", "peri", "olmo2", "deepnorm"])
 def test_every_placement_compiles_without_breaks(
     tiny_data: Path, tmp_path: Path, placement: str
@@ -92,7 +91,6 @@ def test_every_placement_compiles_without_breaks(
     check(eager, compiled, rtol=1e-6)
 
 
-@pytest.mark.slow
 def test_lse_bound_mode_compiles_without_breaks(tiny_data: Path, tmp_path: Path) -> None:
     """attention_logits in lse_bound mode asks which fused kernel SDPA picks: a constant to
     dynamo (torch.compiler.assume_constant_result), not a graph break."""
@@ -105,7 +103,6 @@ def test_lse_bound_mode_compiles_without_breaks(tiny_data: Path, tmp_path: Path)
     )
 
 
-@pytest.mark.slow
 def test_inductor_matches_eager_on_mix(tiny_data: Path, tmp_path: Path) -> None:
     """The backend engine.compile uses by default: generated kernels reorder float sums, so the
     losses agree to float tolerance rather than bit for bit (a cold CPU compile takes minutes).

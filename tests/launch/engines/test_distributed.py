@@ -69,7 +69,7 @@ def test_fsdp_two_ranks_reproduce_single_curve(tiny: dict[str, Path], fsdp_run: 
     }
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("stage", [pytest.param(1, marks=pytest.mark.slow), 2, 3])
 def test_deepspeed_zero_reproduces_single_curve(tiny: dict[str, Path], stage: int) -> None:
     run = tiny["root"] / f"ds{stage}"
     check_ok(
@@ -81,8 +81,11 @@ def test_deepspeed_zero_reproduces_single_curve(tiny: dict[str, Path], stage: in
 
 @pytest.mark.parametrize(
     "overrides",
-    [("engine.name=fsdp",), ("engine.name=deepspeed", "engine.zero_stage=2")],
-    ids=["fsdp", "zero2"],
+    [
+        # FSDP2's MixedPrecisionPolicy runs in CI through test_fsdp_fp16; bf16 with `-m slow`
+        pytest.param(("engine.name=fsdp",), id="fsdp", marks=pytest.mark.slow),
+        pytest.param(("engine.name=deepspeed", "engine.zero_stage=2"), id="zero2"),
+    ],
 )
 def test_bf16_two_ranks_follow_single_bf16_curve(
     tiny: dict[str, Path], overrides: tuple[str, ...]
@@ -254,10 +257,11 @@ def test_veto_skips_the_update(tiny: dict[str, Path], overrides: tuple[str, ...]
 @pytest.mark.parametrize(
     "overrides",
     [
-        ("engine.name=deepspeed", "engine.zero_stage=1"),
-        ("engine.name=deepspeed", "engine.zero_stage=2"),
-    ],
-    ids=["zero1", "zero2"],  # FSDP2 and ZeRO-3: end to end in the instruments test above
+        pytest.param(
+            ("engine.name=deepspeed", "engine.zero_stage=1"), id="zero1", marks=pytest.mark.slow
+        ),
+        pytest.param(("engine.name=deepspeed", "engine.zero_stage=2"), id="zero2"),
+    ],  # FSDP2 and ZeRO-3: end to end in the instruments test above
 )
 def test_local_tensors_assemble_the_global_statistics(
     tiny: dict[str, Path], overrides: tuple[str, ...]

@@ -13,7 +13,6 @@ from tests.launch.engines.test_compile import check, train
 pytest.importorskip("torchao")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_fp8_compiles_without_breaks(tiny_data: Path, tmp_path: Path, recipe: str) -> None:
     extra = {

@@ -27,7 +27,7 @@ from tests.dist_helpers import (
 )
 
 pytest.importorskip("torchao")
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+pytestmark = pytest.mark.distributed
 HALF, FP8 = "data.batch_size=2", "precision.fp8={}"
 
 
@@ -59,7 +59,7 @@ def test_fsdp_rowwise_with_checkpointing_resumes_exactly(tiny: dict[str, Path]) 
     assert losses(resumed) == losses(run)
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.slow), 3])  # CI: ZeRO-3
 def test_deepspeed_zero_fp8_follows_the_single_process_curve(
     tiny: dict[str, Path], stage: int
 ) -> None:

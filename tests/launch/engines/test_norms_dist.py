@@ -20,7 +20,7 @@ from tests.dist_helpers import (
     write_recipe,
 )
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+pytestmark = pytest.mark.distributed
 HALF = "data.batch_size=2"  # per rank: 2 ranks x 2 = the single run's batch of 4
 NORM_SIDE = [
     "model.norm=dyt",

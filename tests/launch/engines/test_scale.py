@@ -160,7 +160,6 @@ def _resume_from_step4(src: Path, dst: Path, recipe: Path, nproc: int, *override
     assert "from step_00000004" in proc.stdout
 
 
-@pytest.mark.slow
 def test_hsdp_2x2_follows_one_process_and_checkpoints_move_both_ways(
     tiny: dict[str, Path],
 ) -> None:
@@ -202,7 +201,6 @@ def _logged(run: Path) -> dict[int, float]:
     return out
 
 
-@pytest.mark.slow
 def test_sigkill_during_async_save_keeps_latest_and_resumes_bit_identically(
     tiny: dict[str, Path],
 ) -> None:

@@ -136,13 +136,23 @@ def test_fsdp_muonclip_equals_single_process(runs: dict) -> None:
     assert_same_as_single(runs, runs["fsdp"])
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+# ZeRO 1, 2 and 3 share the flat-partition code; CI runs stage 3 (parameters partitioned too),
+# `-m slow` stages 1 and 2
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "stage", [pytest.param(1, marks=SLOW), pytest.param(2, marks=SLOW), 3]
+)
 def test_zero_muonclip_equals_single_process(runs: dict, stage: int) -> None:
     """Muon really runs under ZeRO (normlab's, on the flat partitions; the self-check passed)."""
     assert_same_as_single(runs, zero_run(runs, stage))
 
 
-@pytest.mark.parametrize("engine", ["fsdp", "zero1", "zero2", "zero3"])
+@pytest.mark.parametrize(
+    "engine",
+    ["fsdp", pytest.param("zero1", marks=SLOW), pytest.param("zero2", marks=SLOW), "zero3"],
+)
 def test_two_rank_sigkill_then_resume_is_bit_identical(runs: dict, engine: str) -> None:
     """SIGKILL (launcher, torchrun and ranks) after the step-10 checkpoint and two or more logged
     steps; the resumed run recomputes those steps with bit-identical losses and S_max (Muon's
@@ -172,7 +182,6 @@ def test_fsdp_muon_checkpoint_resumes_on_one_rank(runs: dict) -> None:
     assert_same_curve(run, losses(runs["single"]))
 
 
-@pytest.mark.slow
 def test_single_sigkill_then_resume_is_bit_identical(runs: dict) -> None:
     state = torch.load(
         runs["single"] / "checkpoints" / "step_00000010" / "optim.pt", weights_only=True

@@ -171,7 +171,6 @@ TRAIN_CASES = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", list(TRAIN_CASES))
 def test_train_run_passing_tau_is_held_near_tau_by_qk_clip(tmp_path: Path, case: str) -> None:
     """Without QK-Norm, unclipped, the max logit grows from 0.12 to several tau; with QK-Clip it

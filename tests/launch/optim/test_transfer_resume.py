@@ -6,8 +6,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-
 from tests.dist_helpers import (
     assert_same_curve,
     check_ok,
@@ -17,7 +15,6 @@ from tests.dist_helpers import (
     write_recipe,
 )
 
-pytestmark = pytest.mark.slow
 COMPLETEP = (
     "model.parametrization=completep",
     "model.base_d_model=32",

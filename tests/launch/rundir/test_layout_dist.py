@@ -11,7 +11,7 @@ import pytest
 from tests.dist_helpers import check_ok, launch, prepare_tiny, write_recipe
 from tests.launch.rundir.test_layout import drop
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+pytestmark = pytest.mark.distributed
 ENGINES = {
     "fsdp": (("engine.name=fsdp",), "dcp/__1_0.distcp", "DCP's .metadata"),
     "zero1": (
@@ -22,7 +22,10 @@ ENGINES = {
 }
 
 
-@pytest.mark.parametrize("engine", list(ENGINES))
+# CI: FSDP2's DCP shards; `-m slow`: DeepSpeed's ZeRO files (the same manifest check)
+@pytest.mark.parametrize(
+    "engine", [pytest.param(e, marks=pytest.mark.slow) if e != "fsdp" else e for e in ENGINES]
+)
 def test_a_shard_missing_from_disk_and_manifest_is_named(tmp_path: Path, engine: str) -> None:
     over, gone, who = ENGINES[engine]
     recipe = write_recipe(tmp_path, prepare_tiny(tmp_path), steps=2, every=2)

@@ -80,7 +80,6 @@ def test_one_process_resume_as_printed(tiny: dict[str, Path]) -> None:
     assert_same_curve(run, losses(ref))
 
 
-@pytest.mark.slow
 @pytest.mark.distributed
 def test_two_ranks_with_overrides_resume_as_printed(tiny: dict[str, Path]) -> None:
     run = tiny["root"] / "fsdp_b4"
@@ -123,7 +122,6 @@ def _fake_slurm(bin_dir: Path, job: int, stop_file: Path) -> None:
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-@pytest.mark.slow
 @pytest.mark.distributed
 def test_slurm_job_resume_as_printed(tiny: dict[str, Path]) -> None:
     assert BATCH_SCRIPT == SCRIPT_NAME

@@ -180,7 +180,6 @@ def test_ctrl_c_and_more_signals_to_launcher_give_one_checkpoint(tiny: dict[str,
 TRIALS = 3
 
 
-@pytest.mark.slow
 @pytest.mark.distributed
 def test_sigkilled_torchrun_gives_one_checkpoint_every_time(tiny: dict[str, Path]) -> None:
     """torchrun SIGKILLed (the launcher lives on): its ranks get the parent-death signal, at

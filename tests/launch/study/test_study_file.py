@@ -213,7 +213,6 @@ def test_status_of_the_finished_study(trained: Path, capsys: pytest.CaptureFixtu
     assert "pre_z_lr0.3_n_layers2_s1  step 4/4" in out
 
 
-@pytest.mark.slow
 def test_a_sigkilled_study_skips_finished_runs_and_resumes_the_running_one(
     tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

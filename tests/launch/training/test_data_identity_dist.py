@@ -12,7 +12,7 @@ from normlab.data.prepare import prepare, read_meta
 
 from tests.dist_helpers import check_ok, launch, prepare_tiny, write_recipe
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+pytestmark = pytest.mark.distributed
 FSDP = ("engine.name=fsdp", "data.batch_size=2")  # 2 ranks x 2 = the recipe's global batch 4
 
 

@@ -99,7 +99,6 @@ def logged_steps(run: Path) -> int:
     return max([json.loads(ln).get("step", 0) for ln in path.read_text().splitlines()] + [0])
 
 
-@pytest.mark.slow
 def test_sigterm_and_resume_continue_one_wandb_run(recipe: Path, tmp_path: Path) -> None:
     import time
 
