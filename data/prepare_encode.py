@@ -53,6 +53,9 @@ def init_worker(kind: Kind, path: str, eos_id: int, dtype: str) -> None:
     _STATE.update(encode=encoder(kind, path), eos_id=eos_id, dtype=np.dtype(dtype))
 
 
+POOL_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
 def _pool_worker(*init: Any) -> None:
     """A pool worker: Ctrl-C goes to the parent, which stops the pool (no traceback per worker).
 
@@ -61,8 +64,10 @@ def _pool_worker(*init: Any) -> None:
     bundled corpus), and a worker that only notes a SIGTERM outlives `Pool.terminate`, whose join
     then waits forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    for sig in POOL_STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):  # blocked since the fork (_pool): a stop signal that
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, POOL_STOP_SIGNALS)  # came meanwhile acts now
     init_worker(*init)
 
 
@@ -143,10 +148,22 @@ def encode_all(
 
 
 def _pool(init: tuple, num_proc: int) -> Any:
-    # fork: no re-import of the caller's __main__ (spawn would re-run an unguarded script) and
-    # no interpreter start per worker; the workers only run the tokenizer and numpy
+    """fork: no re-import of the caller's __main__ (spawn would re-run an unguarded script) and
+    no interpreter start per worker; the workers only run the tokenizer and numpy.
+
+    The stop signals are blocked while the workers are forked (the pool's handler thread, which
+    forks replacements, keeps that mask): a worker that `Pool.terminate` signals before its
+    initializer has reset the parent's record-only handler would otherwise live on, and, when
+    the worker killed beside it held the task queue's lock, wait on it forever, and the pool's
+    join with it (a hung test on a loaded CI machine)."""
     ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
-    return ctx.Pool(num_proc, initializer=_pool_worker, initargs=init)
+    if not hasattr(signal, "pthread_sigmask"):
+        return ctx.Pool(num_proc, initializer=_pool_worker, initargs=init)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, POOL_STOP_SIGNALS)
+    try:
+        return ctx.Pool(num_proc, initializer=_pool_worker, initargs=init)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _ordered(pool: Any, work: Iterator[Batch], num_proc: int, done: Any) -> None:

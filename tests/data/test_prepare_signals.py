@@ -53,3 +53,34 @@ def test_prepare_with_two_processes_finishes_inside_graceful_stop(tmp_path, repe
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "out" / "train.bin").stat().st_size > 0
+
+
+def _slow_start(*init: object) -> None:
+    """A worker the scheduler starts late: the parent's handlers are still in place."""
+    import time
+
+    time.sleep(1.0)
+    _real_pool_worker(*init)
+
+
+_real_pool_worker = prepare_encode._pool_worker
+
+
+def test_a_worker_signalled_before_its_initializer_still_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pool.terminate's SIGTERM reaching a worker before it has reset the parent's record-only
+    handler: blocked since the fork, the signal acts once the default action is back."""
+    monkeypatch.setattr(prepare_encode, "_pool_worker", _slow_start)
+    with GracefulStop():
+        pool = prepare_encode._pool(("bpe", "unused", 0, "uint16"), 2)
+        workers = list(pool._pool)
+        try:
+            for w in workers:
+                w.terminate()  # during the sleep, before the reset
+            for w in workers:
+                w.join(timeout=30)
+            assert [w.exitcode for w in workers] == [-signal.SIGTERM] * 2
+        finally:
+            pool.terminate()
+            pool.join()
