@@ -5,6 +5,7 @@ writes now (regenerate with `python docs/gen_reference.py`), every recipe key ha
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -17,10 +18,9 @@ import pytest
 from tests.conftest import REPO
 
 
-def generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "gen_reference", REPO / "docs" / "gen_reference.py"
-    )
+def generator(name: str = "gen_reference") -> ModuleType:
+    """A generator script of docs/ (gen_reference, gen_quickstart_sweep) as a module."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "docs" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks its module up
@@ -102,7 +102,7 @@ def test_readme_numbers_are_the_committed_data() -> None:
         seeds = [
             float(r["eval_loss"]) for r in runs if r["recipe"] == recipe and r["lr"] == "0.001"
         ]
-        assert len(seeds) == 2 and ", ".join(f"{v:.3f}" for v in seeds) in text, recipe
+        assert len(seeds) == 4 and ", ".join(f"{v:.3f}" for v in seeds) in text, recipe
     curves = {r["recipe"]: r for r in csv.DictReader((study / "lr12" / "sensitivity.csv").open())}
     assert f"against {float(curves['pre_nowarmup']['plateau']):.3f}" in text
     for recipe in ("pre_nowarmup", "post_warmup", "deepnorm_warmup", "post_nowarmup"):
@@ -133,7 +133,23 @@ def test_findings_show_each_verdict_with_its_seeds(tmp_path: Path, monkeypatch) 
     rows = json.loads((docs / "lr12" / "verdicts.json").read_text())
     table = [line for line in page.splitlines() if line.startswith("| post_nowarmup | post_warmup")]
     assert len(table) == sum(v["a"] == "post_nowarmup" and v["b"] == "post_warmup" for v in rows)
-    assert all("| 2/2 |" in line for line in table)
+    assert all("| 4/4 |" in line for line in table)
     undecided = [v for v in rows if v["verdict"] == "inconclusive"]
     assert f"Not yet decided ({len(undecided)} of {len(rows)}):" in page
     assert "seeds per arm for 80% power" in page
+
+
+def test_quickstart_sweep_tables_are_what_the_runs_gave() -> None:
+    """docs/quickstart_sweep.md's tables and findings are rendered from the runs' results.json
+    (written by `python docs/gen_quickstart_sweep.py --runs DIR` from `normlab quickstart`)."""
+    sweep = generator("gen_quickstart_sweep")
+    data = json.loads(sweep.RESULTS.read_text())
+    text = sweep.PAGE.read_text()
+    assert text.count("<!-- normlab:quickstart-sweep ") == 3
+    assert sweep.render_page(text, data) == text, "stale: run python docs/gen_quickstart_sweep.py"
+    runs = data["runs"]
+    assert {r["recipe"] for r in runs} == set(sweep.RECIPES) and len(runs) >= 3 * 4
+    assert all(r["status"] == "completed" for r in runs), [r["status"] for r in runs]
+    # the numbers in a rendered row are the file's, rounded as shown
+    row = sweep.per_seed(data)[2]
+    assert f"| {runs[0]['eval']['250']:.3f} |" in row
