@@ -157,13 +157,13 @@ def _pool(init: tuple, num_proc: int) -> Any:
     the worker killed beside it held the task queue's lock, wait on it forever, and the pool's
     join with it (a hung test on a loaded CI machine)."""
     ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
-    if not hasattr(signal, "pthread_sigmask"):
-        return ctx.Pool(num_proc, initializer=_pool_worker, initargs=init)
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, POOL_STOP_SIGNALS)
+    masking = hasattr(signal, "pthread_sigmask")  # not on Windows (spawn: nothing inherited)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, POOL_STOP_SIGNALS) if masking else None
     try:
         return ctx.Pool(num_proc, initializer=_pool_worker, initargs=init)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _ordered(pool: Any, work: Iterator[Batch], num_proc: int, done: Any) -> None:

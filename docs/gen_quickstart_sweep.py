@@ -75,8 +75,11 @@ def _f(x: float | None, digits: int = 3) -> str:
 
 
 def _trained(run: dict[str, Any], data: dict[str, Any]) -> bool:
+    """The study report's rule (launch.study.separation.trained) on the last evaluation."""
+    from normlab.launch.study.separation import trained
+
     last = run["eval"][str(EVAL_STEPS[-1])]
-    return last is not None and last <= data["plateau"] - data["trained_margin"]
+    return last is not None and trained(last, data["plateau"], data["trained_margin"])
 
 
 def per_seed(data: dict[str, Any]) -> list[str]:
@@ -121,17 +124,18 @@ def findings(data: dict[str, Any]) -> list[str]:
         "compare and the study report.",
         "",
     ]
+    ok = [_trained(r, data) for r in data["runs"]]
     for recipe in RECIPES:
         runs = [r for r in data["runs"] if r["recipe"] == recipe]
-        k = sum(_trained(r, data) for r in runs)
+        k = sum(t for r, t in zip(data["runs"], ok, strict=True) if r["recipe"] == recipe)
         values = ", ".join(f"{r['eval'][last]:.3f}" for r in runs)
         seeds = ", ".join(str(r["seed"]) for r in runs)
         lines.append(
             f"- **{recipe}** trained on {k} of {len(runs)} seeds: eval {values} at step {last} "
             f"(seeds {seeds})."
         )
-    stalled = [r for r in data["runs"] if not _trained(r, data)]
-    trained = [r for r in data["runs"] if _trained(r, data)]
+    stalled = [r for r, t in zip(data["runs"], ok, strict=True) if not t]
+    trained = [r for r, t in zip(data["runs"], ok, strict=True) if t]
     if stalled and trained:
 
         def span(rs: list[dict[str, Any]], key: str, d: int) -> str:

@@ -69,13 +69,16 @@ def test_fsdp_two_ranks_reproduce_single_curve(tiny: dict[str, Path], fsdp_run: 
     }
 
 
-@pytest.mark.parametrize("stage", [
+@pytest.mark.parametrize(
+    "stage",
+    [
         pytest.param(1, marks=pytest.mark.slow),
         2,
         # ZeRO-3 on 2 ranks against one process in CI: the instruments, MuonClip, norms,
         # stabilizer, CompleteP and FP8 tests
         pytest.param(3, marks=pytest.mark.slow),
-    ])
+    ],
+)
 def test_deepspeed_zero_reproduces_single_curve(tiny: dict[str, Path], stage: int) -> None:
     run = tiny["root"] / f"ds{stage}"
     check_ok(
