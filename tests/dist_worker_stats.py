@@ -2,7 +2,8 @@
 
 `python -m torch.distributed.run ... dist_worker_stats.py RECIPE OUT.json [overrides]`: one
 forward/backward of a fixed global batch of 4 (2 per rank), then the global sum of squares of
-every parameter and gradient assembled from `engine.local_tensors`, written by rank 0.
+every parameter and gradient assembled from `engine.storage.local`, and of every parameter as
+`engine.storage.full` gathers it, written by rank 0.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def main() -> None:
     named = list(engine.model.named_parameters())
 
     def squares(kind: str) -> dict[str, float]:
-        parts = engine.local_tensors([p for _, p in named], kind)  # type: ignore[arg-type]
+        parts = engine.storage.local([p for _, p in named], kind)  # type: ignore[arg-type]
         out = {}
         for (name, _), (t, sharded) in zip(named, parts, strict=True):
             v = torch.zeros(()) if t is None else t.detach().float().square().sum()
@@ -45,6 +46,8 @@ def main() -> None:
         return out
 
     result = {"grad": squares("grad"), "param": squares("param")}
+    full = {name: engine.storage.full(p).float().square().sum() for name, p in named}
+    result["full"] = {name: float(v) for name, v in full.items()}
     engine.clip_and_step(cfg.optim.grad_clip)
     engine.shutdown()
     if engine.rank == 0:

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from normlab.launch.engines.storage import ParamStorage
 from normlab.model import ModelConfig, Transformer, lm_loss
 from torch import nn
 
@@ -37,6 +38,7 @@ class FakeEngine:
             1,
         )
         self.reduced: list[str] = []
+        self.storage = ParamStorage()  # one process: plain tensors
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         self.reduced.append(op)

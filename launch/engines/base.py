@@ -16,30 +16,13 @@ from typing import Any, Literal
 
 import torch
 from normlab.launch.config import EngineSection, PrecisionSection, RunConfig
+from normlab.launch.engines.storage import OptimizerFactory, ParamStorage
 from normlab.model import ModelConfig
 from normlab.model.loss import LMLoss
 from torch import nn
 
-OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 StepVeto = Callable[[torch.Tensor], bool]
 ReduceOp = Literal["sum", "mean", "max", "min"]
-RowScaler = Callable[[torch.Tensor, torch.Tensor], None]
-
-
-@torch.no_grad()
-def scale_rows_(param: torch.Tensor, factors: torch.Tensor) -> None:
-    """param[r, ...] *= factors[r]: plain tensors, and FSDP2 DTensors (each rank its own rows)."""
-    factors = factors.to(param.dtype).reshape(-1, *([1] * (param.ndim - 1)))
-    if hasattr(param, "device_mesh"):
-        from torch.distributed.tensor import distribute_tensor
-
-        factors = distribute_tensor(
-            factors.expand(param.shape).contiguous(),
-            param.device_mesh,
-            param.placements,
-            src_data_rank=None,  # every rank holds the same factors: no communication
-        )
-    param.mul_(factors)
 
 
 @dataclass(frozen=True)
@@ -73,6 +56,9 @@ class Engine(ABC):
         self, section: EngineSection, precision: PrecisionSection, run: RunFacts, loss: LMLoss
     ) -> None:
         self.section, self.precision, self.run, self.loss = section, precision, run, loss
+        # where each parameter lives (Muon's self-check, QK-Clip and the instruments ask here);
+        # an engine whose weights are not DTensors replaces it in setup()
+        self.storage: ParamStorage = ParamStorage(self.wrap_like_model)
 
     @classmethod
     def for_run(cls, cfg: RunConfig) -> Engine:
@@ -104,37 +90,8 @@ class Engine(ABC):
 
     def wrap_like_model(self, module: nn.Module) -> nn.Module:
         """Wrap a small probe module on this engine's device exactly as the model's parameters are
-        (sharded, for a sharding engine): start-up self-checks run the real optimizer on it."""
+        (sharded, for a sharding engine): `storage.probe_step` runs the real optimizer on it."""
         return module
-
-    def probe_step(
-        self,
-        make_probe: Callable[[], nn.Module],
-        factory: OptimizerFactory,
-        grad: torch.Tensor,
-    ) -> tuple[torch.Tensor, float]:
-        """One step of the run's optimizer on a probe (one parameter, `weight`, zero) held as the
-        model's parameters are, with gradient `grad` on every rank. Returns the whole weight
-        after the step (fp32, CPU) and the optimizer's lr. DeepSpeed overrides this."""
-        probe = self.wrap_like_model(make_probe())
-        opt = factory(probe)
-        w = probe.weight
-        assert isinstance(w, torch.Tensor)
-        grad = grad.to(w.device, w.dtype)
-        if hasattr(w, "device_mesh"):
-            from torch.distributed.tensor import distribute_tensor
-
-            grad = distribute_tensor(grad, w.device_mesh, w.placements, src_data_rank=None)
-        w.grad = grad
-        opt.step()
-        after = w.detach()
-        after = after.full_tensor() if hasattr(after, "full_tensor") else after
-        return after.float().cpu(), opt.param_groups[0]["lr"]
-
-    def scale_rows_(self, param: nn.Parameter, factors: torch.Tensor) -> None:
-        """Multiply row r of `param` by factors[r] (QK-Clip, after the step) wherever this engine
-        keeps the weight; DeepSpeed overrides this for its partitions and fp32 master copies."""
-        scale_rows_(param, factors)
 
     # --- one optimizer step -------------------------------------------------------------------
     @abstractmethod
@@ -205,21 +162,6 @@ class Engine(ABC):
     @abstractmethod
     def load(self, ckpt_dir: Path) -> dict[str, Any]:
         """Restore what `save` wrote; return this rank's extra_state. Raises CheckpointError."""
-
-    # --- statistics -----------------------------------------------------------------------------
-    def local_tensors(
-        self, params: list[nn.Parameter], kind: Literal["param", "grad"]
-    ) -> list[tuple[torch.Tensor | None, bool]]:
-        """For instruments: this rank's part of each parameter (or of its gradient, between the
-        backward and the step) and whether the parts are shards to sum across ranks (True) or
-        full replicas to count once (False); None where there is no gradient. FSDP2 DTensors give
-        their local shard; DeepSpeed ZeRO overrides this (its shards are not DTensors)."""
-        out: list[tuple[torch.Tensor | None, bool]] = []
-        for p in params:
-            t = p if kind == "param" else p.grad
-            sharded = t is not None and hasattr(t, "to_local")
-            out.append((t.to_local() if sharded else t, sharded))  # type: ignore[union-attr]
-        return out
 
     # --- process group ------------------------------------------------------------------------
     @property

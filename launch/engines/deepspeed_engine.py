@@ -16,20 +16,16 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from normlab.launch.config import EngineSection, PrecisionSection
 from normlab.launch.config.loader import deep_merge
 from normlab.launch.engines.base import OptimizerFactory, RunFacts, StepVeto
 from normlab.launch.engines.construct import build_on_meta, build_zero3, materialize
-from normlab.launch.engines.deepspeed_muon import (
-    check_muon_config,
-    probe_step,
-    register_flat_layouts,
-)
+from normlab.launch.engines.deepspeed_muon import check_muon_config
+from normlab.launch.engines.deepspeed_storage import DeepSpeedStorage
 from normlab.launch.engines.deepspeed_universal import universal_dir, universal_load
 from normlab.launch.engines.dist import DistributedEngine
 from normlab.launch.engines.fp8 import convert_fp8
@@ -42,7 +38,6 @@ from normlab.launch.engines.fsdp import (
 )
 from normlab.launch.errors import CheckpointError, ConfigError
 from normlab.model import ModelConfig, Transformer
-from torch import nn
 
 DS_TAG = "deepspeed"  # the sub-directory DeepSpeed writes inside a step directory
 RECIPE_OWNED = ("optimizer", "scheduler")
@@ -120,18 +115,6 @@ def skip_shm_comm_build() -> None:
     compatible["deepspeed_shm_comm"] = False
 
 
-def _grad_fragment(p: nn.Parameter) -> torch.Tensor:
-    """The part of p's reduced gradient that ZeRO-1/2 keeps on this rank (empty if none)."""
-    mapping = getattr(p, "_hp_mapping", None)
-    if mapping is None:
-        return p.new_zeros(0, dtype=torch.float32)
-    frag = mapping.get_lp_grad_fragment(p._index_in_param_group).float().flatten()
-    address = mapping.lp_fragment_address
-    if frag.numel() == p.numel():  # some versions hand back the whole gradient
-        frag = frag.narrow(0, address.start, address.numel)
-    return frag
-
-
 class DeepSpeedEngine(DistributedEngine):
     name = "deepspeed"
 
@@ -146,6 +129,8 @@ class DeepSpeedEngine(DistributedEngine):
             skip_shm_comm_build()
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
         self._config = config
+        storage = DeepSpeedStorage(self.section.zero_stage, self._rank, self._world, config)
+        self.storage = storage
         module = self._build(model_cfg, config)
         # precision.fp8 swaps the linear layers, keeping their (partitioned) parameters
         fp8, smooth = self.precision.fp8, model_cfg.smooth_swiglu
@@ -164,17 +149,8 @@ class DeepSpeedEngine(DistributedEngine):
             )
         except (AssertionError, ValueError) as exc:
             raise ConfigError(f"DeepSpeed rejected the generated config: {exc}") from None
-        register_flat_layouts(self._ds.optimizer, self._optimizer, self.section.zero_stage)
+        storage.attach(self._ds.optimizer, self._optimizer)  # Muon's partition layouts
         self._micro = 0
-
-    def probe_step(
-        self,
-        make_probe: Callable[[], nn.Module],
-        factory: OptimizerFactory,
-        grad: torch.Tensor,
-    ) -> tuple[torch.Tensor, float]:
-        """The self-check's probe through its own DeepSpeed engine of the run's ZeRO stage."""
-        return probe_step(self._config, self._world, make_probe, factory, grad)
 
     def _build(self, model_cfg: ModelConfig, config: dict[str, Any]) -> Transformer:
         """ZeRO-3: constructed partitioned under zero.Init; ZeRO-1/2 keep whole weights on every
@@ -227,52 +203,6 @@ class DeepSpeedEngine(DistributedEngine):
     def zero_grad(self) -> None:
         self._micro = 0
         self._ds.zero_grad()
-
-    # --- statistics -----------------------------------------------------------------------------
-    def local_tensors(
-        self, params: list[nn.Parameter], kind: Literal["param", "grad"]
-    ) -> list[tuple[torch.Tensor | None, bool]]:
-        """ZeRO-3: each rank's partition of the weights and of the fp32 gradient (shards).
-        ZeRO-1/2: full weight replicas; the gradient as this rank's fragment of the reduced
-        fp32 gradient partition, which exists only between the backward and the step."""
-        if self.section.zero_stage == 3:
-            from deepspeed.utils import safe_get_local_grad
-
-            if kind == "param":
-                return [(p.ds_tensor, True) for p in params]
-            return [(safe_get_local_grad(p), True) for p in params]
-        if kind == "param":
-            return [(p, False) for p in params]
-        return [(_grad_fragment(p), True) for p in params]
-
-    @torch.no_grad()
-    def scale_rows_(self, param: nn.Parameter, factors: torch.Tensor) -> None:
-        """QK-Clip's row scaling on both copies ZeRO keeps: the model's weight (a full replica in
-        ZeRO-1/2; in ZeRO-3 this rank's flat partition `ds_tensor`, plus the gathered tensor of
-        a persistent small parameter) and this rank's piece of the fp32 master weight the
-        optimizer steps, so the next forward and the next step both start from the clipped value."""
-        shape = tuple(getattr(param, "ds_shape", param.shape))
-        flat = factors.float().reshape(-1, 1).expand(shape[0], math.prod(shape[1:])).flatten()
-        if self.section.zero_stage == 3:
-            from deepspeed.utils import safe_get_local_fp32_param, safe_set_local_fp32_param
-
-            part = param.ds_tensor.numel()  # ZeRO-3 splits the flattened tensor, last one padded
-            piece = flat.new_ones(part)
-            own = flat[self._rank * part : (self._rank + 1) * part]
-            piece[: own.numel()] = own
-            piece = piece.to(param.ds_tensor.device)
-            param.ds_tensor.mul_(piece.to(param.ds_tensor.dtype))
-            master = safe_get_local_fp32_param(param)
-            safe_set_local_fp32_param(param, master * piece.to(master.device))
-            if param.numel() == flat.numel():  # a persistent (small) parameter stays gathered
-                param.data.mul_(flat.view(shape).to(param.device, param.dtype))
-            return
-        param.mul_(flat.view(param.shape).to(param.device, param.dtype))
-        mapping = getattr(param, "_hp_mapping", None)
-        if mapping is not None:  # this rank's fragment of the fp32 master partition
-            address = mapping.lp_fragment_address
-            piece = flat.narrow(0, address.start, address.numel)
-            mapping.hp_fragment.mul_(piece.to(mapping.hp_fragment.device))
 
     # --- checkpoints --------------------------------------------------------------------------
     def save(self, ckpt_dir: Path, extra_state: dict[str, Any]) -> None:

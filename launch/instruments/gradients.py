@@ -4,7 +4,7 @@ The gradient norm of block i is the L2 norm over all of its parameters, before c
 the fp16 loss scale: the block's share of the raw norm times the engine's unscaled global norm
 (a uniform loss scale cancels in the ratio). The update ratio is ||W_after - W_before|| /
 ||W_before|| over the block's parameters (0 on a skipped step). Sharded engines hand over their
-local parts through `Engine.local_tensors`; shards are summed across ranks, replicas counted once.
+local parts through `engine.storage.local`; shards are summed across ranks, replicas counted once.
 """
 
 from __future__ import annotations
@@ -14,30 +14,23 @@ from typing import Any, Literal
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.config.instruments import checked_settings
+from normlab.launch.engines.storage import Parts
 from normlab.launch.instruments.common import (
     GRAD,
     UPDATE,
     block_key,
     blocks,
     is_log_step,
-    is_sharded,
-    local,
     unwrap,
 )
 from torch import nn
-
-Parts = list[tuple[torch.Tensor | None, bool]]
 
 
 def local_parts(
     trainer: TrainerView, params: list[nn.Parameter], kind: Literal["param", "grad"]
 ) -> Parts:
     """(this rank's part, is a shard) of each parameter or gradient, as the engine defines it."""
-    engine = trainer.engine
-    if hasattr(engine, "local_tensors"):
-        return engine.local_tensors(params, kind)
-    tensors = [p if kind == "param" else p.grad for p in params]
-    return [(None, False) if t is None else (local(t), is_sharded(t)) for t in tensors]
+    return trainer.engine.storage.local(params, kind)
 
 
 def sum_squares(trainer: TrainerView, groups: list[Parts]) -> torch.Tensor:

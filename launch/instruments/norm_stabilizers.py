@@ -25,7 +25,6 @@ from normlab.launch.instruments.common import (
     is_log_step,
     unwrap,
 )
-from normlab.launch.instruments.stabilizers import _full
 from normlab.model.norms import POINTWISE
 from normlab.model.placements import BranchScale
 from torch import nn
@@ -113,16 +112,16 @@ class NormStabilizers(Callback):
 def parameter_stats(trainer: TrainerView) -> dict[str, torch.Tensor]:
     """mean |λ| per sub-layer, and each DyT/Derf α and s (gathered where sharded)."""
     out: dict[str, torch.Tensor] = {}
+    storage = trainer.engine.storage
     for i, block in enumerate(blocks(trainer)):
         for sub in SUBLAYERS:
             scale = getattr(getattr(block, sub), "scale", None)
             if isinstance(scale, BranchScale):
-                lam = _full(scale.weight)
-                if lam.numel():  # ZeRO-3 keeps a partitioned parameter empty: nothing logged
-                    out[block_key(RESIDUAL_SCALE, i, sub)] = lam.abs().mean()
+                lam = storage.full(scale.weight).float()
+                out[block_key(RESIDUAL_SCALE, i, sub)] = lam.abs().mean()
     for key, layer in pointwise_layers(trainer.engine.model):
         for kind, pname in ((ALPHA, "alpha"), (SHIFT, "shift")):
             p = getattr(layer, pname, None)
-            if p is not None and _full(p).numel():
-                out[key(kind)] = _full(p).reshape(())
+            if p is not None:
+                out[key(kind)] = storage.full(p).float().reshape(())
     return out

@@ -124,7 +124,7 @@ class OutputLogits(Callback):
 def _mean_row_norm(weight: torch.Tensor, vocab: int) -> torch.Tensor | None:
     """||mean_v e_v|| of a (V, d) head weight; None for a partition that is not the whole matrix
     (ZeRO-3 outside its gather). A DTensor (FSDP2, TP) has the global shape, and its row mean is
-    reduced across ranks: d numbers, where stabilizers._full would gather all V x d."""
+    reduced across ranks: d numbers, where storage.full would gather all V x d."""
     if weight.dim() != 2 or weight.shape[0] != vocab:
         return None
     mean = weight.float().mean(0)

@@ -10,8 +10,8 @@ are those of the d_h x d_h matrix R_q R_k^T. Logged: `qk_entropy/ii`, the minimu
 (a collapse is a drop). QK-norm, RoPE and the 1/sqrt(d_h) scale are outside the weights and
 outside this statistic.
 
-FSDP2 shards are gathered (full_tensor, every rank, log steps only); ZeRO-3 partitions are not
-parameters here, so the instrument refuses DeepSpeed stage 3.
+Sharded weights (FSDP2 DTensors, ZeRO-3 partitions) are gathered through the engine's
+`storage.full` on every rank, on log steps only.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.config.instruments import checked_settings
-from normlab.launch.errors import ConfigError
 from normlab.launch.instruments.common import (
     attention_of,
     block_key,
@@ -41,10 +40,6 @@ def spectral_entropy(wq: torch.Tensor, wk: torch.Tensor) -> torch.Tensor:
     return -(p * torch.log(p.clamp_min(1e-30))).sum()
 
 
-def _full(w: torch.Tensor) -> torch.Tensor:
-    return w.full_tensor() if hasattr(w, "full_tensor") else w
-
-
 class QKSpectrum(Callback):
     """QK spectral entropy per block on log steps (min over heads): normlab's stand-in for the
     attention statistic of arXiv 2606.28116 (SCIENCE.md 23.2)."""
@@ -54,21 +49,14 @@ class QKSpectrum(Callback):
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         checked_settings(self.name, settings)
 
-    def on_train_start(self, trainer: TrainerView) -> None:
-        engine = trainer.cfg.engine
-        if engine.name == "deepspeed" and engine.zero_stage == 3:
-            raise ConfigError(
-                "instruments.qk_spectrum cannot run on DeepSpeed ZeRO-3 (partitioned weights); "
-                "allowed: engine single, fsdp, or deepspeed with zero_stage 1 or 2"
-            )
-
     @torch.no_grad()
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if not is_log_step(trainer, step):
             return
+        storage = trainer.engine.storage
         for i, block in enumerate(blocks(trainer)):
             att = attention_of(block)
-            wq, wk = _full(att.q_proj.weight), _full(att.k_proj.weight)
+            wq, wk = (storage.full(w) for w in (att.q_proj.weight, att.k_proj.weight))
             dh, group = att.head_dim, att.n_heads // (att.n_kv_heads or att.n_heads)
             per_head = [
                 spectral_entropy(

@@ -143,7 +143,8 @@ class AttentionStabilizers(Callback):
                 metrics[key] = engine.all_reduce(value, "max").float()
             for i, block in enumerate(blocks(trainer)):
                 sinks = getattr(attention_of(block).core, "sinks", None)
-                for h, value in enumerate([] if sinks is None else _full(sinks)):
+                whole = [] if sinks is None else engine.storage.full(sinks).float()
+                for h, value in enumerate(whole):
                     metrics[block_key(SINK_LOGIT, i, f"h{h}")] = value
             self._sums, self._maxes = {}, {}
         if is_log_step(trainer, step + 1):
@@ -151,9 +152,3 @@ class AttentionStabilizers(Callback):
 
     def on_train_end(self, trainer: TrainerView, status: str) -> None:
         self._disarm()
-
-
-def _full(param: torch.Tensor) -> torch.Tensor:
-    """The whole parameter (a DTensor shard is gathered) as a detached fp32 tensor."""
-    full = param.full_tensor() if hasattr(param, "full_tensor") else param
-    return full.detach().float()  # (ZeRO-3 keeps a partitioned parameter empty: nothing logged)

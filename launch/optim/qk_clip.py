@@ -16,15 +16,18 @@ Heads under tau are multiplied by exactly 1.0 (bit-identical) and no host sync i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
-from normlab.launch.engines.base import RowScaler, scale_rows_
+from normlab.launch.engines.storage import scale_rows_
 from normlab.launch.instruments.common import attention_of, block_key, unwrap
 from normlab.launch.metric_keys import CLIP_EVENTS, CLIPS, S_MAX  # noqa: F401 (re-exported)
 from normlab.model.attention import Attention, FlatQKNorm, HeadQKNorm
 from torch import nn
+
+RowScaler = Callable[[torch.Tensor, torch.Tensor], None]  # (param, factors): rows times factors
 
 
 def clip_factors(s_max: torch.Tensor, tau: float) -> torch.Tensor:
@@ -120,7 +123,7 @@ class QKClip(Callback):
             clipped = torch.zeros_like(clipped)
         else:
             for att, row in zip(self._atts, s_max, strict=True):
-                qk_clip_(att, row, self.tau, self.alpha, trainer.engine.scale_rows_)
+                qk_clip_(att, row, self.tau, self.alpha, trainer.engine.storage.scale_rows_)
         self._events = self._events + clipped.sum()
         for i in range(s_max.shape[0]):
             for h in range(s_max.shape[1]):

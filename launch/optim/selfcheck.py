@@ -62,7 +62,7 @@ def check_orthogonalised(
     Returns the update's singular values (scale divided out) for the tests."""
     rows = max(32, 4 * engine.world_size)  # wide, so every row shard is wide too
     device = engine.device
-    after, lr = engine.probe_step(
+    after, lr = engine.storage.probe_step(
         lambda: Probe(rows, 2 * rows, device), factory, probe_gradient(rows, 2 * rows)
     )
     update = -after / (lr * update_scale(after.shape, scale))  # type: ignore[arg-type]

@@ -270,13 +270,15 @@ def test_veto_skips_the_update(tiny: dict[str, Path], overrides: tuple[str, ...]
             ("engine.name=deepspeed", "engine.zero_stage=1"), id="zero1", marks=pytest.mark.slow
         ),
         pytest.param(("engine.name=deepspeed", "engine.zero_stage=2"), id="zero2"),
-    ],  # FSDP2 and ZeRO-3: end to end in the instruments test above
+        pytest.param(("engine.name=deepspeed", "engine.zero_stage=3"), id="zero3"),
+    ],  # FSDP2: end to end in the instruments test above
 )
-def test_local_tensors_assemble_the_global_statistics(
+def test_storage_assembles_the_global_statistics(
     tiny: dict[str, Path], overrides: tuple[str, ...]
 ) -> None:
-    """What instruments see on 2 ranks (shards summed, replicas counted once) equals the sums of
-    squares of the single-process weights and gradients of the same global batch."""
+    """What instruments see on 2 ranks through `engine.storage` (local parts: shards summed,
+    replicas counted once; `full`: the gathered weight on every rank) equals the sums of squares
+    of the single-process weights and gradients of the same global batch."""
     from normlab.model import Transformer
     from normlab.model.loss import lm_loss
 
@@ -303,6 +305,8 @@ def test_local_tensors_assemble_the_global_statistics(
         assert set(got[kind]) == set(ref)
         for name, value in ref.items():
             assert got[kind][name] == pytest.approx(value, rel=1e-5), (kind, name)
+            if kind == "param":
+                assert got["full"][name] == pytest.approx(value, rel=1e-5), ("full", name)
 
 
 def test_deepspeed_resume_takes_the_recipes_new_lr(tiny: dict[str, Path]) -> None:

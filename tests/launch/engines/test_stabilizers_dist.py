@@ -35,6 +35,7 @@ STABILIZED = [
     "model.final_softcap=30.0",
     "model.n_kv_heads=2",
     "instruments.attention_stabilizers=true",
+    "instruments.qk_spectrum=true",  # whole q/k weights through engine.storage.full
 ]
 MUONCLIP = ["optim.name=muon", "optim.muon_scale=match_rms_adamw", "optim.muon_ns_dtype=fp32",
             "optim.qk_clip={tau: 8.0, alpha: 0.5}"]
@@ -70,6 +71,16 @@ def test_two_ranks_follow_one_process(tiny: dict[str, Path], engine: tuple[str, 
     assert_same_curve(run, losses(tiny["ref8"]))
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("sink_mass/00" in r and "gate_mean/01" in r for r in rows)
+    # the statistics of whole weights (gathered from shards and ZeRO-3 partitions) are one
+    # process's: the sinks' logits and the QK spectral entropy at every logged step
+    ref: dict[int, dict] = {}  # a step's rows (train, eval) merged
+    for r in map(json.loads, (tiny["ref8"] / "metrics.jsonl").open()):
+        ref.setdefault(r["step"], {}).update(r)
+    whole = [(r["step"], k, v) for r in rows for k, v in r.items()
+             if k.startswith(("sink_logit/", "qk_entropy/"))]  # fmt: skip
+    assert {k.split("/")[0] for _, k, _ in whole} == {"sink_logit", "qk_entropy"}
+    for step, key, value in whole:
+        assert value == pytest.approx(ref[step][key], rel=1e-4, abs=1e-6), (step, key)
 
 
 def test_muonclip_on_fsdp_follows_one_process(tiny: dict[str, Path]) -> None:
