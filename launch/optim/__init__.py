@@ -3,6 +3,11 @@
 `adamw`: torch.optim.AdamW. `muon` (SCIENCE.md 6): Muon on the hidden matrices and AdamW on the
 rest in one optimizer (launch.optim.muon), proved to orthogonalise by a start-up self-check
 (launch.optim.selfcheck). `optim.qk_clip` adds QK-Clip after every step (launch.optim.qk_clip).
+
+The learning rate has one source, `optim.lr`: the schedule (launch.training.schedule) turns it into
+the rate of each step, and `set_lr` writes that rate times the group's `lr_mult` (µP/CompleteP's
+class factor, SCIENCE.md 21; 1 under sp) into each group's `lr`, which torch's step reads. A group
+holds no absolute rate of its own, so a resume with a new optim.lr needs nothing but the recipe.
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ def transfer_groups(model: nn.Module, groups: list[dict], cfg: OptimSection) -> 
                     "params": params,
                     "group": f"{group['group']}/{klass}",
                     "lr": cfg.lr * f.lr,
+                    "lr_mult": f.lr,
                     "weight_decay": group["weight_decay"] * f.weight_decay,
                     "eps": cfg.eps * f.eps,
                 }
@@ -121,14 +127,16 @@ def check_optimizer(
 
 
 def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
+    """The recipe's optimizer; each group's `lr_mult` is its factor on the step's rate."""
     opt = resolve(OPTIMIZERS, cfg.name)(model, cfg)
     for group in opt.param_groups:
-        group.setdefault("initial_lr", group["lr"])  # schedules scale from here
+        group.setdefault("lr_mult", 1.0)
     return opt
 
 
-def set_lr(opt: torch.optim.Optimizer, multiplier: float) -> float:
-    """Scale every group's initial lr; returns the first group's lr for logging."""
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> float:
+    """This step's rate `lr` (optim.lr times the schedule) into every group, times its lr_mult;
+    returns the first group's lr for logging."""
     for group in opt.param_groups:
-        group["lr"] = group["initial_lr"] * multiplier
+        group["lr"] = lr * group["lr_mult"]
     return opt.param_groups[0]["lr"]

@@ -8,8 +8,8 @@ the optimizer from the recipe first; `recipe_hyperparams` snapshots its groups, 
 loaded, and `reapply` writes the recipe's values back. Groups are matched by their name (`group`
 or `name` key, as set by launch.optim and the Muon groups), else by position; every key except
 `params` and `lr` is restored, so an optimizer with other hyperparameters (momentum, ns_steps)
-needs nothing here. `lr` is derived: the schedule, rebuilt from the recipe on every start, sets it
-from `initial_lr` before each step.
+needs nothing here. `lr` is derived: before each step the schedule, rebuilt from the recipe's
+optim.lr on every start, sets it (times the group's `lr_mult`).
 """
 
 from __future__ import annotations

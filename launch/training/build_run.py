@@ -26,14 +26,14 @@ from normlab.launch.rundir.checkpoint import CheckpointManager
 from normlab.launch.rundir.resume import check_data_identity, check_global_batch, global_batch
 from normlab.launch.rundir.rng import rng_state, seed_everything, set_rng_state
 from normlab.launch.training.datasets import resolve_sources
-from normlab.launch.training.schedule import build_schedule, lr_change, stable_end
+from normlab.launch.training.schedule import lr_change, lr_plan, stable_end
 
 
 @dataclass
 class RunParts:
     engine: Engine
     loader: MixtureLoader  # train batches, and each source's validation batches
-    lr_at: Callable[[int], float]  # the schedule's multiplier of the recipe's lr at a step
+    lr_at: Callable[[int], float]  # the learning rate of a step: optim.lr times the schedule
     tokens_per_step: int
     ckpt: CheckpointManager
     global_batch: dict[str, int]  # sequences per step and how ranks and micro-batches split it
@@ -76,7 +76,7 @@ def build_parts(cfg: RunConfig, run_dir: Path) -> RunParts:
     return RunParts(
         engine=engine,
         loader=loader,
-        lr_at=build_schedule(cfg.schedule, cfg.training.steps, model_cfg.d_model),
+        lr_at=lr_plan(cfg.optim.lr, cfg.schedule, cfg.training.steps, model_cfg.d_model),
         tokens_per_step=d.batch_size * d.seq_len * cfg.training.grad_accum * world,
         ckpt=CheckpointManager(
             run_dir, cfg.checkpoint.keep_last, asynchronous=cfg.checkpoint.async_, pinned=stable

@@ -77,6 +77,12 @@ def build_schedule(cfg: ScheduleSection, total_steps: int, d_model: int) -> Mult
     return multiplier
 
 
+def lr_plan(lr: float, cfg: ScheduleSection, total_steps: int, d_model: int) -> Multiplier:
+    """The learning rate of each 1-based update index: `lr` (optim.lr) times the schedule."""
+    multiplier = build_schedule(cfg, total_steps, d_model)
+    return lambda step: lr * multiplier(step)
+
+
 def lr_change(saved: dict, cfg: RunConfig, step: int) -> str | None:
     """The line for a resume at `step` whose recipe plans the lr otherwise than the checkpoint's
     `saved` config (RunConfig.to_dict()) did: the lr of `step` under both plans. None when the
@@ -90,15 +96,18 @@ def lr_change(saved: dict, cfg: RunConfig, step: int) -> str | None:
     if (old_cfg, old_steps, old_lr) == (new_cfg, new_steps, new_lr):
         return None
     d_model = cfg.model_config().d_model
-    old_at = build_schedule(old_cfg, old_steps, d_model)
-    new_at = build_schedule(new_cfg, new_steps, d_model)
-    before, after = old_lr * old_at(step), new_lr * new_at(step)
+    old_at = lr_plan(old_lr, old_cfg, old_steps, d_model)
+    new_at = lr_plan(new_lr, new_cfg, new_steps, d_model)
+    before, after = old_at(step), new_at(step)
+    what = [f"optim.lr {old_lr:.4g} -> {new_lr:.4g}"] if old_lr != new_lr else []
+    if (old_cfg, old_steps) != (new_cfg, new_steps):
+        what.append(f"{old_cfg.kind} over {old_steps} steps -> {new_cfg.kind} over {new_steps}")
     head = (
-        f"schedule changed on resume ({old_cfg.kind} over {old_steps} steps -> {new_cfg.kind} over "
-        f"{new_steps}): lr at step {step} {before:.4g} -> {after:.4g}"
+        f"learning-rate plan changed on resume ({'; '.join(what)}): lr at step {step} "
+        f"{before:.4g} -> {after:.4g}"
     )
     if step < new_steps:
-        head += f", step {step + 1} takes {new_lr * new_at(step + 1):.4g}"
+        head += f", step {step + 1} takes {new_at(step + 1):.4g}"
     if math.isclose(before, after, rel_tol=1e-9, abs_tol=0.0):
         return f"{head} (continuous)"
     ratio = f" of x{after / before:.3g}" if before > 0 else ""

@@ -232,7 +232,7 @@ class Trainer:
 
     def _train_step(self, step: int) -> dict[str, Any]:
         engine = self.engine
-        lr = set_lr(engine.optimizer, self.lr_at(step))
+        lr = set_lr(engine.optimizer, self.lr_at(step))  # optim.lr x the schedule, per group
         engine.zero_grad()
         total = None
         for _ in range(self.cfg.training.grad_accum):

@@ -166,7 +166,7 @@ def test_rollback_keeps_the_recipe_values_of_a_forced_resume(
     rows = {r["step"]: r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r}
     assert rows[8]["rollbacks"] == 0 and rows[9]["rollbacks"] == 1
     assert [rows[s]["lr"] for s in (9, 10)] == [5e-4, 5e-4]  # constant schedule after warm-up
-    assert all(g["initial_lr"] == 5e-4 for g in trainer.engine.optimizer.param_groups)
+    assert all(g["lr"] == 5e-4 for g in trainer.engine.optimizer.param_groups)
 
 
 @pytest.mark.parametrize(("window", "first"), [(3, 3), (30, 20), (200, 100), (1000, 500)])

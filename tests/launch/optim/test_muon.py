@@ -76,7 +76,7 @@ def test_ten_steps_equal_torch_muon_and_adamw(scale: str) -> None:
     tokens = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
     for step in range(10):
         mult = 1.0 - 0.05 * step  # a decaying schedule, through set_lr
-        set_lr(opt, mult)
+        set_lr(opt, cfg.lr * mult)
         for o in ref_opts:
             for g in o.param_groups:
                 g["lr"] = cfg.lr * mult

@@ -54,7 +54,7 @@ def test_step_equals_torch_adamw() -> None:
     )
     tokens = torch.randint(0, 64, (2, 16))
     for mult in (1.0, 0.5, 0.25):
-        set_lr(opt, mult)
+        set_lr(opt, 1e-2 * mult)
         for g in ref_opt.param_groups:
             g["lr"] = 1e-2 * mult
         for model, o in ((ours, opt), (ref, ref_opt)):
