@@ -110,6 +110,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "or from its committed compare.csv (verdicts.md/json by SCIENCE.md 22, the A/A "
         "self-test, sensitivity.csv, study.md's verdict section)",
     )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="DIR",
+        type=Path,
+        help="with --report-only: first join the runs of these directories of the same study "
+        "(e.g. more seeds run with --seeds 2,3 --out DIR) into --out's results.csv and "
+        "compare.csv; a run found twice must agree, else nothing is written",
+    )
     add_submit_options(p)
     p.set_defaults(func=run)
 
@@ -164,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
     check_lock_settings()  # before the study directory is written
     spec = spec_from_args(args)
     out = Path(args.out or ("study" if spec.path is None else f"studies/{spec.name}"))
+    if args.merge and not args.report_only:
+        raise ConfigError("--merge joins finished runs: give it with --report-only")
     if args.report_only:
         if args.submit:
             raise ConfigError("--report-only trains nothing: it cannot be given with --submit")
@@ -172,7 +183,13 @@ def run(args: argparse.Namespace) -> int:
         from normlab.launch.study.rebuild import rebuild
         from rich.console import Console
 
-        rebuild(spec, out, Console(width=None if sys.stdout.isatty() else 240))
+        console = Console(width=None if sys.stdout.isatty() else 240)
+        if args.merge:
+            from normlab.launch.study.merge import merge_runs
+
+            for line in merge_runs(spec, out, args.merge):
+                console.print(line)
+        rebuild(spec, out, console)
         return 0
     if args.submit:
         from normlab.launch.study.submit import submit_study

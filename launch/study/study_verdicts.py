@@ -240,11 +240,15 @@ RESULT_COLUMNS = ["recipe", "size", "lr", "seed", "eval_loss", "status", "l0", *
 def write_results_csv(rows: list[dict[str, Any]], out: Path) -> Path:
     """DIR/results.csv: the study's runs as the table `normlab verdicts` reads (and
     --report-only prefers): l_0 per run and the eval loss at 25/50/75 % for the rank flips."""
-    path = out / RESULTS_CSV
+    return write_runs(results_of(rows), out / RESULTS_CSV)
+
+
+def write_runs(runs: list[Run], path: Path) -> Path:
+    """The runs as a results table (RESULT_COLUMNS; an unknown value is an empty cell)."""
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(RESULT_COLUMNS)
-        for r in results_of(rows):
+        for r in runs:
             at = [repr(r.at[f]) if f in r.at else "" for f in FRACTIONS]
             loss = "" if math.isnan(r.eval_loss) else repr(r.eval_loss)
             l0 = "" if math.isnan(r.l0) else repr(r.l0)

@@ -1,0 +1,111 @@
+"""`normlab study STUDY --report-only --out DIR --merge MORE`: seeds run later joined to a committed
+study's tables (launch.study.merge): the union of the runs, the committed values kept exactly, a
+repeat merge a no-op, and a run whose values differ refused with DIR left as it was."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+from normlab.launch.cli import main
+from normlab.launch.errors import ConfigError
+from normlab.launch.study.merge import merge_runs
+from normlab.launch.study.results_table import read_results
+from normlab.launch.study.spec import load_study
+from normlab.launch.study.study_verdicts import write_runs
+
+from tests.conftest import REPO
+
+WORTSMAN = REPO / "docs" / "study" / "wortsman"
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """DIR: the committed wortsman study (compare.csv, seeds 0 and 1); MORE: a study directory
+    holding the same runs as seeds 2 and 3, 0.01 nats higher."""
+    out, more = tmp_path / "out", tmp_path / "more"
+    out.mkdir(), more.mkdir()
+    for f in ("compare.csv", "sensitivity.csv"):
+        shutil.copy(WORTSMAN / f, out / f)
+    runs = []
+    for r in _rows(WORTSMAN / "compare.csv"):
+        runs.append(
+            r | {"seed": str(int(r["seed"]) + 2), "run": r["run"][:-1] + str(int(r["seed"]) + 2)}
+        )
+    with (more / "compare.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, list(runs[0]))
+        writer.writeheader()
+        writer.writerows(runs)
+    return out, more
+
+
+def _more_results(more: Path, out: Path, shift: float) -> None:
+    """MORE's results.csv: DIR's runs (as the merge reads them) at seed + 2, loss + shift."""
+    from dataclasses import replace
+
+    base = read_results(out / "results.csv")
+    write_runs(
+        [replace(r, seed=r.seed + 2, eval_loss=r.eval_loss + shift) for r in base],
+        more / "results.csv",
+    )
+
+
+def test_merge_joins_seeds_keeps_committed_values_and_repeats_as_a_no_op(dirs) -> None:
+    out, more = dirs
+    spec = load_study("wortsman")
+    # DIR alone (no source) writes its committed runs as results.csv: l_0 from sensitivity.csv
+    assert merge_runs(spec, out, []) == []
+    base = read_results(out / "results.csv")
+    committed = {
+        (r["recipe"], float(r["lr"]), int(r["seed"])): r for r in _rows(out / "compare.csv")
+    }
+    l0 = {r["recipe"]: float(r["init_loss"]) for r in _rows(WORTSMAN / "sensitivity.csv")}
+    assert len(base) == len(committed) == 70
+    for r in base:
+        row = committed[(r.recipe, r.lr, r.seed)]
+        assert r.eval_loss == float(row["eval_loss"]) and r.status == row["status"]
+        assert r.l0 == l0[r.recipe]
+    _more_results(more, out, 0.01)
+    lines = merge_runs(spec, out, [more])
+    assert lines == [f"{more}: 70 of 70 runs added (seeds [2, 3])"]
+    merged = read_results(out / "results.csv")
+    assert sorted({r.seed for r in merged}) == [0, 1, 2, 3] and len(merged) == 140
+    by_key = {(r.recipe, r.lr, r.seed): r for r in merged}
+    for r in base:
+        kept = by_key[(r.recipe, r.lr, r.seed)]  # seeds 0 and 1 exactly as committed
+        assert (kept.eval_loss, kept.status, kept.l0) == (r.eval_loss, r.status, r.l0)
+        assert by_key[(r.recipe, r.lr, r.seed + 2)].eval_loss == pytest.approx(r.eval_loss + 0.01)
+    assert len(_rows(out / "compare.csv")) == 140
+    before = {f: (out / f).read_bytes() for f in ("results.csv", "compare.csv")}
+    assert merge_runs(spec, out, [more]) == [f"{more}: 0 of 70 runs added (seeds [2, 3])"]
+    assert {f: (out / f).read_bytes() for f in before} == before
+
+
+def test_a_run_with_other_values_is_refused_and_nothing_is_written(dirs) -> None:
+    out, more = dirs
+    spec = load_study("wortsman")
+    merge_runs(spec, out, [])
+    _more_results(more, out, 0.0)
+    merge_runs(spec, out, [more])
+    before = {f: (out / f).read_bytes() for f in ("results.csv", "compare.csv")}
+    _more_results(more, out, 0.5)  # the same seeds 2 and 3 with other losses
+    with pytest.raises(ConfigError, match=r"seed [23] is already in results.csv with other"):
+        merge_runs(spec, out, [more])
+    assert {f: (out / f).read_bytes() for f in before} == before
+    assert not list(out.glob(".*merge-tmp"))
+    with pytest.raises(ConfigError, match="cannot read the results table"):
+        merge_runs(spec, out, [more.parent / "absent"])
+
+
+def test_merge_needs_report_only(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    study = str(REPO / "recipes" / "studies" / "wortsman.yaml")
+    assert main(["study", study, "--out", str(tmp_path), "--merge", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["normlab study: error: --merge joins finished runs: give it with --report-only"]
