@@ -6,7 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from normlab.model import ModelConfig, Transformer
-from normlab.model.placements import deepnorm_constants
+from normlab.model.placements import (
+    SCALED_WRAPPERS,
+    WRAPPERS,
+    BranchScale,
+    ConstScale,
+    ScaledResidual,
+    deepnorm_constants,
+)
+from torch import nn
 
 D = 32
 
@@ -94,6 +102,91 @@ def test_block_equals_equation(name, extra, norm):
         expected = by_hand(name, block, x, layer)
         torch.testing.assert_close(block(x), expected, rtol=1e-10, atol=1e-10)
         x = expected
+
+
+SCALES = {
+    "layerscale": {"residual_scale": "layerscale"},
+    "completep": {"parametrization": "completep", "base_d_model": 16, "base_n_layers": 2},
+}
+
+
+def scaled_by_hand(kind, wrapper, x, s):
+    """x + s ⊙ N_out(F(N_in(x))) with the norms of the placement written out (SCIENCE.md 15, 21)."""
+    F = wrapper.branch
+    if kind == "pre":
+        return x + s * F(N(x, wrapper.norm_in))
+    if kind == "peri":
+        return x + s * N(F(N(x, wrapper.norm_in)), wrapper.norm_out)
+    if kind == "olmo2":
+        return x + s * N(F(x), wrapper.norm_out)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("scale", sorted(SCALES))
+@pytest.mark.parametrize("kind", ["pre", "peri", "olmo2"])
+def test_scaled_residual_equals_its_equation(kind, scale):
+    """The one residual-scale wrapper, with a learned λ (LayerScale) and with CompleteP's
+    constant m_L^-α = (4 / 2)^-1, against the equation computed directly."""
+    model = make(kind, **SCALES[scale])  # make draws λ and every gain ~ N(1, 0.3)
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    for block in model.blocks:
+        for w in (block.attn, block.mlp):
+            assert type(w) is ScaledResidual
+            assert isinstance(w.norm_in, nn.Identity) == (kind == "olmo2")
+            assert isinstance(w.norm_out, nn.Identity) == (kind == "pre")
+            if scale == "layerscale":
+                assert isinstance(w.scale, BranchScale) and w.scale.weight.shape == (D,)
+                s = w.scale.weight.detach().clone()
+            else:
+                assert isinstance(w.scale, ConstScale)
+                s = (4 / 2) ** -1.0
+            expected = scaled_by_hand(kind, w, x, s)
+            torch.testing.assert_close(w(x), expected, rtol=1e-12, atol=1e-12)
+            x = expected
+
+
+# blocks.0's state_dict keys of a LayerScale model (rmsnorm, swiglu), captured from the three
+# ScaledBranch*Norm classes before they were folded into ScaledResidual: checkpoints and the HF
+# key maps depend on them
+_ATTN = [f"attn.branch.{p}_proj.weight" for p in "qkvo"]
+_MLP = [f"mlp.branch.{p}_proj.weight" for p in ("gate", "up", "down")]
+LAYERSCALE_KEYS = {
+    "pre": [*_ATTN, "attn.norm_in.weight", "attn.scale.weight",
+            *_MLP, "mlp.norm_in.weight", "mlp.scale.weight"],
+    "peri": [*_ATTN, "attn.norm_in.weight", "attn.norm_out.weight", "attn.scale.weight",
+             *_MLP, "mlp.norm_in.weight", "mlp.norm_out.weight", "mlp.scale.weight"],
+    "olmo2": [*_ATTN, "attn.norm_out.weight", "attn.scale.weight",
+              *_MLP, "mlp.norm_out.weight", "mlp.scale.weight"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERSCALE_KEYS))
+def test_scaled_residual_keeps_the_state_dict_keys(kind):
+    keys = list(make(kind, "rmsnorm", residual_scale="layerscale").state_dict())
+    assert [k.removeprefix("blocks.0.") for k in keys if k.startswith("blocks.0.")] == (
+        LAYERSCALE_KEYS[kind]
+    )
+    assert [k for k in keys if not k.startswith("blocks.")] == [
+        "embed.weight", "final_norm.weight", "head.weight"
+    ]  # fmt: skip
+
+
+def test_scaled_wrappers_names_the_kinds_that_take_a_scale():
+    """SCALED_WRAPPERS (= config.SCALED_KINDS, which count_params reads) is exactly the set of
+    placement-table kinds whose builder wraps a LayerScale model's sub-layer in ScaledResidual."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=4, d_model=D, n_heads=4, d_ff=64, vocab_size=50, max_seq_len=16,
+                      residual_scale="layerscale")  # fmt: skip
+
+    def norm():
+        return nn.LayerNorm(D)
+
+    scaled = {
+        kind
+        for kind, build in WRAPPERS.items()
+        if isinstance(build(cfg, 1, "ffn", nn.Linear(D, D), norm), ScaledResidual)
+    }
+    assert scaled == SCALED_WRAPPERS
 
 
 @pytest.mark.parametrize("ratio,n_post", [(0.25, 1), (0.5, 2), (0.0, 0), (0.7, 2)])
