@@ -1,6 +1,8 @@
 """Causal self-attention with grouped-query heads, RoPE and optional QK-Norm (SCIENCE.md 4).
 
-The exact and the lse-bounded max-logit kernels QK-Clip reads live in attention_lse.py.
+The exact and the lse-bounded max-logit kernels QK-Clip reads live in attention_lse.py; they run
+from hooks on `Attention.qk_tap` and `Attention.core` (launch/instruments/attention.py,
+launch/optim/qk_clip.py), never from the model itself.
 """
 
 from __future__ import annotations
@@ -32,6 +34,15 @@ class FlatQKNorm(RMSNorm):
         return super().forward(x.flatten(-2)).view_as(x)
 
 
+class QKTap(nn.Module):
+    """Identity on the query and key heads (B, H, T, D) exactly as the logits q k^T / sqrt(d_head)
+    see them: after QK-Norm, µP's q multiplier and RoPE. Forward hooks on it measure the per-head
+    max logit (QK-Clip, the attention_logits instrument; SCIENCE.md 7)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k
+
+
 def build_qk_norm(cfg: ModelConfig, n_heads: int) -> nn.Module:
     if cfg.qk_norm == "head":
         return HeadQKNorm(cfg.head_dim, eps=cfg.norm_eps)
@@ -41,12 +52,14 @@ def build_qk_norm(cfg: ModelConfig, n_heads: int) -> nn.Module:
 
 
 class Attention(nn.Module):
-    """softmax(q k^T / sqrt(d_head)) v over causal positions, via scaled_dot_product_attention.
+    """softmax(q k^T / sqrt(d_head)) v over causal positions, via `core` (attention_cores.py:
+    scaled_dot_product_attention unless sinks or a soft-cap need the eager form).
 
-    With `record_max_logits` set, also stores `max_logits` (n_heads,): the exact per-head maximum
-    pre-softmax logit over the batch and all unmasked (i, j), as QK-Clip needs (SCIENCE.md 7).
-    With `record_lse_bound` set, runs a fused kernel that also returns each row's log-sum-exp and
-    stores `lse_bounds` (lower, upper), each (n_heads,): the cheap bound on that maximum.
+    Two hook points let instruments observe the logits from outside (SCIENCE.md 7): `qk_tap`
+    passes the logits' q and k through (a forward hook computes the exact per-head max with
+    `causal_max_logits`), and `core` is called without bounds (a forward pre-hook that sets
+    `bounds=True` makes it return the fused kernel's (lower, upper) lse bounds on that max, which
+    a forward hook on the core reads from its output). Without hooks neither is computed.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -68,10 +81,7 @@ class Attention(nn.Module):
         self.gate = build_gate(cfg.attn_gate, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.bias)
         self.dropout_p = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
-        self.record_max_logits = False
-        self.max_logits: torch.Tensor | None = None
-        self.record_lse_bound = False
-        self.lse_bounds: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.qk_tap = QKTap()
         self._rope_args = (cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
@@ -94,12 +104,9 @@ class Attention(nn.Module):
             apply_rope(k.transpose(1, 2), cos, sin),
             v.transpose(1, 2),
         )  # (B, H, T, D)
-        if self.record_max_logits:
-            self.max_logits = causal_max_logits(q, k)
+        q, k = self.qk_tap(q, k)  # the hook point of the max-logit instruments and QK-Clip
         dropout_p = self.dropout_p if self.training else 0.0
-        y, bounds = self.core(q, k, v, dropout_p, self.record_lse_bound)  # (B, H, T, D)
-        if self.record_lse_bound:
-            self.lse_bounds = bounds
+        y, _ = self.core(q, k, v, dropout_p)  # (B, H, T, D); bounds only when a pre-hook asks
         y = self.gate(x, y)  # O ⊙ σ(X W_g), or O
         return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(B, T, -1)))
 
@@ -108,6 +115,7 @@ __all__ = [
     "Attention",
     "FlatQKNorm",
     "HeadQKNorm",
+    "QKTap",
     "attention_with_lse_bounds",
     "build_qk_norm",
     "causal_max_logits",

@@ -1,8 +1,9 @@
 """The softmax step of attention, one module per kernel: y = softmax(S + M) V and its variants.
 
 Each core takes q (B, H, T, D) and k, v (B, H_kv, T, D) after QK-norm and RoPE and returns the
-output (B, H, T, D) and, when asked, per-head (lower, upper) bounds on the raw max logit S_max
-(QK-Clip, SCIENCE.md 7). `kernel` names what runs, for benchmarks and the resolved config.
+output (B, H, T, D) and, when asked (`bounds=True`: Attention never asks, the attention_logits
+instrument's forward pre-hook does), per-head (lower, upper) bounds on the raw max logit S_max
+(SCIENCE.md 7), else None. `kernel` names what runs, for benchmarks and the resolved config.
 
 - SDPACore: fused `scaled_dot_product_attention` (the default path, unchanged).
 - EagerCore: S = q k^T / sqrt(d_h) materialised in fp32, an optional soft-cap c·tanh(S/c) BEFORE
@@ -69,7 +70,12 @@ class SDPACore(nn.Module):
     cap: float | None = None
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, bounds: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        dropout_p: float,
+        bounds: bool = False,
     ) -> tuple[torch.Tensor, Bounds | None]:
         if bounds:
             return attention_with_lse_bounds(q, k, v, dropout_p)
@@ -103,7 +109,12 @@ class EagerCore(nn.Module):
         return self.probabilities(self.score_mod(s).masked_fill(future, float("-inf")))
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, bounds: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        dropout_p: float,
+        bounds: bool = False,
     ) -> tuple[torch.Tensor, Bounds | None]:
         s = attention_logits(q, k)  # S (B, H, T, T)
         future = future_mask(s.shape[-1], s.device)

@@ -422,8 +422,9 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-# Wrapper kinds whose sub-layers carry a residual scale (model.placements.SCALED_WRAPPERS keys;
-# kept here, without torch, so presets.count_params and `normlab plan` need no torch).
+# Wrapper kinds whose sub-layers carry a residual scale (model.placements.SCALED_WRAPPERS, built
+# as ScaledResidual; kept here, without torch, so presets.count_params and `normlab plan` need no
+# torch).
 SCALED_KINDS = frozenset({"pre", "peri", "olmo2"})
 
 

@@ -137,39 +137,28 @@ def const_scale(c: float) -> nn.Module:
     return ConstScale(c) if c != 1.0 else nn.Identity()
 
 
-class ScaledBranchPreNorm(nn.Module):
-    """Pre-LN with a residual scale (LayerScale, SkipInit): x = x + λ ⊙ F(N(x))."""
+class ScaledResidual(nn.Module):
+    """A sub-layer with a residual scale s: x = x + s ⊙ N_out(F(N_in(x))), s a learned λ
+    (LayerScale, SkipInit: BranchScale) or CompleteP's constant m_L^-α (ConstScale).
 
-    def __init__(self, branch: nn.Module, make_norm: MakeNorm, scale: BranchScale) -> None:
+    N_in / N_out are the identity where the placement has none: Pre-LN has no N_out, OLMo 2 no
+    N_in, Peri-LN both (its scale after N_out: a scale before a norm is a no-op)."""
+
+    def __init__(
+        self,
+        branch: nn.Module,
+        scale: nn.Module,
+        norm_in: nn.Module | None = None,
+        norm_out: nn.Module | None = None,
+    ) -> None:
         super().__init__()
-        self.branch, self.norm_in, self.scale = branch, make_norm(), scale
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.scale(self.branch(self.norm_in(x)))
-
-
-class ScaledBranchPeriNorm(nn.Module):
-    """Peri-LN with a residual scale after N_out (a scale before a norm is a no-op):
-    x = x + λ ⊙ N_out(F(N_in(x)))."""
-
-    def __init__(self, branch: nn.Module, make_norm: MakeNorm, scale: BranchScale) -> None:
-        super().__init__()
-        self.branch, self.norm_in, self.norm_out = branch, make_norm(), make_norm()
+        self.branch = branch
+        self.norm_in = nn.Identity() if norm_in is None else norm_in
+        self.norm_out = nn.Identity() if norm_out is None else norm_out
         self.scale = scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.scale(self.norm_out(self.branch(self.norm_in(x))))
-
-
-class ScaledBranchReorderedNorm(nn.Module):
-    """OLMo 2's reordered norm with a residual scale: x = x + λ ⊙ N(F(x))."""
-
-    def __init__(self, branch: nn.Module, make_norm: MakeNorm, scale: BranchScale) -> None:
-        super().__init__()
-        self.branch, self.norm_out, self.scale = branch, make_norm(), scale
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.scale(self.norm_out(self.branch(x)))
 
 
 class PlainResidual(nn.Module):
@@ -221,19 +210,24 @@ def _simple(cls: type[nn.Module]) -> Build:
     return lambda cfg, layer, role, branch, make_norm: cls(branch, make_norm)
 
 
-def _scalable(cls: type[nn.Module], scaled: type[nn.Module]) -> Build:
-    """`cls`, or its scaled form x + λ ⊙ (...): a learned residual scale (model.residual_scale)
-    or CompleteP's constant m_L^-α (peri/olmo2: after N_out); the two are never combined."""
+def _scalable(cls: type[nn.Module], norm_in: bool, norm_out: bool) -> Build:
+    """`cls`, or ScaledResidual x + s ⊙ N_out(F(N_in(x))) with the placement's norms (`norm_in`,
+    `norm_out`: whether it has each): a learned residual scale (model.residual_scale) or
+    CompleteP's constant m_L^-α; the two are never combined."""
 
     def build(
         cfg: ModelConfig, layer: int, role: str, branch: nn.Module, mk: MakeNorm
     ) -> nn.Module:
+        scale: nn.Module
+        mult = residual_mult(cfg)
         if cfg.residual_scale != "none":
             size = cfg.d_model if cfg.residual_scale == "layerscale" else 1
             scale = BranchScale(size, cfg.residual_scale_init)  # type: ignore[arg-type]
-            return scaled(branch, mk, scale)
-        mult = residual_mult(cfg)
-        return cls(branch, mk) if mult == 1.0 else scaled(branch, mk, ConstScale(mult))
+        elif mult != 1.0:
+            scale = ConstScale(mult)
+        else:
+            return cls(branch, mk)
+        return ScaledResidual(branch, scale, mk() if norm_in else None, mk() if norm_out else None)
 
     return build
 
@@ -241,9 +235,9 @@ def _scalable(cls: type[nn.Module], scaled: type[nn.Module]) -> Build:
 # The wrapper of each sub-layer kind (model.config.sublayer_kind): the placement table.
 WRAPPERS: dict[str, Build] = {
     "post": _simple(PostNorm),
-    "pre": _scalable(PreNorm, ScaledBranchPreNorm),
-    "peri": _scalable(PeriNorm, ScaledBranchPeriNorm),
-    "olmo2": _scalable(ReorderedNorm, ScaledBranchReorderedNorm),
+    "pre": _scalable(PreNorm, norm_in=True, norm_out=False),
+    "peri": _scalable(PeriNorm, norm_in=True, norm_out=True),
+    "olmo2": _scalable(ReorderedNorm, norm_in=False, norm_out=True),
     "ln_scaling": lambda cfg, layer, role, b, mk: ScaledPreNorm(b, mk, layer=layer),
     "deepnorm": lambda cfg, layer, role, b, mk: DeepNorm(
         b, mk, alpha=deepnorm_constants(cfg.n_layers)[0]
@@ -253,8 +247,8 @@ WRAPPERS: dict[str, Build] = {
         b, mk
     ),
 }
-SCALED_WRAPPERS = {"pre": ScaledBranchPreNorm, "peri": ScaledBranchPeriNorm,
-                   "olmo2": ScaledBranchReorderedNorm}  # fmt: skip
+# The kinds whose sub-layer takes a residual scale (as ScaledResidual): config.SCALED_KINDS.
+SCALED_WRAPPERS = frozenset({"pre", "peri", "olmo2"})
 
 
 def wrap_sublayer(

@@ -93,13 +93,6 @@ class Transformer(nn.Module):
                 module.reset_rope()
         init_weights(self, self.config, torch.initial_seed() if seed is None else seed)
 
-    def set_record_max_logits(self, flag: bool) -> None:
-        """Have every attention store its exact per-head max logit (off: the fused path only)."""
-        for module in self.modules():
-            if isinstance(module, Attention):
-                module.record_max_logits = flag
-                module.max_logits = None
-
     def num_params(self, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         return n - self.embed.weight.numel() if exclude_embedding else n

@@ -1,12 +1,15 @@
 """Per-head maximum attention logit (SCIENCE.md section 7) and QK-Norm gain norms.
 
-Mode `exact` (default): on log steps each attention runs its exact streaming max of
-q k^T / sqrt(d_head) (causal mask respected; `model.attention.causal_max_logits`) beside the fused
-SDPA call. Mode `lse_bound`: on log steps attention runs a fused kernel that also returns each
-row's log-sum-exp, and the cheap bound lse_i - log(n_i) <= max_j s_ij <= lse_i is logged instead
-(`max_logit_lower/...`, `max_logit_upper/...`): no T x T work beyond the attention itself. A forward
-hook folds every micro-batch into a running max, reduced with MAX across ranks. Unlogged steps run
-the plain fused path only.
+The model computes neither quantity itself: on log steps this instrument hooks each attention
+from outside. Mode `exact` (default): a forward hook on `Attention.qk_tap` (q, k after QK-Norm,
+µP's q multiplier and RoPE) runs the exact streaming max of q k^T / sqrt(d_head) (causal mask
+respected; `model.attention.causal_max_logits`) beside the fused SDPA call. Mode `lse_bound`: a
+forward pre-hook on `Attention.core` asks it for bounds (`bounds=True`), so it runs a fused kernel
+that also returns each row's log-sum-exp, and a forward hook on the core logs the cheap bound
+lse_i - log(n_i) <= max_j s_ij <= lse_i instead (`max_logit_lower/...`, `max_logit_upper/...`):
+no T x T work beyond the attention itself. The hooks fold every training micro-batch into a
+running max, reduced with MAX across ranks, and are removed after the log step: unlogged steps
+(and evaluation passes) run the plain fused path only.
 """
 
 from __future__ import annotations
@@ -24,13 +27,15 @@ from normlab.launch.instruments.common import (
     attention_of,
     block_key,
     blocks,
+    fold_max_logits,
     is_log_step,
 )
 from normlab.launch.instruments.gradients import local_parts, sum_squares
+from normlab.model.attention import Attention
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-# mode -> the metric kinds it logs, in the order the attention module reports them
+# mode -> the metric kinds it logs, in the order its hooks fold them (the core's (lower, upper))
 MODES = {"exact": (MAX_LOGIT,), "lse_bound": (MAX_LOGIT_LOWER, MAX_LOGIT_UPPER)}
 
 
@@ -42,7 +47,7 @@ class AttentionLogits(Callback):
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         self.mode = checked_settings(self.name, settings).mode
         self._handles: list[RemovableHandle] = []
-        self._best: torch.Tensor | None = None  # (blocks, heads): exact max, or [upper, lower]
+        self._best: torch.Tensor | None = None  # (kinds, blocks, heads): [max] or [lower, upper]
 
     def on_train_start(self, trainer: TrainerView) -> None:
         if is_log_step(trainer, trainer.step + 1):
@@ -54,33 +59,32 @@ class AttentionLogits(Callback):
         shape = (len(MODES[self.mode]), len(atts), atts[0].n_heads)
         self._best = torch.full(shape, float("-inf"), device=device)
         for i, att in enumerate(atts):
-            setattr(
-                att, "record_lse_bound" if self.mode == "lse_bound" else "record_max_logits", True
-            )
-            self._handles.append(att.register_forward_hook(self._hook(self._best[:, i])))
-        self._atts = atts
+            self._handles += self._hooks(att, self._best[:, i])
 
-    def _hook(self, best: torch.Tensor):  # noqa: ANN202 (a forward hook)
-        """Fold a forward's values into `best` (kinds, heads), this block's slice: the hook holds
-        the slice, not the block index, so per-block compiled blocks share one graph."""
-        lse = self.mode == "lse_bound"
+    def _hooks(self, att: Attention, best: torch.Tensor) -> list[RemovableHandle]:
+        """Hook one attention to fold a training forward's values into `best` (kinds, heads),
+        this block's slice: the hooks hold the slice, not the block index, so per-block compiled
+        blocks share one graph."""
+        if self.mode == "exact":
+            return [att.qk_tap.register_forward_hook(fold_max_logits(best[0]))]
 
-        def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
-            if not module.training:
-                return  # evaluation passes are not the training step's logits
-            values = module.lse_bounds if lse else (module.max_logits,)
-            for slot, value in enumerate(values):  # the bounds: (lower, upper)
-                best[slot].copy_(torch.maximum(best[slot], value))
+        def ask(core: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
+            return (args, {**kwargs, "bounds": True}) if core.training else None
 
-        return hook
+        def fold(core: nn.Module, args: Any, out: tuple[torch.Tensor, Any]) -> None:
+            if core.training:  # evaluation passes are not the training step's logits
+                for slot, value in enumerate(out[1]):  # the bounds: (lower, upper)
+                    best[slot].copy_(torch.maximum(best[slot], value))
+
+        return [
+            att.core.register_forward_pre_hook(ask, with_kwargs=True),
+            att.core.register_forward_hook(fold),
+        ]
 
     def _disarm(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
-        for att in getattr(self, "_atts", []):
-            att.record_max_logits, att.max_logits = False, None
-            att.record_lse_bound, att.lse_bounds = False, None
 
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if self._handles:

@@ -8,7 +8,8 @@ metrics.jsonl through them).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -41,7 +42,7 @@ from normlab.launch.metric_keys import (  # noqa: F401
     block_key,
     parse_block_key,
 )
-from normlab.model.attention import Attention
+from normlab.model.attention import Attention, causal_max_logits
 from torch import nn
 
 if TYPE_CHECKING:
@@ -70,6 +71,19 @@ def blocks(trainer: TrainerView) -> nn.ModuleList:
 def attention_of(block: nn.Module) -> Attention:
     """The attention module of one block (the residual wrapper's `branch`)."""
     return block.attn.branch
+
+
+def fold_max_logits(best: torch.Tensor) -> Callable[..., None]:
+    """A forward hook for an attention's `qk_tap`: on a training forward, folds the exact
+    per-head max logit of the tapped q, k (`causal_max_logits`, causal mask respected) into
+    `best` (heads,) in place. It holds the row itself, not a block index: per-block compiled
+    blocks (fsdp, deepspeed) then share one graph instead of specialising on each index."""
+
+    def hook(tap: nn.Module, args: Any, out: tuple[torch.Tensor, torch.Tensor]) -> None:
+        if tap.training:  # evaluation passes are not the training step's logits
+            best.copy_(torch.maximum(best, causal_max_logits(*out)))
+
+    return hook
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

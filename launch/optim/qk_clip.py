@@ -1,10 +1,11 @@
 """QK-Clip (Kimi K2 report, 2025, section 2.1 and Algorithm 1; SCIENCE.md section 7).
 
-Every training step, each attention records the exact per-head maximum pre-softmax logit of its
-forward pass (`model.attention.causal_max_logits`: after QK-Norm and RoPE, causal mask respected,
-streamed over query blocks so no T x T matrix is kept). The maxima of every micro-batch are
-folded together and MAX-reduced across data-parallel ranks into S_max (blocks, heads). After the
-optimizer step, each head with S_max > tau gets gamma = tau / S_max:
+Every training step, a forward hook on each attention's `qk_tap` (q, k as the logits see them:
+after QK-Norm, µP's q multiplier and RoPE) computes the exact per-head maximum pre-softmax logit
+of its forward pass (`model.attention.causal_max_logits`: causal mask respected, streamed over
+query blocks so no T x T matrix is kept); the model itself computes none. The maxima of every
+micro-batch are folded together and MAX-reduced across data-parallel ranks into S_max (blocks,
+heads). After the optimizer step, each head with S_max > tau gets gamma = tau / S_max:
 
 - MHA: W_q^h *= gamma^alpha, W_k^h *= gamma^(1 - alpha) (rows of the projection and its bias);
 - GQA (a key head shared by several query heads): W_q^h *= gamma, keys untouched (normlab's choice);
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.engines.storage import scale_rows_
-from normlab.launch.instruments.common import attention_of, block_key, unwrap
+from normlab.launch.instruments.common import attention_of, block_key, fold_max_logits, unwrap
 from normlab.launch.metric_keys import CLIP_EVENTS, CLIPS, S_MAX  # noqa: F401 (re-exported)
 from normlab.model.attention import Attention, FlatQKNorm, HeadQKNorm
 from torch import nn
@@ -76,7 +77,7 @@ def qk_clip_(
 
 
 class QKClip(Callback):
-    """Records S_max on every training forward and clips after every optimizer step.
+    """Hooks S_max out of every training forward and clips after every optimizer step.
 
     Logs `s_max/i/hj` per head, `s_max/i` per block, `s_max` over the model, `qk_clips/i` and
     `qk_clips` (heads clipped this step) and `qk_clip_events` (clipped heads since step 1).
@@ -95,25 +96,8 @@ class QKClip(Callback):
         device = self._atts[0].q_proj.weight.device
         self._best = torch.full((len(self._atts), self._atts[0].n_heads), -torch.inf, device=device)
         self._events = torch.tensor(self.events, device=device)
-        for i, att in enumerate(self._atts):
-            att.register_forward_hook(self._fold(self._best[i]))
-        self._arm()
-
-    def _arm(self) -> None:
-        for att in self._atts:  # an instrument may have switched it off after its log step
-            att.record_max_logits = True
-
-    @staticmethod
-    def _fold(best: torch.Tensor):  # noqa: ANN205 (a forward hook)
-        """Fold a forward's maxima into `best`, this block's row of S_max. The hook holds the row
-        itself, not its index: a per-block compiled model (fsdp, deepspeed) then shares one
-        graph across blocks instead of specialising on each block's index."""
-
-        def hook(module: Attention, args: Any, out: torch.Tensor) -> None:
-            if module.training and module.max_logits is not None:
-                best.copy_(torch.maximum(best, module.max_logits))
-
-        return hook
+        for i, att in enumerate(self._atts):  # each hook holds its row of S_max, not its index
+            att.qk_tap.register_forward_hook(fold_max_logits(self._best[i]))
 
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         assert self._best is not None and self._events is not None
@@ -136,7 +120,6 @@ class QKClip(Callback):
             self._events,
         )
         self._best.fill_(-torch.inf)  # in place: the hooks hold its rows
-        self._arm()
 
     def state_dict(self) -> dict[str, Any]:
         return {"events": float(self._events) if self._events is not None else self.events}

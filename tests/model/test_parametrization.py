@@ -11,6 +11,7 @@ import torch
 from normlab.launch.config import OptimSection
 from normlab.launch.optim import build_optimizer, param_groups
 from normlab.model import ModelConfig, Transformer, lm_loss
+from normlab.model.attention import causal_max_logits
 from normlab.model.init import canonical_name, init_plan
 from normlab.model.placements import ConstScale
 
@@ -195,10 +196,12 @@ def test_attention_scale_is_alpha_over_d_head() -> None:
     kw = dict(d_model=64, d_ff=128, parametrization="mup", base_d_model=32)
     plain, scaled = build(**kw), build(**kw, attn_mult=8.0)  # d_head 32: default α = sqrt(32)
     tokens = torch.randint(0, 61, (1, 9))
+    maxima = []  # block 0's exact max logit, from a hook on its q/k tap (as QK-Clip reads it)
     for m in (plain, scaled):
-        m.set_record_max_logits(True)
+        tap = m.blocks[0].attn.branch.qk_tap
+        tap.register_forward_hook(lambda t, a, out: maxima.append(causal_max_logits(*out)))
         m(tokens)
-    ratio = scaled.blocks[0].attn.branch.max_logits / plain.blocks[0].attn.branch.max_logits
+    ratio = maxima[1] / maxima[0]
     torch.testing.assert_close(ratio, torch.full_like(ratio, 8.0 / math.sqrt(32)))
 
 

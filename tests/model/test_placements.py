@@ -6,7 +6,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from normlab.model import ModelConfig, Transformer
-from normlab.model.placements import deepnorm_constants
+from normlab.model.attention import causal_max_logits
+from normlab.model.placements import (
+    SCALED_WRAPPERS,
+    WRAPPERS,
+    BranchScale,
+    ConstScale,
+    ScaledResidual,
+    deepnorm_constants,
+)
+from torch import nn
 
 D = 32
 
@@ -94,6 +103,91 @@ def test_block_equals_equation(name, extra, norm):
         expected = by_hand(name, block, x, layer)
         torch.testing.assert_close(block(x), expected, rtol=1e-10, atol=1e-10)
         x = expected
+
+
+SCALES = {
+    "layerscale": {"residual_scale": "layerscale"},
+    "completep": {"parametrization": "completep", "base_d_model": 16, "base_n_layers": 2},
+}
+
+
+def scaled_by_hand(kind, wrapper, x, s):
+    """x + s ⊙ N_out(F(N_in(x))) with the norms of the placement written out (SCIENCE.md 15, 21)."""
+    F = wrapper.branch
+    if kind == "pre":
+        return x + s * F(N(x, wrapper.norm_in))
+    if kind == "peri":
+        return x + s * N(F(N(x, wrapper.norm_in)), wrapper.norm_out)
+    if kind == "olmo2":
+        return x + s * N(F(x), wrapper.norm_out)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("scale", sorted(SCALES))
+@pytest.mark.parametrize("kind", ["pre", "peri", "olmo2"])
+def test_scaled_residual_equals_its_equation(kind, scale):
+    """The one residual-scale wrapper, with a learned λ (LayerScale) and with CompleteP's
+    constant m_L^-α = (4 / 2)^-1, against the equation computed directly."""
+    model = make(kind, **SCALES[scale])  # make draws λ and every gain ~ N(1, 0.3)
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    for block in model.blocks:
+        for w in (block.attn, block.mlp):
+            assert type(w) is ScaledResidual
+            assert isinstance(w.norm_in, nn.Identity) == (kind == "olmo2")
+            assert isinstance(w.norm_out, nn.Identity) == (kind == "pre")
+            if scale == "layerscale":
+                assert isinstance(w.scale, BranchScale) and w.scale.weight.shape == (D,)
+                s = w.scale.weight.detach().clone()
+            else:
+                assert isinstance(w.scale, ConstScale)
+                s = (4 / 2) ** -1.0
+            expected = scaled_by_hand(kind, w, x, s)
+            torch.testing.assert_close(w(x), expected, rtol=1e-12, atol=1e-12)
+            x = expected
+
+
+# blocks.0's state_dict keys of a LayerScale model (rmsnorm, swiglu), captured from the three
+# ScaledBranch*Norm classes before they were folded into ScaledResidual: checkpoints and the HF
+# key maps depend on them
+_ATTN = [f"attn.branch.{p}_proj.weight" for p in "qkvo"]
+_MLP = [f"mlp.branch.{p}_proj.weight" for p in ("gate", "up", "down")]
+LAYERSCALE_KEYS = {
+    "pre": [*_ATTN, "attn.norm_in.weight", "attn.scale.weight",
+            *_MLP, "mlp.norm_in.weight", "mlp.scale.weight"],
+    "peri": [*_ATTN, "attn.norm_in.weight", "attn.norm_out.weight", "attn.scale.weight",
+             *_MLP, "mlp.norm_in.weight", "mlp.norm_out.weight", "mlp.scale.weight"],
+    "olmo2": [*_ATTN, "attn.norm_out.weight", "attn.scale.weight",
+              *_MLP, "mlp.norm_out.weight", "mlp.scale.weight"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERSCALE_KEYS))
+def test_scaled_residual_keeps_the_state_dict_keys(kind):
+    keys = list(make(kind, "rmsnorm", residual_scale="layerscale").state_dict())
+    assert [k.removeprefix("blocks.0.") for k in keys if k.startswith("blocks.0.")] == (
+        LAYERSCALE_KEYS[kind]
+    )
+    assert [k for k in keys if not k.startswith("blocks.")] == [
+        "embed.weight", "final_norm.weight", "head.weight"
+    ]  # fmt: skip
+
+
+def test_scaled_wrappers_names_the_kinds_that_take_a_scale():
+    """SCALED_WRAPPERS (= config.SCALED_KINDS, which count_params reads) is exactly the set of
+    placement-table kinds whose builder wraps a LayerScale model's sub-layer in ScaledResidual."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=4, d_model=D, n_heads=4, d_ff=64, vocab_size=50, max_seq_len=16,
+                      residual_scale="layerscale")  # fmt: skip
+
+    def norm():
+        return nn.LayerNorm(D)
+
+    scaled = {
+        kind
+        for kind, build in WRAPPERS.items()
+        if isinstance(build(cfg, 1, "ffn", nn.Linear(D, D), norm), ScaledResidual)
+    }
+    assert scaled == SCALED_WRAPPERS
 
 
 @pytest.mark.parametrize("ratio,n_post", [(0.25, 1), (0.5, 2), (0.0, 0), (0.7, 2)])
@@ -185,11 +279,10 @@ def test_qk_norm_axis_before_rope(qk):
     y = F.softmax(s, -1) @ v.view(2, 8, 2, 8).transpose(1, 2).repeat_interleave(2, 1)
     expected = attn.o_proj(y.transpose(1, 2).reshape(2, 8, 32))
     torch.testing.assert_close(attn(x), expected, rtol=1e-9, atol=1e-9)
-    attn.record_max_logits = True
+    seen = []  # the max logit measured on the tapped q, k, as QK-Clip's hook does
+    attn.qk_tap.register_forward_hook(lambda m, a, out: seen.append(causal_max_logits(*out)))
     attn(x)
-    torch.testing.assert_close(
-        attn.max_logits.double(), s.amax(dim=(0, 2, 3)), rtol=1e-5, atol=1e-5
-    )
+    torch.testing.assert_close(seen[0].double(), s.amax(dim=(0, 2, 3)), rtol=1e-5, atol=1e-5)
 
 
 def test_hooks_observe_stream_and_branches():
@@ -232,14 +325,59 @@ def test_lse_bounds_bracket_the_exact_max_logit_and_keep_gradients():
     x = torch.randn(3, 16, 32, requires_grad=True)
     reference = attn(x)
     (grad_ref,) = torch.autograd.grad(reference.square().sum(), x)
-    attn.record_max_logits = attn.record_lse_bound = True
+    seen = {}  # through the two hook points, as the attention_logits instrument reads them
+
+    def exact(tap, args, out):
+        seen["exact"] = causal_max_logits(*out)
+
+    def bounds(core, args, out):
+        seen["bounds"] = out[1]
+
+    attn.qk_tap.register_forward_hook(exact)
+    attn.core.register_forward_pre_hook(
+        lambda m, a, kw: (a, {**kw, "bounds": True}), with_kwargs=True
+    )
+    attn.core.register_forward_hook(bounds)
     fused = attn(x)
     (grad_fused,) = torch.autograd.grad(fused.square().sum(), x)
     torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad_fused, grad_ref, rtol=1e-4, atol=1e-5)
-    lower, upper = attn.lse_bounds
-    assert torch.all(lower <= attn.max_logits + 1e-5) and torch.all(attn.max_logits <= upper + 1e-5)
+    (lower, upper), exact = seen["bounds"], seen["exact"]
+    assert torch.all(lower <= exact + 1e-5) and torch.all(exact <= upper + 1e-5)
     assert torch.all(upper - lower <= math.log(16) + 1e-5)  # the bound's width is at most log n
+
+
+@pytest.mark.parametrize("kw", [{}, {"attn_sinks": True}, {"attn_softcap": 30.0}])
+def test_attention_computes_no_max_logit_without_a_hook(kw, monkeypatch):
+    """The max logit is the instruments' business (hooks on qk_tap and core): a training forward
+    and backward with no hook never calls the exact max nor the lse-bound kernel; with QK-Clip's
+    hook on the tap, the same forward does."""
+    import normlab.launch.instruments.common as common
+    import normlab.model.attention as attention
+    import normlab.model.attention_cores as cores
+    import normlab.model.attention_lse as lse
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_ff=64, vocab_size=50,
+                                    max_seq_len=16, **kw))  # fmt: skip
+    att = model.blocks[0].attn.branch
+    assert not [a for a in vars(att) if a.startswith("record")]
+    assert not hasattr(att, "max_logits") and not hasattr(att, "lse_bounds")
+    assert not hasattr(model, "set_record_max_logits")
+
+    def boom(*args, **kwargs):
+        raise AssertionError("computed without a hook")
+
+    for module in (attention, lse, common):
+        monkeypatch.setattr(module, "causal_max_logits", boom)
+    for module in (attention, cores):
+        monkeypatch.setattr(module, "attention_with_lse_bounds", boom)
+    tokens = torch.randint(0, 50, (2, 16))
+    model.train()
+    model(tokens).square().mean().backward()
+    att.qk_tap.register_forward_hook(common.fold_max_logits(torch.zeros(4)))
+    with pytest.raises(AssertionError, match="without a hook"):
+        model(tokens)
 
 
 def test_the_placement_table_covers_every_sublayer_kind() -> None:

@@ -14,6 +14,7 @@ from normlab.data.corpus import bundled_corpus_path
 from normlab.data.loader import PackedLoader
 from normlab.data.prepare import prepare
 from normlab.launch.cli import main
+from normlab.launch.instruments.common import fold_max_logits
 from normlab.launch.optim.qk_clip import clip_factors, qk_clip_
 from normlab.model import ModelConfig, Transformer
 
@@ -49,10 +50,12 @@ def s_max(model: Transformer, inputs: list[torch.Tensor]) -> torch.Tensor:
     rows = []
     for block, x in zip(model.blocks, inputs, strict=True):
         att = block.attn.branch
-        att.record_max_logits = True
+        row = torch.full((att.n_heads,), -torch.inf)
+        hook = att.qk_tap.register_forward_hook(fold_max_logits(row))  # QK-Clip's own hook
         with torch.no_grad():
             att(x)
-        rows.append(att.max_logits)
+        hook.remove()
+        rows.append(row)
     return torch.stack(rows)
 
 
