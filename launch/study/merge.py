@@ -138,11 +138,11 @@ def _join_compare(table: CompareTable, new: CompareTable, src: Path) -> None:
 def _write_compare(table: CompareTable, path: Path) -> None:
     columns, rows = table
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, columns, restval="", lineterminator="\n")
+    writer = csv.DictWriter(buffer, columns, restval="")  # \r\n rows, as compare writes them
     writer.writeheader()
     for row in rows.values():
         writer.writerow(row)
-    path.write_text(buffer.getvalue())
+    path.write_text(buffer.getvalue(), newline="")
 
 
 def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
