@@ -86,10 +86,13 @@ def rebuild(
         text = (out / "study.md").read_text()
         section = verdict_section(decided, growth)
         text = replace_section(text, section)
-        if curves:  # the protocol's table from the committed losses (the figures stay as run)
+        if curves:  # the protocol's table and the size ladder from the committed losses
             from normlab.launch.study.protocol import sensitivity_markdown
+            from normlab.launch.transfer.ladder_report import write_ladder
 
-            text = replace_protocol(text, sensitivity_markdown(curves, spec))
+            protocol = sensitivity_markdown(curves, spec)
+            protocol += write_ladder(curves, out, spec.protocol.get("ladder_target"))
+            text = replace_protocol(text, protocol)
         (out / "study.md").write_text(text)
     print_decided(decided, console, seconds)
     return {"decided": decided, "source": source, "seconds": seconds}

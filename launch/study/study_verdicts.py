@@ -336,14 +336,23 @@ def protocol_csv(
     return found
 
 
+PROTOCOL_HEADS = ("## LR sensitivity", "## Ladder fits")  # the sections the protocol writes
+
+
 def replace_protocol(text: str, section: list[str]) -> str:
-    """study.md with its "## LR sensitivity" section (up to the next "## ") replaced; unchanged
-    when it has none."""
+    """study.md with its "## LR sensitivity" section and the ladder section after it (each up to
+    the next "## ") replaced by `section`; unchanged when it has none."""
     lines = text.split("\n")
-    start = next((i for i, x in enumerate(lines) if x.startswith("## LR sensitivity")), None)
+    start = next((i for i, x in enumerate(lines) if x.startswith(PROTOCOL_HEADS[0])), None)
     if start is None:
         return text
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+
+    def next_head(i: int) -> int:
+        return next((j for j in range(i + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
+
+    end = next_head(start)
+    while end < len(lines) and lines[end].startswith(PROTOCOL_HEADS[1]):
+        end = next_head(end)
     return "\n".join(lines[:start] + section + lines[end:])
 
 

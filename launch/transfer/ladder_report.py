@@ -85,6 +85,8 @@ def write_ladder(curves: list[Curve], out: Path, target: float | None) -> list[s
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if not math.isfinite(r["exponent"]) and r["holdout_covered"] not in (True, False):
+            continue  # a quantity the runs did not log (max_logit without its instrument)
         inside = {True: "yes", False: "no"}.get(r["holdout_covered"], "-")
         shown = (
             f"{r['holdout_forecast']:.4g} [{r['holdout_lo']:.4g}, {r['holdout_hi']:.4g}]"
@@ -114,8 +116,17 @@ def plot_ladder(fitted: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(QUANTITIES), figsize=(4 * len(QUANTITIES), 3.4))
-    for ax, q in zip(axes, QUANTITIES, strict=True):
+    def measured(q: str) -> bool:  # a quantity the runs logged (max_logit needs its instrument)
+        return any(
+            math.isfinite(rung_stats(r)[q]) and rung_stats(r)[q] > 0
+            for rungs, _, _ in fitted.values()
+            for r in rungs
+        )
+
+    shown = [q for q in QUANTITIES if measured(q)]
+    fig, axes = plt.subplots(1, len(shown), figsize=(4 * len(shown), 3.4), squeeze=False)
+    axes = axes[0]
+    for ax, q in zip(axes, shown, strict=True):
         for k, (recipe, (rungs, fits, held)) in enumerate(fitted.items()):
             colour = f"C{k}"
             xs = np.array([r.size for r in rungs])

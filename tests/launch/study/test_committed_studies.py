@@ -27,7 +27,7 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 STUDIES = ["default", "wortsman", "qknorm", "stabilizers", "lr12", "depth", "zloss", "aa"]
-FILES = ("verdicts.md", "verdicts.json", "sensitivity.csv", "study.md")
+FILES = ("verdicts.md", "verdicts.json", "sensitivity.csv", "study.md", "ladder.csv")
 B = 2000
 # the studies whose tables are results.csv: aa (run with it), and those whose added seeds were
 # joined with `normlab study --report-only --merge` (2026-12-03)
@@ -159,3 +159,18 @@ def test_wortsman_post_ln_trained_nowhere_as_quoted() -> None:
     for doc in (ROOT / "README.md", DOCS / "study_wortsman.md", DOCS / "study.md"):
         assert "trains only at 1e-3" not in doc.read_text(), doc
         assert "trained only at 1e-3" not in doc.read_text(), doc
+
+
+def test_transfer_page_quotes_the_committed_ladders() -> None:
+    """docs/transfer.md's hold-out coverage and best-lr shifts are the committed ladder.csv's
+    (issue 31 item 5: the coverage over every committed ladder)."""
+    ladders = sorted(DOCS.glob("study/**/ladder.csv"))
+    assert [p.parent.name for p in ladders] == ["depth"]
+    with ladders[0].open() as fh:
+        rows = list(csv.DictReader(fh))
+    decided = [r["holdout_covered"] for r in rows if r["holdout_covered"] in ("True", "False")]
+    text = (DOCS / "transfer.md").read_text()
+    assert f"for **{decided.count('True')} of {len(decided)}** quantities" in text
+    for r in rows:
+        if r["quantity"] == "best_lr":
+            assert f"{float(r['shift_log2']):.2f}".replace("-", "−") in text, r["recipe"]
