@@ -40,6 +40,7 @@ INSTRUMENTS = {
     "adam_state": "normlab.launch.instruments.adam_state:AdamState",
     "qk_spectrum": "normlab.launch.instruments.qk_spectrum:QKSpectrum",
     "kurtosis": "normlab.launch.instruments.kurtosis:ActivationKurtosis",
+    "attn_entropy": "normlab.launch.instruments.attention_entropy:AttentionEntropy",
     "fp8": "normlab.launch.instruments.fp8:FP8Stats",
 }
 

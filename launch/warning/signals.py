@@ -58,6 +58,10 @@ SIGNALS: dict[str, Signal] = {
             "QK spectral entropy, min over heads: stand-in for arXiv 2606.28116",
         ),
         Signal("kurtosis", "kurtosis", True, Rule(), "block-output kurtosis (FOG)"),
+        Signal(
+            "attn_entropy", "attn_entropy", True, Rule(rising=False, transform="none"),
+            "attention entropy, min over heads: a collapse (Zhai et al. 2023)",
+        ),
         Signal("adam_v_norm", "adam_v_norm", True, Rule(), "||sqrt(v)|| per block"),
         Signal(
             "eps_floor", "eps_floor", True, Rule(level=0.5, transform="none"),
