@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import torch
 from normlab.launch.engines.deepspeed_muon import probe_step, register_flat_layouts
-from normlab.launch.engines.storage import Kind, OptimizerFactory, ParamStorage, Parts
+from normlab.launch.engines.storage import AdamPart, Kind, OptimizerFactory, ParamStorage, Parts
 from torch import nn
 
 
@@ -39,11 +39,55 @@ class DeepSpeedStorage(ParamStorage):
     def __init__(self, stage: int, rank: int, world: int, config: dict[str, Any]) -> None:
         super().__init__()
         self.stage, self.rank, self.world, self.config = stage, rank, world, config
+        self._zero: Any = None  # DeepSpeed's ZeRO optimizer and the torch optimizer it steps
+        self._client: torch.optim.Optimizer | None = None
+        self._sub_of: dict[int, int] = {}  # ZeRO-3: id(param) -> its sub-group
 
     def attach(self, zero_optimizer: Any, client: torch.optim.Optimizer) -> None:
-        """Tell a MuonAdamW `client` which matrix ranges each of ZeRO's flat partitions holds on
-        this rank (a no-op for other optimizers; collective)."""
+        """Keep ZeRO's optimizer and the torch optimizer it steps, and tell a MuonAdamW `client`
+        which matrix ranges each of ZeRO's flat partitions holds on this rank (collective)."""
+        self._zero, self._client = zero_optimizer, client
+        if self.stage == 3:
+            for sub, params in enumerate(zero_optimizer.fp16_groups):
+                self._sub_of.update((id(p), sub) for p in params)
         register_flat_layouts(zero_optimizer, client, self.stage)
+
+    def adam_state(self, optimizer: torch.optim.Optimizer, param: nn.Parameter) -> AdamPart | None:
+        """This rank's fragment of `param`'s moments in ZeRO's flat fp32 state (ZeRO-1/2: the
+        fragment `_hp_mapping` links, None where this rank holds none; ZeRO-3: its partition
+        without the last rank's padding), with the step and group of its flat partition."""
+        zero, client = self._zero, self._client
+        if zero is None or client is None:
+            return None
+        p: Any = param
+        if self.stage == 3:
+            sub = self._sub_of.get(id(param))
+            if sub is None:
+                return None
+            flat = zero.fp32_partitioned_groups_flat[sub]
+            group = client.param_groups[zero.sub_group_to_group_id[sub]]
+            _, offset, part = zero.grad_position[zero.get_param_id(p)]
+            own = max(0, min(p.ds_numel - self.rank * part, part))
+            moments = [client.state.get(flat, {}).get(k) for k in ("exp_avg", "exp_avg_sq")]
+            if moments[0] is None or moments[1] is None:
+                return None
+            m, v = (x.narrow(0, offset, own) for x in moments)
+        else:
+            mapping = getattr(p, "_hp_mapping", None)
+            if mapping is None:
+                return None
+            index = mapping.param_group_index
+            flat = zero.single_partition_of_fp32_groups[index]
+            group = client.param_groups[index]
+            state = client.state.get(flat, {})
+            if "exp_avg_sq" not in state:
+                return None
+            address = mapping.hp_fragment_address  # this parameter's range in the partition
+            m, v = (
+                state[k].narrow(0, address.start, address.numel) for k in ("exp_avg", "exp_avg_sq")
+            )
+        step = float(client.state[flat]["step"])
+        return AdamPart(m, v, step, tuple(group["betas"]), group["eps"], True)
 
     def local(self, params: list[nn.Parameter], kind: Kind) -> Parts:
         """ZeRO-3: each rank's partition of the weights and of the fp32 gradient (shards).

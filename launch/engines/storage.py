@@ -7,6 +7,7 @@ its own (`launch.engines.deepspeed_storage.DeepSpeedStorage`). Every engine hold
 `engine.storage`:
 
     local(params, kind)        this rank's part of each weight or gradient; is it a shard
+    adam_state(opt, param)     this rank's part of the parameter's Adam moments, its step and group
     full(param)                the whole weight on every rank (a collective where sharded)
     scale_rows_(param, f)      row r of the weight times f[r], in every copy the engine steps
     probe_step(probe, opt, g)  one optimizer step on a probe held as the weights are
@@ -15,6 +16,7 @@ its own (`launch.engines.deepspeed_storage.DeepSpeedStorage`). Every engine hold
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import torch
@@ -43,6 +45,20 @@ def _like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return distribute_tensor(value, mesh, cast(Any, param).placements, src_data_rank=None)
 
 
+@dataclass(frozen=True)
+class AdamPart:
+    """This rank's part of one parameter's AdamW state: the moments (flat or shaped, aligned with
+    `local(..., "grad")`'s part), the step count, the group's betas and eps, and whether parts are
+    shards to sum across ranks."""
+
+    m: torch.Tensor  # exp_avg
+    v: torch.Tensor  # exp_avg_sq
+    step: float
+    betas: tuple[float, float]
+    eps: float
+    sharded: bool
+
+
 class ParamStorage:
     """Parameters as plain tensors or FSDP2 DTensors. `wrap` places a probe module the way the
     model's parameters are placed (identity for one process, `fully_shard` for FSDP2)."""
@@ -60,6 +76,19 @@ class ParamStorage:
             sharded = t is not None and hasattr(t, "to_local")
             out.append((t.to_local() if sharded else t, sharded))  # type: ignore[union-attr]
         return out
+
+    def adam_state(self, optimizer: torch.optim.Optimizer, param: nn.Parameter) -> AdamPart | None:
+        """The AdamW state of `param` in the torch optimizer (None before its first step, or for
+        a parameter without a second moment, e.g. one of Muon's matrices)."""
+        state = optimizer.state.get(param)
+        if not state or "exp_avg_sq" not in state:
+            return None
+        group = next(g for g in optimizer.param_groups if any(q is param for q in g["params"]))
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        sharded = hasattr(m, "to_local")
+        if sharded:
+            m, v = m.to_local(), v.to_local()
+        return AdamPart(m, v, float(state["step"]), tuple(group["betas"]), group["eps"], sharded)
 
     @torch.no_grad()
     def full(self, param: torch.Tensor) -> torch.Tensor:

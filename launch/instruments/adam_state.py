@@ -13,9 +13,9 @@ with the bias-corrected moments m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t) a
   before the step (the alignment Marin conjectures before update-norm spikes);
 - `head_norm`: ||W_head||_F of the output head (Marin's retro: lm_head norm growth).
 
-Nothing is computed or copied on steps that do not log. Sharded engines (FSDP2) hand over their
-local shards, whose sums are added across ranks in one collective; DeepSpeed keeps its optimizer
-state in flat partitions that do not map to parameters here, so the instrument refuses it.
+Nothing is computed or copied on steps that do not log. Every engine hands over this rank's part
+of each parameter's gradient and moments through `engine.storage` (FSDP2 shards, the fragments of
+DeepSpeed ZeRO's flat fp32 state), whose sums are added across ranks in one collective.
 """
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ from typing import Any
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.config.instruments import checked_settings
-from normlab.launch.errors import ConfigError
+from normlab.launch.engines.storage import AdamPart
 from normlab.launch.instruments.common import (
     block_key,
     blocks,
     is_log_step,
-    is_sharded,
-    local,
     unwrap,
 )
 
@@ -53,32 +51,25 @@ class AdamState(Callback):
         self._align: torch.Tensor | None = None
 
     def on_train_start(self, trainer: TrainerView) -> None:
-        if trainer.cfg.engine.name == "deepspeed":
-            raise ConfigError(
-                "instruments.adam_state cannot run on engine 'deepspeed' (flat optimizer "
-                "partitions); allowed engines: single, fsdp"
-            )
         self._params = [list(b.parameters()) for b in blocks(trainer)]
 
-    def _state(self, trainer: TrainerView, p: torch.nn.Parameter) -> tuple[dict, dict] | None:
-        opt = trainer.engine.optimizer
-        state = opt.state.get(p)
-        if not state or "exp_avg_sq" not in state:
-            return None
-        group = next(g for g in opt.param_groups if any(q is p for q in g["params"]))
-        return state, group
+    @staticmethod
+    def _state(trainer: TrainerView, p: torch.nn.Parameter) -> AdamPart | None:
+        return trainer.engine.storage.adam_state(trainer.engine.optimizer, p)
 
     def on_after_backward(self, trainer: TrainerView, step: int) -> None:
         if not is_log_step(trainer, step):
             return
         sums = torch.zeros(2, 3, len(self._params), device=trainer.engine.device)
+        storage = trainer.engine.storage
         for i, params in enumerate(self._params):
-            for p in params:
+            for p, (g, _) in zip(params, storage.local(params, "grad"), strict=True):
                 found = self._state(trainer, p)
-                if found is None or p.grad is None:
+                if found is None or g is None:
                     continue
-                g, m = local(p.grad).float(), local(found[0]["exp_avg"]).float()
-                row = 0 if is_sharded(p.grad) else 1
+                m = found.m.float().flatten()
+                g = g.float().flatten()[: m.numel()]  # ZeRO-3: the last rank's padding cut
+                row = 0 if found.sharded else 1
                 sums[row, :, i] += torch.stack([(g * m).sum(), g.square().sum(), m.square().sum()])
         self._align = sums  # reduced with the rest on step end (one collective)
 
@@ -93,8 +84,7 @@ class AdamState(Callback):
             for p in params:
                 found = self._state(trainer, p)
                 if found is not None:
-                    row = 0 if is_sharded(p) else 1
-                    sums[row, :5, i] += _moment_sums(*found)
+                    sums[0 if found.sharded else 1, :5, i] += _moment_sums(found)
         total = trainer.engine.all_reduce(sums[0], "sum") + sums[1]
         u2, count, m2, v, floor, gm, g2, mp2 = total
         have = count > 0
@@ -110,14 +100,14 @@ class AdamState(Callback):
         metrics[HEAD_NORM] = head_norm(trainer)
 
 
-def _moment_sums(state: dict, group: dict) -> torch.Tensor:
+def _moment_sums(part: AdamPart) -> torch.Tensor:
     """(sum u^2, coordinates, sum m^2, sum v, floor count) of one parameter's local state."""
-    b1, b2 = group["betas"]
-    t = float(state["step"])
-    m, v = local(state["exp_avg"]).float(), local(state["exp_avg_sq"]).float()
+    b1, b2 = part.betas
+    t, eps = part.step, part.eps
+    m, v = part.m.float(), part.v.float()
     root = (v / (1 - b2**t)).sqrt()
-    u = (m / (1 - b1**t)) / (root + group["eps"])
-    floor = (root < FLOOR * group["eps"]).sum()
+    u = (m / (1 - b1**t)) / (root + eps)
+    floor = (root < FLOOR * eps).sum()
     return torch.stack(
         [u.square().sum(), torch.tensor(float(m.numel()), device=m.device),
          m.square().sum(), v.sum(), floor.float()]
@@ -127,8 +117,10 @@ def _moment_sums(state: dict, group: dict) -> torch.Tensor:
 def head_norm(trainer: TrainerView) -> torch.Tensor:
     """||W_head||_F, its shards summed across ranks."""
     w = unwrap(trainer.engine.model).head.weight  # type: ignore[union-attr]
-    assert isinstance(w, torch.Tensor)
-    sq = local(w).detach().float().square().sum()
-    if is_sharded(w):
+    assert isinstance(w, torch.nn.Parameter)
+    ((part, sharded),) = trainer.engine.storage.local([w], "param")
+    assert part is not None
+    sq = part.detach().float().square().sum()
+    if sharded:
         sq = trainer.engine.all_reduce(sq.reshape(1), "sum")[0]
     return sq.sqrt()

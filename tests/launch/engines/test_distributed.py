@@ -177,11 +177,10 @@ def test_spike_policy_skips_and_rolls_back_as_in_one_process(
 OBSERVE = (
     "instruments={activations: true, gradients: true, attention_logits: true, qk_gains: true, "
     "spike_score: true, output_logits: true, kurtosis: true, qk_spectrum: true, "
-    "attn_entropy: true}",
+    "attn_entropy: true, adam_state: true}",
     "model.qk_norm=head",
 )
-# DeepSpeed keeps Adam's moments in flat partitions: adam_state runs on FSDP2 (and one process)
-ADAM = {"fsdp": ("instruments.adam_state=true",), "zero3": ()}
+
 
 
 def _observed(run: Path) -> dict[int, dict[str, float]]:
@@ -192,28 +191,27 @@ def _observed(run: Path) -> dict[int, dict[str, float]]:
 
 @pytest.mark.parametrize(
     "overrides",
-    [("engine.name=fsdp",), ("engine.name=deepspeed", "engine.zero_stage=3")],
-    ids=["fsdp", "zero3"],
-)
+    [("engine.name=fsdp",), ("engine.name=deepspeed", "engine.zero_stage=2"),
+     ("engine.name=deepspeed", "engine.zero_stage=3")],
+    ids=["fsdp", "zero2", "zero3"],
+)  # fmt: skip
 def test_instruments_report_the_single_process_statistics(
     tiny: dict[str, Path], overrides: tuple[str, ...]
 ) -> None:
     """Per-block activation, gradient, update-ratio, attention-logit and QK-gain statistics, the
     output logits' (log Z, mean logit, the head's mean-row norm) and the precursors of SCIENCE.md
-    23.2 (kurtosis, QK spectral entropy, attention entropy; Adam's state on FSDP2), reduced across
+    23.2 (kurtosis, QK spectral entropy, attention entropy, Adam's state), reduced across
     2 ranks, equal the single-process values at every log step."""
-    extra = ADAM["fsdp" if "engine.name=fsdp" in overrides else "zero3"]
-    ref = tiny["root"] / f"single_observed{len(extra)}"
+    ref = tiny["root"] / "single_observed"
     if not ref.exists():
-        check_ok(normlab("train", str(tiny["r8"]), *OBSERVE, *extra, "--run-dir", str(ref)))
-    run = tiny["root"] / f"observed_{overrides[0]}"
-    check_ok(launch(tiny["r8"], run, 2, *overrides, *OBSERVE, *extra, HALF))
+        check_ok(normlab("train", str(tiny["r8"]), *OBSERVE, "--run-dir", str(ref)))
+    run = tiny["root"] / f"observed_{'_'.join(overrides)}"
+    check_ok(launch(tiny["r8"], run, 2, *overrides, *OBSERVE, HALF))
     expected, got = _observed(ref), _observed(run)
     assert sorted(got) == sorted(expected)
     keys = set(expected[8])
     assert {"grad_norm/00", "update_ratio/01", "qk_gain/01/k"} <= keys and len(keys) > 20
-    assert {"kurtosis/01", "qk_entropy/01", "attn_entropy/01"} <= keys
-    assert ("adam_update_rms/01" in keys) == bool(extra)
+    assert {"kurtosis/01", "qk_entropy/01", "attn_entropy/01", "adam_update_rms/01"} <= keys
     for step, row in expected.items():
         assert set(got[step]) == set(row), step
         for key, value in row.items():

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from normlab.launch.errors import ConfigError
 from normlab.launch.instruments.adam_state import AdamState
 from normlab.launch.metric_keys import block_key
 
@@ -65,10 +64,3 @@ def test_statistics_equal_a_direct_computation():
     assert float(metrics["head_norm"]) == pytest.approx(
         float(model.head.weight.detach().norm()), rel=1e-6
     )
-
-
-def test_deepspeed_is_refused_in_one_line():
-    trainer = fake_trainer(tiny_model())
-    trainer.cfg.engine = SimpleNamespace(name="deepspeed")
-    with pytest.raises(ConfigError, match="allowed engines: single, fsdp"):
-        AdamState().on_train_start(trainer)
