@@ -31,7 +31,7 @@ FILES = ("verdicts.md", "verdicts.json", "sensitivity.csv", "study.md", "ladder.
 B = 2000
 # the studies whose tables are results.csv: aa (run with it), and those whose added seeds were
 # joined with `normlab study --report-only --merge` (2026-12-03)
-WITH_RESULTS = ("aa", "lr12", "stabilizers", "zloss")
+WITH_RESULTS = ("aa", "lr12", "stabilizers", "zloss", "wortsman")
 
 
 def study_dir(name: str) -> Path:
