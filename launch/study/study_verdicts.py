@@ -309,9 +309,8 @@ def committed_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, An
 def protocol_csv(
     rows: list[dict[str, Any]], margin: float, plateau: float | None, out: Path
 ) -> list[Any] | None:
-    """sensitivity.csv regenerated from the rows (l_0 known): the summary only (the per-point
-    file keeps the run metrics the table does not have). Returns the curves; None when l_0 is
-    unknown."""
+    """sensitivity.csv regenerated from the rows (l_0 known), and the loss columns of
+    sensitivity_grid.csv (see `_regrid`). Returns the curves; None when l_0 is unknown."""
     from normlab.launch.study.sensitivity import SUMMARY_COLUMNS, Point, curves, summary_row
 
     if any(math.isnan(r["init_loss"]) for r in rows):
@@ -333,7 +332,31 @@ def protocol_csv(
         writer = csv.DictWriter(fh, SUMMARY_COLUMNS)
         writer.writeheader()
         writer.writerows(summary_row(c) for c in found)
+    if (out / "sensitivity_grid.csv").is_file():
+        _regrid(found, out / "sensitivity_grid.csv")
     return found
+
+
+def _regrid(found: list[Any], path: Path) -> None:
+    """sensitivity_grid.csv's per-point loss columns (seeds, mean, sd, min, max, failed) from the
+    curves; the run metrics the results table does not carry (max logit, log Z, ...) are kept
+    where a point's seeds are those they were measured on, and left empty where seeds were added
+    (a merge), so no column mixes seeds."""
+    from normlab.launch.study.sensitivity import grid_rows
+
+    old = {(r["recipe"], r["size"], r["lr"]): r for r in _read_csv(path)}
+    with path.open(newline="") as fh:
+        columns = next(csv.reader(fh))
+    rows = []
+    for c in found:
+        for row in grid_rows(c):
+            before = old.get((row["recipe"], row["size"], row["lr"]), {})
+            same = before.get("seeds") == row["seeds"]
+            rows.append({k: before.get(k, "") if same else "" for k in columns} | row)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, columns, restval="", extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 PROTOCOL_HEADS = ("## LR sensitivity", "## Ladder fits")  # the sections the protocol writes

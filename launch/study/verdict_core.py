@@ -18,8 +18,11 @@ row rejects, and that row is the verdict (statistics.outcome_from_p).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from normlab.launch.study import statistics as st
+from normlab.launch.study.permutation_counts import integer_tails, integer_valued
 from normlab.launch.study.separation import TRAINED_MARGIN
 
 LOSS, SENS, RANGE = "loss_at_best_lr", "lr_sensitivity", "trained_range"
@@ -28,6 +31,7 @@ LOSS_MARGIN = 0.1  # nats, for (a) and (b)
 RANGE_MARGIN = 1.0  # grid steps, for (c)
 TOL = 1e-9
 CHUNK = 2_000_000  # batch x relabellings evaluated at once (memory bound)
+COUNT_FROM = 1000  # relabellings beyond which integer seeds are counted rather than enumerated
 
 
 def cross_fitted(x: np.ndarray, units: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -135,6 +139,10 @@ def permutation_p3(a: np.ndarray, b: np.ndarray, margin: float) -> np.ndarray:
     pooled = np.concatenate(
         [np.broadcast_to(a, (*batch_shape, na)), np.broadcast_to(b, (*batch_shape, nb))], axis=-1
     ).reshape(-1, na + nb)
+    if math.comb(na + nb, na) > COUNT_FROM and integer_valued(pooled):
+        # many relabellings of integer seeds: counted exactly (launch.study.permutation_counts)
+        out = np.stack([integer_tails(r[:na], r[na:], margin, st.TOL) for r in pooled])
+        return out[0] if single else out.reshape(*batch_shape, 3)
     choose = st.relabellings(na, nb)
     k_a = (choose < na).sum(axis=1)  # original A seeds in each relabelled A arm
     out = np.empty((pooled.shape[0], 3))

@@ -28,14 +28,19 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 @pytest.fixture
 def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    """DIR: the committed wortsman study (compare.csv, seeds 0 and 1); MORE: a study directory
-    holding the same runs as seeds 2 and 3, 0.01 nats higher."""
+    """DIR: the wortsman study as first committed (compare.csv, seeds 0 and 1, l_0 in
+    sensitivity.csv); MORE: a study directory holding the same runs as seeds 2 and 3, 0.01 nats
+    higher."""
     out, more = tmp_path / "out", tmp_path / "more"
     out.mkdir(), more.mkdir()
-    for f in ("compare.csv", "sensitivity.csv"):
-        shutil.copy(WORTSMAN / f, out / f)
+    shutil.copy(WORTSMAN / "sensitivity.csv", out / "sensitivity.csv")
+    first = [r for r in _rows(WORTSMAN / "compare.csv") if r["seed"] in ("0", "1")]
+    with (out / "compare.csv").open("w", newline="") as fh:  # the study as first committed
+        writer = csv.DictWriter(fh, list(first[0]))
+        writer.writeheader()
+        writer.writerows(first)
     runs = []
-    for r in _rows(WORTSMAN / "compare.csv"):
+    for r in first:
         runs.append(
             r | {"seed": str(int(r["seed"]) + 2), "run": r["run"][:-1] + str(int(r["seed"]) + 2)}
         )
