@@ -71,7 +71,9 @@ def rebuild(
     )
     seconds = time.perf_counter() - start
     decided.notes += notes
-    write_verdicts(decided, out)
+    has_claims = bool(spec.claims_to_decide())  # a study without claims has no verdict files
+    if has_claims:
+        write_verdicts(decided, out)
     curves = None
     if spec.protocol["lr_sensitivity"]:
         curves = protocol_csv(rows, spec.protocol["margin"], plateau, out)
@@ -84,8 +86,8 @@ def rebuild(
         growth = decide_all(rows, plateau, [c for c in CLAIMS if c.metric == "growth"])
     if (out / "study.md").is_file():
         text = (out / "study.md").read_text()
-        section = verdict_section(decided, growth)
-        text = replace_section(text, section)
+        if has_claims:
+            text = replace_section(text, verdict_section(decided, growth))
         if curves:  # the protocol's table and the size ladder from the committed losses
             from normlab.launch.study.protocol import sensitivity_markdown
             from normlab.launch.transfer.ladder_report import write_ladder

@@ -299,6 +299,7 @@ def committed_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, An
                 "status": row.get("status"),
                 "init_loss": _float(l0.get((p.recipe, p.size))),
                 "act_growth": _float(row.get("act_growth")),
+                "max_logit": _float(row.get("max_logit")),
             }
         )
     if not l0 and any(status_of(r["status"]) != "completed" for r in rows):
@@ -324,6 +325,9 @@ def protocol_csv(
             r["eval_loss"],
             r["init_loss"],
             failed=status_of(r["status"]) != "completed" or not math.isfinite(r["eval_loss"]),
+            extra={"max_logit": r["max_logit"]}
+            if math.isfinite(r.get("max_logit", math.nan))
+            else {},
         )
         for r in rows
     ]

@@ -26,7 +26,17 @@ from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
-STUDIES = ["default", "wortsman", "qknorm", "stabilizers", "lr12", "depth", "zloss", "aa"]
+STUDIES = [
+    "default",
+    "wortsman",
+    "qknorm",
+    "stabilizers",
+    "lr12",
+    "depth",
+    "zloss",
+    "aa",
+    "completep_depth_quick",
+]
 FILES = ("verdicts.md", "verdicts.json", "sensitivity.csv", "study.md", "ladder.csv")
 B = 2000
 # the studies whose tables are results.csv: aa (run with it), and those whose added seeds were
@@ -122,8 +132,11 @@ def test_no_directional_verdict_from_one_seed_or_on_the_aa_study(rebuilt: dict) 
 
 @pytest.mark.parametrize(
     "doc",
-    ["README.md", *sorted(str(p.relative_to(ROOT)) for p in DOCS.glob("*.md")),
-     *sorted(str(p.relative_to(ROOT)) for p in DOCS.glob("guides/*.md"))],
+    [
+        "README.md",
+        *sorted(str(p.relative_to(ROOT)) for p in DOCS.glob("*.md")),
+        *sorted(str(p.relative_to(ROOT)) for p in DOCS.glob("guides/*.md")),
+    ],
 )
 def test_generated_verdict_blocks_match_the_committed_verdicts(doc: str) -> None:
     assert stale(ROOT / doc, ROOT) == [], (
@@ -162,15 +175,17 @@ def test_wortsman_post_ln_trained_nowhere_as_quoted() -> None:
 
 
 def test_transfer_page_quotes_the_committed_ladders() -> None:
-    """docs/transfer.md's hold-out coverage and best-lr shifts are the committed ladder.csv's
+    """docs/transfer.md's hold-out coverage and best-lr shifts are each committed ladder.csv's
     (issue 31 item 5: the coverage over every committed ladder)."""
     ladders = sorted(DOCS.glob("study/**/ladder.csv"))
-    assert [p.parent.name for p in ladders] == ["depth"]
-    with ladders[0].open() as fh:
-        rows = list(csv.DictReader(fh))
-    decided = [r["holdout_covered"] for r in rows if r["holdout_covered"] in ("True", "False")]
+    assert [p.parent.name for p in ladders] == ["completep_depth_quick", "depth"]
     text = (DOCS / "transfer.md").read_text()
-    assert f"for **{decided.count('True')} of {len(decided)}** quantities" in text
-    for r in rows:
-        if r["quantity"] == "best_lr":
-            assert f"{float(r['shift_log2']):.2f}".replace("-", "−") in text, r["recipe"]
+    for path in ladders:
+        with path.open() as fh:
+            rows = list(csv.DictReader(fh))
+        decided = [r["holdout_covered"] for r in rows if r["holdout_covered"] in ("True", "False")]
+        assert f"**{decided.count('True')} of {len(decided)}**" in text, path.parent.name
+        for r in rows:
+            if r["quantity"] == "best_lr":
+                shift = f"{float(r['shift_log2']):+.2f}".replace("-", "−")
+                assert shift.lstrip("+") in text, (path.parent.name, r["recipe"])
