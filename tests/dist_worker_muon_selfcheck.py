@@ -31,6 +31,7 @@ import torch.distributed as dist
 from normlab.launch.config import OptimSection, RunConfig
 from normlab.launch.engines.base import RunFacts
 from normlab.launch.engines.deepspeed_engine import DeepSpeedEngine, ds_config, skip_shm_comm_build
+from normlab.launch.engines.deepspeed_storage import DeepSpeedStorage
 from normlab.launch.engines.fsdp import FSDPEngine, device_mesh
 from normlab.launch.optim import build_optimizer
 from normlab.launch.optim.selfcheck import SelfCheckError, check_orthogonalised
@@ -91,6 +92,8 @@ def engine_for(stage: int) -> tuple[DeepSpeedEngine, OptimSection]:
     engine = DeepSpeedEngine.for_run(cfg)
     engine._device, engine._rank, engine._world = torch.device("cpu"), dist.get_rank(), 2
     engine._config = ds_config(cfg.engine, cfg.precision, RunFacts.of(cfg), 2)
+    # what setup() gives the engine: the probe steps through DeepSpeed of the same ZeRO stage
+    engine.storage = DeepSpeedStorage(stage, engine._rank, 2, engine._config)
     return engine, cfg.optim
 
 
