@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from normlab.data import prepare_encode
@@ -78,8 +79,11 @@ def test_a_worker_signalled_before_its_initializer_still_stops(
         try:
             for w in workers:
                 w.terminate()  # during the sleep, before the reset
-            for w in workers:
-                w.join(timeout=30)
+            deadline = time.monotonic() + 30
+            for w in workers:  # the pool's handler thread reaps exited workers too: a join
+                w.join(timeout=30)  # racing it can read no exit code yet, so wait for one
+                while w.exitcode is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
             assert [w.exitcode for w in workers] == [-signal.SIGTERM] * 2
         finally:
             pool.terminate()

@@ -44,8 +44,9 @@ def _stopped_prepare(src: Path, out: Path, tokenizer: Path, sig: int) -> Path:
         def paused(srcs, sizes, tmp, *rest):
             meta = real(srcs, sizes, tmp, *rest)
             print("built", tmp, flush=True)
-            time.sleep(120)
-            return meta
+            for _ in range(1200):  # short sleeps: the kernel may hand the signal to another
+                time.sleep(0.1)    # thread (BLAS, the pool's), and CPython runs the handler
+            return meta            # only when the main thread wakes; one 120 s sleep would wait
         p.build = paused
         p.prepare([{str(src)!r}], {str(out)!r}, tokenizer={str(tokenizer)!r},
                   val_fraction=0.05, num_proc=2)
