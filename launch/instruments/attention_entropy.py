@@ -75,9 +75,7 @@ class AttentionEntropy(Callback):
 
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if self._handles and self._sums is not None:
-            for h in self._handles:
-                h.remove()
-            self._handles = []
+            self._disarm()
             total = trainer.engine.all_reduce(self._sums, "sum")
             mean = (total[:, 0] / total[:, 1].clamp_min(1)).float()  # (blocks, heads)
             for i in range(mean.shape[0]):
@@ -85,7 +83,10 @@ class AttentionEntropy(Callback):
         if is_log_step(trainer, step + 1):
             self._arm(trainer)
 
-    def on_train_end(self, trainer: TrainerView, status: str) -> None:
+    def _disarm(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+    def on_train_end(self, trainer: TrainerView, status: str) -> None:
+        self._disarm()
