@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,25 @@ def one_intra_op_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+_GUARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+
+
+@pytest.fixture(autouse=True)
+def signals_left_as_found() -> Iterator[None]:
+    """A test that leaves a stop signal ignored, handled or blocked in this worker fails here:
+    a SIG_IGN or a blocked mask passes to every child the worker starts later (a SIGTERM the
+    child then never sees hung an unrelated test: a GracefulStop test restored one signal of
+    three)."""
+    before = [signal.getsignal(s) for s in _GUARDED], signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    after = [signal.getsignal(s) for s in _GUARDED], signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    changed = [s.name for s, b, a in zip(_GUARDED, before[0], after[0], strict=True) if a != b]
+    assert not changed and after[1] == before[1], (
+        f"the test left signal dispositions changed ({changed}) or the mask "
+        f"{sorted(after[1])} (was {sorted(before[1])})"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -37,9 +37,12 @@ def _stopped_prepare(src: Path, out: Path, tokenizer: Path, sig: int) -> Path:
         import signal
         import time
         import normlab.data.prepare as p
-        # a terminal's child: SIGHUP at its default action (pytest under nohup would pass SIG_IGN
-        # down, and a preparation started under nohup rightly keeps ignoring it)
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        # a terminal's child: both stop signals at their default action and unblocked (pytest
+        # under nohup, or a worker an earlier test left ignoring SIGTERM, would pass SIG_IGN
+        # down, and a preparation started that way rightly keeps ignoring it)
+        for s in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGHUP))
         real = p.build
         def paused(srcs, sizes, tmp, *rest):
             meta = real(srcs, sizes, tmp, *rest)
@@ -63,7 +66,13 @@ def _stopped_prepare(src: Path, out: Path, tokenizer: Path, sig: int) -> Path:
     tmp = Path(line.split(" ", 1)[1].strip())
     assert tmp.is_dir() and (tmp / "train.bin").stat().st_size > 0 and (tmp / OWNER).is_file()
     proc.send_signal(sig)
-    proc.wait(timeout=60)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        masks = [line for line in status.splitlines() if line.startswith(("Sig", "Shd"))]
+        proc.kill()
+        pytest.fail(f"the child outlived {sig!r} by 60 s; {masks}; {proc.communicate()[1][-2000:]}")
     assert proc.returncode == -sig, proc.stderr.read()[-2000:]
     proc.stdout.close()
     proc.stderr.close()
