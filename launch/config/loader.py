@@ -6,8 +6,10 @@ names its key and the expected type.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -32,6 +34,13 @@ def key_of(f: dataclasses.Field) -> str:
     return f.metadata.get("key", f.name)
 
 
+@functools.cache
+def type_hints(cls: type) -> dict[str, Any]:
+    """`typing.get_type_hints(cls)`, evaluated once per class (it compiles every string
+    annotation on each call; do not mutate the mapping)."""
+    return typing.get_type_hints(cls)
+
+
 def build(cls: type, data: Any, prefix: str = "") -> Any:
     """Build dataclass `cls` from a nested dict, checking every key and value type."""
     where = prefix.rstrip(".") or "the config"
@@ -41,7 +50,7 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
         raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}: {data!r}")
     fields = {key_of(f): f.name for f in dataclasses.fields(cls) if f.init}
     names = list(fields)
-    hints = typing.get_type_hints(cls)
+    hints = type_hints(cls)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in names:
@@ -270,12 +279,19 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> Any:
+    """A document's parse, kept by its text: planning a study reads the same recipes once per
+    run (pure-Python YAML: ~5 ms a file); a failed parse is not kept and raises each time."""
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def read_strict_yaml(path: Path, what: str) -> Any:
     """The YAML document in `path` (None when it holds nothing), refusing duplicate keys; any
     read or parse failure is one ConfigError line naming the file."""
     try:
         text = path.read_text(encoding="utf-8")
-        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+        return copy.deepcopy(_parsed(text))  # the caller may change what it gets
     except UnicodeDecodeError as exc:
         where = f"{exc.reason} at byte {exc.start}"
         raise ConfigError(f"{path}: not a UTF-8 text file ({where})") from None

@@ -111,15 +111,64 @@ def _ci(values: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def best_lrs(lrs: np.ndarray, means: np.ndarray) -> np.ndarray:
+    """`best_lr` of each row of `means` [replicate, lr]: the replicates whose grid argmin is the
+    same share the 5 points, so one least-squares solve fits them all."""
+    out = np.empty(len(means))
+    x = np.log2(lrs)
+    argmins = np.argmin(means, axis=1)
+    for i in np.unique(argmins):
+        rows = argmins == i
+        if len(x) < 3:
+            out[rows] = lrs[i]
+            continue
+        near = np.sort(np.argsort(np.abs(np.arange(len(x)) - i), kind="stable")[:5])
+        c2, c1, _ = np.polyfit(x[near], means[rows][:, near].T, 2)
+        vertex = -c1 / (2 * np.where(c2 > 0, c2, 1.0))
+        inside = (c2 > 0) & (x[near].min() <= vertex) & (vertex <= x[near].max())
+        out[rows] = np.where(inside, 2.0**vertex, lrs[i])
+    return out
+
+
+def fit_powers(sizes: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """`fit_power` of each row of `values` [replicate, rung] as [replicate, (a, b)]: rows with
+    the same usable rungs share one least-squares solve."""
+    out = np.full((len(values), 2), math.nan)
+    ok = np.isfinite(values) & (values > 0)
+    for pattern in np.unique(ok, axis=0):
+        rows = (ok == pattern).all(axis=1)
+        if pattern.sum() < 2 or len(set(sizes[pattern])) < 2:
+            continue
+        logs = np.log(values[rows][:, pattern])
+        b, log_a = np.polyfit(np.log(sizes[pattern]), logs.T, 1)
+        out[rows] = np.stack([np.exp(log_a), b], axis=1)
+    return out
+
+
 def _replicates(rungs: list[Rung], n: int, seed: int) -> np.ndarray:
-    """[replicate, rung, quantity] statistics on seed rows resampled with replacement."""
+    """[replicate, rung, quantity] statistics on seed rows resampled with replacement (the
+    draws in the order replicate, rung; `rung_stats` on each, computed for all at once)."""
     rng = np.random.default_rng(seed)
-    out = np.empty((n, len(rungs), len(QUANTITIES)))
+    draws = [np.empty((n, r.losses.shape[0]), dtype=np.int64) for r in rungs]
     for b in range(n):
         for j, rung in enumerate(rungs):
-            rows = rng.integers(0, rung.losses.shape[0], size=rung.losses.shape[0])
-            stats = rung_stats(rung, rows)
-            out[b, j] = [stats[q] for q in QUANTITIES]
+            draws[j][b] = rng.integers(0, rung.losses.shape[0], size=rung.losses.shape[0])
+    out = np.empty((n, len(rungs), len(QUANTITIES)))
+    for j, rung in enumerate(rungs):
+        means = rung.losses[draws[j]].mean(axis=1)  # [replicate, lr]
+        argmin = np.argmin(means, axis=1)
+        best = means[np.arange(n), argmin]
+        out[:, j, 0] = best
+        out[:, j, 1] = best_lrs(rung.lrs, means)
+        out[:, j, 2] = (means - best[:, None]).mean(axis=1)
+        out[:, j, 3] = math.nan
+        if rung.logits is not None:
+            column = rung.logits[draws[j], argmin[:, None]]  # [replicate, seed]
+            seen = np.isfinite(column).any(axis=1)
+            with np.errstate(invalid="ignore"):
+                total = np.where(np.isfinite(column), column, 0.0).sum(axis=1)
+            count = np.isfinite(column).sum(axis=1)
+            out[seen, j, 3] = total[seen] / count[seen]
     return out
 
 
@@ -134,7 +183,7 @@ def fit_ladder(
     fits = {}
     for k, q in enumerate(QUANTITIES):
         coef, exponent = fit_power(sizes, point[:, k])
-        params = np.array([fit_power(sizes, boot[b, :, k]) for b in range(n_boot)])
+        params = fit_powers(sizes, boot[:, :, k])
         fit = Fit(q, coef, exponent, _ci(params[:, 1]))
         if target is not None:
             fit.target = float(target)

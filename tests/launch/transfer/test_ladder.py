@@ -114,3 +114,32 @@ def test_best_lr_shift_in_octaves() -> None:
     f = ld.fit_ladder([_rung(x, 3, rng) for x in SIZES], n_boot=200)["best_lr"]
     assert f.shift == pytest.approx(-3.0, abs=1e-2)
     assert f.shift_ci[0] <= -3.0 <= f.shift_ci[1] or abs(f.shift_ci[0] + 3) < 1e-2
+
+
+def test_the_batched_bootstrap_equals_the_per_replicate_statistics() -> None:
+    """`_replicates` (one solve per argmin or usable-rung pattern) gives, replicate by replicate,
+    what `rung_stats` and `fit_power` give one at a time on the same draws: noisy rungs so the
+    argmin, the parabola's sign and the vertex test vary, NaN max logits on some seeds."""
+    rng = np.random.default_rng(3)
+    rungs = [_rung(x, 5, rng, noise=0.05) for x in SIZES]
+    for r in rungs[1:3]:
+        r.logits[rng.random(r.logits.shape) < 0.4] = np.nan
+    n, seed = 300, 11
+    got = ld._replicates(rungs, n, seed)
+    draw = np.random.default_rng(seed)
+    want = np.empty_like(got)
+    for b in range(n):
+        for j, rung in enumerate(rungs):
+            rows = draw.integers(0, rung.losses.shape[0], size=rung.losses.shape[0])
+            stats = ld.rung_stats(rung, rows)
+            want[b, j] = [stats[q] for q in ld.QUANTITIES]
+    assert len(np.unique(got[:, 0, 1])) > 10  # the vertex moves between replicates
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, equal_nan=True)
+    sizes = np.array(SIZES, dtype=float)
+    for k in range(len(ld.QUANTITIES)):
+        values = got[:, :, k].copy()
+        values[::7, 1] = np.nan  # rows with another usable-rung pattern
+        values[::11, 2] = -1.0
+        batched = ld.fit_powers(sizes, values)
+        single = np.array([ld.fit_power(sizes, v) for v in values])
+        np.testing.assert_allclose(batched, single, rtol=1e-10, atol=0, equal_nan=True)
