@@ -164,8 +164,6 @@ def check_run(args: argparse.Namespace, cfg: RunConfig, world: int) -> None:
     `latest` pointer naming none, another global batch than the checkpoint's, data sources that
     changed since it (without --resume-on-changed-data). (A checkpoint's bytes are verified by
     the ranks as they load it: hashing them here too would read every checkpoint twice.)"""
-    from normlab.launch.engines.fsdp import trainer_file
-    from normlab.launch.engines.single import TRAINER_FILE, read_file
     from normlab.launch.rundir.checkpoint import CheckpointManager
     from normlab.launch.rundir.directory import check_run_dir
     from normlab.launch.rundir.owner import check_owner_job
@@ -180,6 +178,10 @@ def check_run(args: argparse.Namespace, cfg: RunConfig, world: int) -> None:
     ckpt = manager.find(args.from_step) if args.from_step else manager.latest()
     if ckpt is None:
         return
+    # only now: the engines import torch.distributed.checkpoint (~0.8 s of a fresh launch)
+    from normlab.launch.engines.fsdp import trainer_file
+    from normlab.launch.engines.single import TRAINER_FILE, read_file
+
     files = (ckpt / trainer_file(0), ckpt / TRAINER_FILE)  # FSDP2/DeepSpeed rank 0, or single
     trainer_state = next((p for p in files if p.is_file()), None)
     if trainer_state is not None:
