@@ -1,5 +1,5 @@
 """Resume on another number of ranks, every engine, CPU with gloo: a checkpoint written on 2 ranks
-continues on 1 and on 4, one written on 4 continues on 2 (FSDP2 through DCP's resharding,
+continues on 1 and on 4, one written on 1 or 4 continues on 2 (FSDP2 through DCP's resharding,
 DeepSpeed ZeRO 1-3 through its universal checkpoint), with the same global batch of 4 (per-rank
 batch 4 / world), so the loader continues the same global sample order and every step's loss
 matches the uninterrupted single-process run within fp32 tolerance (LOSS_TOL). Another global
@@ -75,14 +75,15 @@ def _resume(run: Path, world: int, *extra: str) -> subprocess.CompletedProcess:
 
 
 # CI runs one shrink and one growth per checkpoint format (DCP for FSDP2; DeepSpeed's universal
-# checkpoint, where ZeRO-1 and 2 write the same optimizer partitions); `-m slow` the rest of the
+# checkpoint, where ZeRO-1 and 2 write the same optimizer partitions): the growth 1 -> 2 (three
+# rank starts; 2 -> 4 needs six, four at once on CI's two cores); `-m slow` the rest of the
 # matrix, 4-rank starts included.
-CI_CASES = {("fsdp", 2, 1), ("zero2", 2, 1), ("zero3", 2, 4)}
+CI_CASES = {("fsdp", 2, 1), ("zero2", 2, 1), ("zero3", 1, 2)}
 CASES = [
     pytest.param(
         e, s, r, id=f"{s}-{r}-{e}", marks=() if (e, s, r) in CI_CASES else pytest.mark.slow
     )
-    for s, r in [(2, 1), (2, 4), (4, 2)]
+    for s, r in [(2, 1), (1, 2), (2, 4), (4, 2)]
     for e in ENGINES
 ]
 
