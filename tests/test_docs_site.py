@@ -153,3 +153,19 @@ def test_quickstart_sweep_tables_are_what_the_runs_gave() -> None:
     # the numbers in a rendered row are the file's, rounded as shown
     row = sweep.per_seed(data)[2]
     assert f"| {runs[0]['eval']['250']:.3f} |" in row
+
+
+def test_early_warning_page_is_what_normlab_warnings_gives_on_the_packed_sweep() -> None:
+    """docs/early_warning.md's blocks and docs/warnings/divergence/warnings.{md,json} are what
+    `normlab warnings` writes for the divergence sweep's packed runs (gen_warnings --check), and
+    the sweep meets issue 32 item 3: at least 20 events over at least 4 seeds, healthy runs of
+    the same recipe beside them."""
+    gen = generator("gen_warnings")
+    assert gen.main(["--check"]) == 0, "stale: run python docs/gen_warnings.py"
+    records = gen.read_bundle()
+    events = [r for r in records if r["summary"].get("events")]
+    assert len(events) >= 20 and len({r["config"]["training"]["seed"] for r in events}) >= 4
+    assert len(records) > len(events)  # the healthy class
+    assert {r["config"]["model"]["placement"] for r in records} == {"pre"}
+    page = gen.PAGE.read_text()
+    assert page.count("<!-- normlab:warnings ") == 3

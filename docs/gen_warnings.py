@@ -1,0 +1,220 @@
+"""The early-warning result page, from the divergence sweep's runs (no hand-copied value).
+
+    normlab study divergence --out DIR --jobs 2            # the sweep (recipes/studies/)
+    python docs/gen_warnings.py --runs DIR... --time-s T   # pack the runs, evaluate, write
+    python docs/gen_warnings.py                            # re-evaluate the packed runs
+    python docs/gen_warnings.py --check                    # exit 1 when a committed file differs
+
+--runs packs every run below DIR (its resolved config, summary.json and metrics.jsonl, the
+per-step speed columns left out) into docs/warnings/divergence/runs.jsonl.gz. Every other file
+is built from that bundle alone: the runs are unpacked into a temporary directory and
+`normlab warnings` (launch.warning.report.run_warnings) evaluates them, so warnings.md,
+warnings.json and the figure are what the tool writes; docs/early_warning.md's generated blocks
+(between `<!-- normlab:warnings NAME -->` and `<!-- /normlab:warnings -->`) hold the sweep's
+event table and the tool's table. tests/test_docs_site.py fails when any of them differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DOCS = Path(__file__).resolve().parent
+OUT = DOCS / "warnings" / "divergence"
+BUNDLE = OUT / "runs.jsonl.gz"
+META = OUT / "sweep.json"
+PAGE = DOCS / "early_warning.md"
+TEXT_FILES = ("warnings.md", "warnings.json")
+SPEED = ("step_time", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
+BLOCK = re.compile(r"(<!-- normlab:warnings (\S+) -->\n)(.*?)(<!-- /normlab:warnings -->)", re.S)
+
+
+def pack(root: Path) -> list[dict[str, Any]]:
+    """One record per run below `root`: its directory name, config, summary and metric rows."""
+    import yaml
+    from normlab.launch.warning.evaluate import find_run_dirs
+
+    records = []
+    for run_dir in find_run_dirs([root]):
+        rows = []
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows.append({k: v for k, v in row.items() if k not in SPEED})
+        records.append({
+            "name": run_dir.name,
+            "config": yaml.safe_load((run_dir / "config.yaml").read_text()),
+            "summary": json.loads((run_dir / "summary.json").read_text()),
+            "metrics": rows,
+        })  # fmt: skip
+    return records
+
+
+def write_bundle(records: list[dict[str, Any]]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+    with gzip.GzipFile(BUNDLE, "wb", mtime=0) as fh:  # mtime 0: the same runs, the same bytes
+        fh.write(text.encode())
+
+
+def read_bundle() -> list[dict[str, Any]]:
+    with gzip.open(BUNDLE, "rt") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def unpack(records: list[dict[str, Any]], root: Path) -> Path:
+    """Run directories `root/runs/NAME` that `normlab warnings` reads as the sweep's own."""
+    import yaml
+
+    runs = root / "runs"
+    for r in records:
+        d = runs / r["name"]
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text(yaml.safe_dump(r["config"], sort_keys=False))
+        (d / "summary.json").write_text(json.dumps(r["summary"]))
+        (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in r["metrics"]))
+    return runs
+
+
+def evaluate(records: list[dict[str, Any]], out: Path) -> dict[str, str]:
+    """Unpack, run `normlab warnings`' evaluation into `out`; the text files it wrote, with the
+    temporary run paths replaced by the runs' names."""
+    from normlab.launch.warning.report import run_warnings
+
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = unpack(records, Path(tmp))
+        run_warnings([str(runs)], out)
+        texts = {f: (out / f).read_text().replace(f"{runs}/", "") for f in TEXT_FILES}
+    for f, text in texts.items():
+        (out / f).write_text(text)
+    return texts
+
+
+def event_table(records: list[dict[str, Any]]) -> str:
+    """Per learning rate: runs, runs with an event, its kinds and the first event's steps."""
+    by_lr: dict[float, list[dict[str, Any]]] = {}
+    for r in records:
+        by_lr.setdefault(float(r["config"]["optim"]["lr"]), []).append(r)
+    lines = [
+        "| lr | runs (seeds) | with an event | kinds of the first event | first event's step: "
+        "median [min, max] | healthy steps |",
+        "|---|---|---|---|---|---|",
+    ]
+    for lr in sorted(by_lr):
+        runs = by_lr[lr]
+        firsts = [r["summary"]["events"][0] for r in runs if r["summary"].get("events")]
+        steps = [e["step"] for e in firsts]
+        kinds = sorted({e["kind"] for e in firsts})
+        healthy = sum(
+            max((m["step"] for m in r["metrics"] if "loss" in m), default=0)
+            for r in runs
+            if not r["summary"].get("events")
+        )
+        seeds = ", ".join(str(r["config"]["training"]["seed"]) for r in runs)
+        span = (
+            f"{statistics.median(steps):g} [{min(steps)}, {max(steps)}]" if steps else "-"
+        )
+        lines.append(
+            f"| {lr:g} | {len(runs)} ({seeds}) | {len(firsts)} | {', '.join(kinds) or '-'} | "
+            f"{span} | {healthy} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _last_finite(r: dict[str, Any], prefix: str) -> float | None:
+    """The largest value over the keys `prefix`* (blocks) at the run's last finite logged row."""
+    for m in reversed(r["metrics"]):
+        vals = [v for k, v in m.items() if k.startswith(prefix) and isinstance(v, int | float)]
+        vals = [float(v) for v in vals if v == v and abs(v) != float("inf")]
+        if vals:
+            return max(vals)
+    return None
+
+
+def level_table(records: list[dict[str, Any]]) -> str:
+    """Per learning rate and class, the median (over runs) of the residual-stream RMS (largest
+    block) and of the max attention logit at the last finite logged step: the level the
+    activations had reached when the run overflowed, or when a healthy run ended."""
+    lines = [
+        "| lr | class | runs | residual RMS, largest block: median [min, max] | "
+        "max attention logit: median [min, max] |",
+        "|---|---|---|---|---|",
+    ]
+    groups: dict[tuple[float, str], list[dict[str, Any]]] = {}
+    for r in records:
+        kind = "event" if r["summary"].get("events") else "healthy"
+        groups.setdefault((float(r["config"]["optim"]["lr"]), kind), []).append(r)
+    for (lr, kind), runs in sorted(groups.items()):
+        cells = []
+        for prefix in ("resid_rms/", "max_logit"):
+            vals = [v for r in runs if (v := _last_finite(r, prefix)) is not None]
+            cells.append(
+                f"{statistics.median(vals):.3g} [{min(vals):.3g}, {max(vals):.3g}]" if vals else "-"
+            )
+        lines.append(f"| {lr:g} | {kind} | {len(runs)} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + "\n"
+
+
+def blocks(records: list[dict[str, Any]], texts: dict[str, str]) -> dict[str, str]:
+    meta = json.loads(META.read_text())
+    n_events = sum(bool(r["summary"].get("events")) for r in records)
+    seeds = sorted({r["config"]["training"]["seed"] for r in records})
+    table = texts["warnings.md"].split("\n", 1)[1].strip()  # the tool's page without its title
+    table = table.replace("](recall_vs_false_alarms.png)", "](warnings/divergence/"
+                          "recall_vs_false_alarms.png)")  # fmt: skip
+    return {
+        "sweep": (
+            f"{len(records)} runs, {n_events} with an event, seeds {seeds[0]}-{seeds[-1]}; "
+            f"measured `{meta['command']}`: {meta['time_s'] / 60:.0f} min on {meta['machine']}.\n\n"
+            + event_table(records)
+        ),
+        "evaluation": table + "\n",
+        "levels": level_table(records),
+    }
+
+
+def render(page: str, found: dict[str, str]) -> str:
+    def fill(m: re.Match[str]) -> str:
+        return m.group(1) + found[m.group(2)] + m.group(4)
+
+    return BLOCK.sub(fill, page)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, nargs="+", help="the sweep's study directories")
+    parser.add_argument("--time-s", type=float, help="the sweep's measured wall time (--runs)")
+    parser.add_argument("--machine", default="2 CPU cores", help="where it ran, under what load")
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    if args.runs:
+        write_bundle([r for root in args.runs for r in pack(root)])
+        META.write_text(json.dumps({
+            "command": "normlab study divergence --jobs 2",
+            "time_s": args.time_s,
+            "machine": args.machine,
+        }, indent=1) + "\n")  # fmt: skip
+    records = read_bundle()
+    if args.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            texts = evaluate(records, Path(tmp))
+        stale = [f for f in TEXT_FILES if (OUT / f).read_text() != texts[f]]
+        if PAGE.read_text() != render(PAGE.read_text(), blocks(records, texts)):
+            stale.append(str(PAGE.relative_to(DOCS)))
+        for f in stale:
+            print(f"stale: {f} (run python docs/gen_warnings.py)", file=sys.stderr)
+        return 1 if stale else 0
+    texts = evaluate(records, OUT)
+    PAGE.write_text(render(PAGE.read_text(), blocks(records, texts)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
