@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from normlab.launch.config.loader import coerce, key_of
+from normlab.launch.config.loader import coerce, key_of, type_hints
 from normlab.launch.config.schema import RunConfig
 from normlab.launch.errors import ConfigError, NormlabError
 
@@ -86,12 +85,12 @@ def read_config(path: Path) -> dict[str, Any]:
 def _check_types(path: Path, data: dict[str, Any]) -> None:
     """Every value of a known key has its schema type (keys an older or newer normlab wrote, and
     this one does not know, are left alone: reports read runs of any version)."""
-    hints = typing.get_type_hints(RunConfig)
+    hints = type_hints(RunConfig)
     for f in dataclasses.fields(RunConfig):
         section, hint = data.get(f.name), hints[f.name]
         if section is None or not dataclasses.is_dataclass(hint):
             continue
-        inner = typing.get_type_hints(hint)
+        inner = type_hints(hint)
         keys = {key_of(g): g.name for g in dataclasses.fields(hint)}
         for key, value in section.items():
             if key in keys:

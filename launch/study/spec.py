@@ -43,7 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from normlab.launch.config.loader import RECIPES_DIR, find_recipe, key_of, load_yaml, suggest
+from normlab.launch.config.loader import (
+    RECIPES_DIR,
+    find_recipe,
+    key_of,
+    load_yaml,
+    suggest,
+    type_hints,
+)
 from normlab.launch.errors import ConfigError
 
 STUDIES_DIR = RECIPES_DIR / "studies"
@@ -293,7 +300,7 @@ def config_key_problem(key: str) -> str | None:
         fields = {key_of(f): f for f in dataclasses.fields(section) if f.init}
         if part not in fields:
             return f"unknown key '{prefix}{part}'{suggest(part, list(fields), prefix)}"
-        section = _section_of(typing.get_type_hints(section)[fields[part].name])
+        section = _section_of(type_hints(section)[fields[part].name])
         prefix += f"{part}."
     return None
 
