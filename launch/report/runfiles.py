@@ -88,7 +88,7 @@ def _check_types(path: Path, data: dict[str, Any]) -> None:
     hints = type_hints(RunConfig)
     for f in dataclasses.fields(RunConfig):
         section, hint = data.get(f.name), hints[f.name]
-        if section is None or not dataclasses.is_dataclass(hint):
+        if section is None or not (isinstance(hint, type) and dataclasses.is_dataclass(hint)):
             continue
         inner = type_hints(hint)
         keys = {key_of(g): g.name for g in dataclasses.fields(hint)}
