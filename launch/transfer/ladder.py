@@ -42,75 +42,6 @@ class Rung:
     logits: np.ndarray | None = None
 
 
-def best_lr(lrs: np.ndarray, mean: np.ndarray) -> float:
-    """η* by the quadratic fit of 21.6 on log2 η (see the module docstring)."""
-    x = np.log2(lrs)
-    i = int(np.argmin(mean))
-    if len(x) < 3:
-        return float(lrs[i])
-    near = np.sort(np.argsort(np.abs(np.arange(len(x)) - i), kind="stable")[:5])
-    c2, c1, _ = np.polyfit(x[near], mean[near], 2)
-    if c2 <= 0:
-        return float(lrs[i])
-    vertex = -c1 / (2 * c2)
-    if not x[near].min() <= vertex <= x[near].max():
-        return float(lrs[i])
-    return float(2.0**vertex)
-
-
-def rung_stats(rung: Rung, rows: np.ndarray | np.integer | None = None) -> dict[str, float]:
-    """The four statistics of one rung on the seed rows `rows` (all seeds when None)."""
-    losses = rung.losses if rows is None else rung.losses[rows]
-    mean = losses.mean(axis=0)
-    i = int(np.argmin(mean))
-    out = {
-        "best_loss": float(mean[i]),
-        "best_lr": best_lr(rung.lrs, mean),
-        "lr_sensitivity": float((mean - mean[i]).mean()),
-        "max_logit": math.nan,
-    }
-    if rung.logits is not None:
-        logits = rung.logits if rows is None else rung.logits[rows]
-        column = logits[:, i]
-        if np.isfinite(column).any():
-            out["max_logit"] = float(np.nanmean(column))
-    return out
-
-
-def fit_power(sizes: np.ndarray, values: np.ndarray) -> tuple[float, float]:
-    """(a, b) of y = a · x^b by least squares on log y; nan when fewer than 2 positive values."""
-    ok = np.isfinite(values) & (values > 0)
-    if ok.sum() < 2 or len(set(sizes[ok])) < 2:
-        return math.nan, math.nan
-    b, log_a = np.polyfit(np.log(sizes[ok]), np.log(values[ok]), 1)
-    return float(math.exp(log_a)), float(b)
-
-
-@dataclass
-class Fit:
-    """One quantity of one recipe: the power law, its bootstrap interval, a forecast."""
-
-    quantity: str
-    coef: float
-    exponent: float
-    exponent_ci: tuple[float, float]
-    target: float | None = None
-    forecast: float = math.nan
-    forecast_ci: tuple[float, float] = (math.nan, math.nan)
-    # best_lr only: D = log2 η*(largest) - log2 η*(smallest), the shift of SCIENCE.md 21.6
-    shift: float = math.nan
-    shift_ci: tuple[float, float] = (math.nan, math.nan)
-
-
-def _ci(values: np.ndarray) -> tuple[float, float]:
-    values = values[np.isfinite(values)]
-    if not len(values):
-        return math.nan, math.nan
-    tail = (1 - LEVEL) / 2 * 100
-    lo, hi = np.percentile(values, [tail, 100 - tail])
-    return float(lo), float(hi)
-
-
 def best_lrs(lrs: np.ndarray, means: np.ndarray) -> np.ndarray:
     """`best_lr` of each row of `means` [replicate, lr]: the replicates whose grid argmin is the
     same share the 5 points, so one least-squares solve fits them all."""
@@ -145,31 +76,75 @@ def fit_powers(sizes: np.ndarray, values: np.ndarray) -> np.ndarray:
     return out
 
 
+def rung_stats_of(rung: Rung, draws: np.ndarray) -> np.ndarray:
+    """[replicate, quantity]: the four statistics of the module docstring for each row of seed
+    indices in `draws` [replicate, seeds], all replicates at once."""
+    n = len(draws)
+    means = rung.losses[draws].mean(axis=1)  # [replicate, lr]
+    argmin = np.argmin(means, axis=1)
+    best = means[np.arange(n), argmin]
+    out = np.full((n, len(QUANTITIES)), math.nan)
+    out[:, 0] = best
+    out[:, 1] = best_lrs(rung.lrs, means)
+    out[:, 2] = (means - best[:, None]).mean(axis=1)
+    if rung.logits is not None:
+        column = rung.logits[draws, argmin[:, None]]  # [replicate, seed] at the grid argmin
+        seen = np.isfinite(column).any(axis=1)
+        out[seen, 3] = np.nanmean(column[seen], axis=1)
+    return out
+
+
+def best_lr(lrs: np.ndarray, mean: np.ndarray) -> float:
+    """η* by the quadratic fit of 21.6 on log2 η (see the module docstring)."""
+    return float(best_lrs(lrs, mean[None])[0])
+
+
+def rung_stats(rung: Rung, rows: np.ndarray | np.integer | None = None) -> dict[str, float]:
+    """The four statistics of one rung on the seed rows `rows` (all seeds when None)."""
+    picked = np.arange(rung.losses.shape[0]) if rows is None else np.atleast_1d(rows)
+    return dict(zip(QUANTITIES, map(float, rung_stats_of(rung, picked[None])[0]), strict=True))
+
+
+def fit_power(sizes: np.ndarray, values: np.ndarray) -> tuple[float, float]:
+    """(a, b) of y = a · x^b by least squares on log y; nan when fewer than 2 positive values."""
+    a, b = fit_powers(sizes, values[None])[0]
+    return float(a), float(b)
+
+
+@dataclass
+class Fit:
+    """One quantity of one recipe: the power law, its bootstrap interval, a forecast."""
+
+    quantity: str
+    coef: float
+    exponent: float
+    exponent_ci: tuple[float, float]
+    target: float | None = None
+    forecast: float = math.nan
+    forecast_ci: tuple[float, float] = (math.nan, math.nan)
+    # best_lr only: D = log2 η*(largest) - log2 η*(smallest), the shift of SCIENCE.md 21.6
+    shift: float = math.nan
+    shift_ci: tuple[float, float] = (math.nan, math.nan)
+
+
+def _ci(values: np.ndarray) -> tuple[float, float]:
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return math.nan, math.nan
+    tail = (1 - LEVEL) / 2 * 100
+    lo, hi = np.percentile(values, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
 def _replicates(rungs: list[Rung], n: int, seed: int) -> np.ndarray:
-    """[replicate, rung, quantity] statistics on seed rows resampled with replacement (the
-    draws in the order replicate, rung; `rung_stats` on each, computed for all at once)."""
+    """[replicate, rung, quantity] statistics on seed rows resampled with replacement (drawn in
+    the order replicate, rung)."""
     rng = np.random.default_rng(seed)
     draws = [np.empty((n, r.losses.shape[0]), dtype=np.int64) for r in rungs]
     for b in range(n):
         for j, rung in enumerate(rungs):
             draws[j][b] = rng.integers(0, rung.losses.shape[0], size=rung.losses.shape[0])
-    out = np.empty((n, len(rungs), len(QUANTITIES)))
-    for j, rung in enumerate(rungs):
-        means = rung.losses[draws[j]].mean(axis=1)  # [replicate, lr]
-        argmin = np.argmin(means, axis=1)
-        best = means[np.arange(n), argmin]
-        out[:, j, 0] = best
-        out[:, j, 1] = best_lrs(rung.lrs, means)
-        out[:, j, 2] = (means - best[:, None]).mean(axis=1)
-        out[:, j, 3] = math.nan
-        if rung.logits is not None:
-            column = rung.logits[draws[j], argmin[:, None]]  # [replicate, seed]
-            seen = np.isfinite(column).any(axis=1)
-            with np.errstate(invalid="ignore"):
-                total = np.where(np.isfinite(column), column, 0.0).sum(axis=1)
-            count = np.isfinite(column).sum(axis=1)
-            out[seen, j, 3] = total[seen] / count[seen]
-    return out
+    return np.stack([rung_stats_of(rung, d) for rung, d in zip(rungs, draws, strict=True)], axis=1)
 
 
 def fit_ladder(
