@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import re
 import statistics
 import sys
@@ -39,15 +40,15 @@ BLOCK = re.compile(r"(<!-- normlab:warnings (\S+) -->\n)(.*?)(<!-- /normlab:warn
 def pack(root: Path) -> list[dict[str, Any]]:
     """One record per run below `root`: its directory name, config, summary and metric rows."""
     import yaml
+    from normlab.launch.report.runfiles import read_metrics
     from normlab.launch.warning.evaluate import find_run_dirs
 
     records = []
     for run_dir in find_run_dirs([root]):
-        rows = []
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                rows.append({k: v for k, v in row.items() if k not in SPEED})
+        rows = [
+            {k: v for k, v in row.items() if k not in SPEED}
+            for row in read_metrics(run_dir / "metrics.jsonl")
+        ]
         records.append({
             "name": run_dir.name,
             "config": yaml.safe_load((run_dir / "config.yaml").read_text()),
@@ -131,8 +132,11 @@ def event_table(records: list[dict[str, Any]]) -> str:
 def _last_finite(r: dict[str, Any], prefix: str) -> float | None:
     """The largest value over the keys `prefix`* (blocks) at the run's last finite logged row."""
     for m in reversed(r["metrics"]):
-        vals = [v for k, v in m.items() if k.startswith(prefix) and isinstance(v, int | float)]
-        vals = [float(v) for v in vals if v == v and abs(v) != float("inf")]
+        vals = [
+            float(v)
+            for k, v in m.items()
+            if k.startswith(prefix) and isinstance(v, int | float) and math.isfinite(v)
+        ]
         if vals:
             return max(vals)
     return None
