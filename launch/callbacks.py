@@ -44,6 +44,8 @@ class Callback:
     """Base class; every hook is optional."""
 
     name: str = "callback"
+    reads_metrics: bool = False  # True: on_step_end runs after every other callback's (it reads
+    # the metrics they add: the early warning)
 
     def on_train_start(self, trainer: TrainerView) -> None:
         """After the model, optimizer and (on resume) checkpoint state are in place."""

@@ -24,6 +24,9 @@ Z_LOSS = "z_loss"  # the z-loss term, logged beside the cross-entropy `loss`
 UPDATE_NORM, UPDATE_SPIKES = "update_norm", "update_spikes"  # per block (update_spikes.py)
 UPDATE_RATIO_MAX, UPDATE_SPIKE_STEPS = "update_ratio_max", "update_spike_steps"
 ROLLED_BACK = "rolled_back_steps"  # steps whose updates a rollback discarded
+# instruments.early_warning: alarm episodes, the lr factor, returns to a checkpoint, clipped steps
+EW_ALARMS, EW_LR_SCALE = "early_warning/alarms", "early_warning/lr_scale"
+EW_ROLLBACKS, EW_DID_CLIP = "early_warning/rollbacks", "early_warning/did_clip"
 
 _BLOCK_KEY = re.compile(r"^(?P<kind>[a-z0-9_]+)/(?P<block>\d+)(?:/(?P<sub>[a-z0-9_]+))?$")
 

@@ -72,9 +72,30 @@ class FP16ClampSettings:
     mode: Literal["auto", "on", "off"] = "auto"
 
 
-# instruments.early_warning (SCIENCE.md 23.4): the signals it can watch every step without a
-# logging instrument, and the actions; clip_update needs the whole update on one device
-WARNING_SIGNALS = ("loss", "grad_norm")
+# instruments.early_warning (SCIENCE.md 23.4): the signals it can watch, each with the instrument
+# that logs it (None: the trainer's own loss and grad norm, there every step). The names are those
+# of launch.warning.signals.SIGNALS (a test holds the two equal); a per-block signal watches each
+# block. A signal an instrument logs is watched on the steps it is logged (log steps).
+WARNING_SIGNALS: dict[str, str | None] = {
+    "loss": None,
+    "grad_norm": None,
+    "update_norm": "update_spikes",
+    "update_ratio": "gradients",
+    "block_grad_norm": "gradients",
+    "max_logit": "attention_logits",
+    "resid_rms": "activations",
+    "logz_mean": "output_logits",
+    "head_mean_norm": "output_logits",
+    "head_norm": "adam_state",
+    "adam_update_rms": "adam_state",
+    "adam_m_norm": "adam_state",
+    "qk_entropy": "qk_spectrum",
+    "kurtosis": "kurtosis",
+    "attn_entropy": "attn_entropy",
+    "adam_v_norm": "adam_state",
+    "eps_floor": "adam_state",
+    "grad_mom_cos": "adam_state",
+}
 WARNING_ACTIONS = ("checkpoint", "backoff", "rollback", "clip_update")
 WARNING_ENGINES = {"clip_update": ("single",)}  # actions some engines cannot do
 
@@ -83,22 +104,35 @@ WARNING_ENGINES = {"clip_update": ("single",)}  # actions some engines cannot do
 class EarlyWarningSettings:
     signals: list[str] = field(default_factory=lambda: ["grad_norm"])  # what the detector watches
     k: float = 6.0  # alarm when the robust z-score of log(signal) reaches k
+    # level alarms, signal -> level on the signal's own scale (a ratio to the window median for
+    # update_norm and adam_m_norm; at or below it for the entropies): `normlab warnings` tunes them
+    levels: dict[str, float] = field(default_factory=dict)
     window: int = 100  # trailing steps of the robust z-score
     action: str = "checkpoint"  # checkpoint | backoff | rollback | clip_update
     backoff: float = 0.5  # backoff: the lr multiplier on alarm, then re-warmed
     rewarm_steps: int = 100  # backoff: steps back to the full lr
-    max_rollbacks: int = 5  # rollback: the run stops after this many
+    # backoff from the newest checkpoint before the alarm (SCIENCE.md 23.4), or where it fired
+    backoff_from: Literal["checkpoint", "alarm"] = "checkpoint"
+    max_rollbacks: int = 5  # rollback (and backoff's return to a checkpoint): at most this many
     clip_sigma: float = 3.0  # clip_update (Levanter): clip at mean + sigma * std of past norms
     clip_window: int = 128  # clip_update: past update norms kept
 
     def __post_init__(self) -> None:
         where = "instruments.early_warning"
+        allowed = ", ".join(WARNING_SIGNALS)
         if not self.signals:
-            raise ConfigError(f"{where}.signals must be a list of {list(WARNING_SIGNALS)}")
+            raise ConfigError(f"{where}.signals must be a list of {allowed}")
         for sig in self.signals:
             if sig not in WARNING_SIGNALS:
-                allowed = ", ".join(WARNING_SIGNALS)
                 raise ConfigError(f"{where}.signals: unknown signal {sig!r}; allowed: {allowed}")
+        for sig, level in self.levels.items():
+            if sig not in self.signals:
+                raise ConfigError(
+                    f"{where}.levels.{sig}: not a watched signal; allowed: "
+                    f"{', '.join(self.signals)} (add it to {where}.signals)"
+                )
+            if isinstance(level, bool) or not isinstance(level, int | float) or not level > 0:
+                raise ConfigError(f"{where}.levels.{sig} must be a positive number, got {level!r}")
         if self.action not in WARNING_ACTIONS:
             raise ConfigError(
                 f"{where}.action must be one of {', '.join(WARNING_ACTIONS)}, got {self.action!r}"
@@ -135,6 +169,20 @@ def check_warning_engine(section: dict[str, Any], engine: str) -> None:
             f"allowed engines: {', '.join(engines)} (other actions: "
             f"{', '.join(a for a in WARNING_ACTIONS if a not in WARNING_ENGINES)})"
         )
+
+
+def check_warning_sources(section: dict[str, Any]) -> None:
+    """Each watched signal's instrument must be on: one line naming the key to switch on."""
+    settings = section.get("early_warning")
+    if settings is None or settings is False:
+        return
+    for sig in checked_settings("early_warning", settings).signals:
+        source = WARNING_SIGNALS[sig]
+        if source is not None and section.get(source) in (None, False):
+            raise ConfigError(
+                f"instruments.early_warning.signals: {sig!r} is logged by instruments.{source}, "
+                f"which is off; switch it on (instruments.{source}=true) or watch another signal"
+            )
 
 
 def _need(ok: bool, name: str, rule: str, *values: Any) -> None:
@@ -180,3 +228,4 @@ def check_instruments(section: dict[str, Any]) -> None:
             raise ConfigError(f"unknown instrument 'instruments.{name}'{hint}")
         if settings is not False and settings is not None:
             checked_settings(name, settings)
+    check_warning_sources(section)

@@ -1,18 +1,27 @@
 """Online early warning and its actions (SCIENCE.md 23.2 detector, 23.4 actions).
 
-Every step the watched signals (the loss, the global gradient norm) are averaged over the ranks
-in one small collective and copied to the host (one sync per step, as the spike policy's); the
-robust z-score detector of launch.warning.detector (log value against the previous `window`
-values, alarm at z >= k, none during warm-up) sees the same numbers on every rank, so every rank
-agrees on the alarm step, as they agree on a stop step. Alarms closer than 50 steps to the
-previous one belong to its episode (SCIENCE.md 23.3's R) and trigger nothing more; `alarms`
-counts episodes. On an alarm, the action:
+The watched signals are any of `normlab warnings`' (launch.warning.signals): the loss and the
+global gradient norm every step, a signal an instrument logs (residual RMS, kurtosis, Adam
+state, ...) on the steps it is logged; a per-block signal is watched block by block and alarms
+when one block does. Each step the values present are averaged over the ranks in one small
+collective and copied to the host (one sync per step, as the spike policy's); the detector of
+launch.warning.detector (robust z of the log value against the previous `window` values, alarm
+at z >= k; with `levels`, also a level alarm on the value; none during warm-up) sees the same
+numbers on every rank, so every rank agrees on the alarm step, as they agree on a stop step.
+The signals' rules (direction, log or raw) are those the offline evaluation scores, so the
+thresholds `normlab warnings` tunes are the ones to set here. Alarms closer than 50 steps to the
+previous one belong to its episode (SCIENCE.md 23.3's R, chained as the evaluation scores them);
+`alarms` counts episodes. The action is taken at an episode's first alarm, and again each 50
+steps the episode lasts (an alarm still firing 50 steps after the action was not cured by it:
+a level that holds, say). The action:
 
 - `checkpoint`: this step becomes a checkpoint step (the ring of good states is
   `checkpoint.keep_last`).
-- `backoff`: the learning rate is scaled by `backoff` (0.5: halved) for the rest of the run, and
-  re-warmed linearly from 0 to that over `rewarm_steps` steps (SCIENCE.md 23.4 [choice]; no primary
-  source for the halving).
+- `backoff`: model and optimizer (and this detector) return to the newest checkpoint before the
+  alarm (`backoff_from: checkpoint`, SCIENCE.md 23.4; where there is none, or `max_rollbacks`
+  are used, or `backoff_from: alarm`, it stays where it is), and the learning rate is scaled by
+  `backoff` (0.5: halved) for the rest of the run, re-warmed linearly from 0 to that over
+  `rewarm_steps` steps (SCIENCE.md 23.4 [choice]; no primary source for the halving).
 - `rollback`: model and optimizer (and this detector) return to the newest checkpoint before the
   alarm; the step counter and the data go on, so the batches since that checkpoint are skipped
   (PaLM section 5.1 restarted about 100 steps before the spike and skipped 200-500 batches).
@@ -33,6 +42,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,11 +51,18 @@ from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import is_log_step
 from normlab.launch.instruments.policy import last_checkpoint_before
+from normlab.launch.metric_keys import (
+    EW_ALARMS,
+    EW_DID_CLIP,
+    EW_LR_SCALE,
+    EW_ROLLBACKS,
+    parse_block_key,
+)
 from normlab.launch.warning.detector import RobustZ, Rule
+from normlab.launch.warning.signals import SIGNALS
 
-ALARMS, LR_SCALE = "early_warning/alarms", "early_warning/lr_scale"
-MERGE = 50  # alarms closer than this are one episode, acted on once (SCIENCE.md 23.3's R)
-ROLLBACKS, DID_CLIP = "early_warning/rollbacks", "early_warning/did_clip"
+ALARMS, LR_SCALE, ROLLBACKS, DID_CLIP = EW_ALARMS, EW_LR_SCALE, EW_ROLLBACKS, EW_DID_CLIP
+MERGE = 50  # alarms closer than this are one episode (SCIENCE.md 23.3's R)
 
 
 def levanter_threshold(history: list[float], sigma: float, window: int) -> float:
@@ -56,29 +74,70 @@ def levanter_threshold(history: list[float], sigma: float, window: int) -> float
 
 
 class EarlyWarning(Callback):
-    """The online divergence detector of SCIENCE.md 23.4: a robust z-score of the watched
-    signals each step, agreed over ranks, and an action on alarm (checkpoint, lr back-off,
+    """The online divergence detector of SCIENCE.md 23.4: a robust z-score (and optional level)
+    of the watched signals, agreed over ranks, and an action on alarm (checkpoint, lr back-off,
     rollback, clip)."""
 
     name = "early_warning"
+    reads_metrics = True  # runs after the instruments whose metrics it watches
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         s = self.settings = checked_settings(self.name, settings)
         self.signals: list[str] = list(s.signals)
-        self.detectors = {sig: RobustZ(Rule(), s.k, s.window) for sig in self.signals}
+        self.rules = {sig: self._rule(sig, s.levels.get(sig)) for sig in self.signals}
+        self.warmup = 0
+        self.detectors: dict[str, RobustZ] = {}  # by metric key (a block's own key per block)
+        self.source: dict[str, str] = {}  # metric key -> signal
+        for sig in self.signals:
+            if not SIGNALS[sig].per_block:
+                self._detector(SIGNALS[sig].key, sig)
         self.action = s.action
         self.alarms = self.rollbacks = self.clipped = 0
         # backoff: peak scale, re-warm start step
         self.lr_scale = 1.0
         self.rewarm_from: int | None = None
         self.last_alarm: int | None = None
+        self.last_action: int | None = None
         self.update_norms: deque[float] = deque(maxlen=s.clip_window)
         self._checkpoint_due = False
         self._before: list[torch.Tensor] | None = None
 
+    @staticmethod
+    def _rule(signal: str, level: float | None) -> Rule:
+        """The offline evaluation's rule for `signal`, with the level alarm only where set (on
+        the signal's own scale: a ratio for ratio signals, at or below it for falling ones)."""
+        rule = SIGNALS[signal].rule
+        return replace(rule, level=None if level is None else float(level), level_above=rule.rising)
+
+    def _detector(self, key: str, signal: str) -> RobustZ:
+        det = self.detectors.get(key)
+        if det is None:
+            det = self.detectors[key] = RobustZ(
+                self.rules[signal], self.settings.k, self.settings.window, self.warmup
+            )
+            self.source[key] = signal
+        return det
+
+    def _keys(self, metrics: dict[str, Any]) -> list[tuple[str, str]]:
+        """(metric key, signal) of each watched value this step holds, in a fixed order (the
+        same on every rank: the instruments log on the same steps everywhere)."""
+        out = []
+        for sig in self.signals:
+            signal = SIGNALS[sig]
+            if not signal.per_block:
+                if signal.key in metrics:
+                    out.append((signal.key, sig))
+                continue
+            for key in sorted(metrics):
+                p = parse_block_key(key)
+                if p is not None and p[0] == signal.key and p[2] is None:
+                    out.append((key, sig))
+        return out
+
     def on_train_start(self, trainer: TrainerView) -> None:
+        self.warmup = trainer.cfg.schedule.warmup_steps
         for det in self.detectors.values():
-            det.warmup = trainer.cfg.schedule.warmup_steps
+            det.warmup = self.warmup
 
     # --- before the optimizer step --------------------------------------------------------------
     def on_after_backward(self, trainer: TrainerView, step: int) -> None:
@@ -102,62 +161,79 @@ class EarlyWarning(Callback):
         self._checkpoint_due = False
         if self.action == "clip_update":
             self._clip(trainer)
-        stacked = torch.stack(
-            [torch.as_tensor(metrics[s]).detach().float().reshape(()) for s in self.signals]
-        )
-        values = trainer.engine.all_reduce(stacked, "mean").tolist()  # the same on every rank
-        hits = [
-            self.detectors[s].update(step, v) for s, v in zip(self.signals, values, strict=True)
-        ]
-        if any(hits):
-            merged = self.last_alarm is not None and step - self.last_alarm < MERGE
+        keys = self._keys(metrics)
+        values = self._agreed(trainer, [metrics[k] for k, _ in keys]) if keys else []
+        hits = []
+        for (key, sig), v in zip(keys, values, strict=True):
+            if self._detector(key, sig).update(step, v):
+                hits.append((key, v))
+        if hits:
+            # an alarm within MERGE steps of the last one continues its episode (as scored);
+            # the action is taken at an episode's start and again each MERGE steps it lasts
+            # (an alarm that outlives the action by MERGE steps was not cured by it)
+            if self.last_alarm is None or step - self.last_alarm >= MERGE:
+                self.alarms += 1
             self.last_alarm = step
-            if not merged:  # an alarm within MERGE steps of the last one is the same episode
-                self._alarm(
-                    trainer, step, [s for s, h in zip(self.signals, hits, strict=True) if h]
-                )
+            if self.last_action is None or step - self.last_action >= MERGE:
+                self.last_action = step
+                self._alarm(trainer, step, hits)
         if is_log_step(trainer, step):
             metrics[ALARMS] = float(self.alarms)
             metrics[LR_SCALE] = self.scale_at(step)
             metrics[ROLLBACKS] = float(self.rollbacks)
             metrics[DID_CLIP] = float(self.clipped)
 
-    def _alarm(self, trainer: TrainerView, step: int, signals: list[str]) -> None:
-        self.alarms += 1
-        what = ", ".join(f"{s} z {self.detectors[s].last_z:.1f}" for s in signals)
+    @staticmethod
+    def _agreed(trainer: TrainerView, values: list[Any]) -> list[float]:
+        """The values averaged over the ranks, on the host: one collective, one copy."""
+        device = next((v.device for v in values if isinstance(v, torch.Tensor)), None)
+        stacked = torch.stack(
+            [torch.as_tensor(v, device=device).detach().float().reshape(()) for v in values]
+        )
+        return list(trainer.engine.all_reduce(stacked, "mean").tolist())  # same on every rank
+
+    def _alarm(self, trainer: TrainerView, step: int, hits: list[tuple[str, float]]) -> None:
+        what = ", ".join(f"{k} {v:.4g} (z {self.detectors[k].last_z:.1f})" for k, v in hits)
         if self.action == "checkpoint":
             self._checkpoint_due = True
             self._say(trainer, f"early warning at step {step} ({what}): checkpoint")
         elif self.action == "backoff":
+            back = ""
+            if self.settings.backoff_from == "checkpoint":
+                target = self._restore(trainer, step)
+                back = f" from {target.name}" if target is not None else " (no checkpoint before)"
             self.lr_scale *= self.settings.backoff
             self.rewarm_from = step + 1
             self._say(
                 trainer,
                 f"early warning at step {step} ({what}): learning rate x{self.lr_scale:g}, "
-                f"re-warmed over {self.settings.rewarm_steps} steps",
+                f"re-warmed over {self.settings.rewarm_steps} steps{back}",
             )
         elif self.action == "rollback":
-            self._roll_back(trainer, step, what)
+            target = self._restore(trainer, step)
+            if target is None:
+                self._say(trainer, f"early warning at step {step} ({what}): no rollback left")
+                return
+            self._say(
+                trainer,
+                f"early warning at step {step} ({what}): rolled back to {target.name}; the "
+                f"batches since are skipped",
+            )
         else:
             self._say(trainer, f"early warning at step {step} ({what})")
 
-    def _roll_back(self, trainer: TrainerView, step: int, what: str) -> None:
+    def _restore(self, trainer: TrainerView, step: int) -> Path | None:
+        """Model, optimizer and detector back to the newest checkpoint before `step` (the step
+        counter and the data go on); None when there is none or max_rollbacks are used."""
         target = last_checkpoint_before(trainer.ckpt.step_dirs(), step)
         if target is None or self.rollbacks >= self.settings.max_rollbacks:
-            why = "no checkpoint before it" if target is None else "max_rollbacks used"
-            self._say(trainer, f"early warning at step {step} ({what}): {why}, no rollback")
-            return
+            return None
         extra = trainer.ckpt.restore(trainer.engine, target)
         state = extra.get("callbacks", {}).get(self.name)
         if state:  # the detector as it was then; the counts go on
-            for sig, det in self.detectors.items():
-                det.load_state_dict(state["detectors"][sig])
+            self._load_detectors(state)
         self.rollbacks += 1
-        self._say(
-            trainer,
-            f"early warning at step {step} ({what}): rolled back to {target.name}; the batches "
-            f"since are skipped",
-        )
+        return target
 
     def _clip(self, trainer: TrainerView) -> None:
         """Levanter's update clipping, applied to W_after - W_before."""
@@ -191,7 +267,8 @@ class EarlyWarning(Callback):
     # --- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
-            "detectors": {s: d.state_dict() for s, d in self.detectors.items()},
+            "detectors": {k: d.state_dict() for k, d in self.detectors.items()},
+            "sources": dict(self.source),
             "alarms": self.alarms,
             "rollbacks": self.rollbacks,
             "clipped": self.clipped,
@@ -199,14 +276,28 @@ class EarlyWarning(Callback):
             "rewarm_from": self.rewarm_from,
             "update_norms": list(self.update_norms),
             "last_alarm": self.last_alarm,
+            "last_action": self.last_action,
         }
 
+    def _load_detectors(self, state: dict[str, Any]) -> None:
+        """The detectors as saved: one per metric key seen by then (a key of a signal no longer
+        watched is dropped; a watched one not seen yet starts empty)."""
+        sources = state.get("sources") or {k: k for k in state["detectors"]}  # loss, grad_norm
+        self.detectors, self.source = {}, {}
+        for sig in self.signals:
+            if not SIGNALS[sig].per_block:
+                self._detector(SIGNALS[sig].key, sig)
+        for key, det_state in state["detectors"].items():
+            sig = sources.get(key)
+            if sig in self.rules:
+                self._detector(key, sig).load_state_dict(det_state)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for sig, det in self.detectors.items():
-            det.load_state_dict(state["detectors"][sig])
+        self._load_detectors(state)
         self.alarms, self.rollbacks = int(state["alarms"]), int(state["rollbacks"])
         self.clipped = int(state["clipped"])
         self.lr_scale, self.rewarm_from = float(state["lr_scale"]), state["rewarm_from"]
         self.update_norms.clear()
         self.update_norms.extend(float(v) for v in state["update_norms"])
         self.last_alarm = state.get("last_alarm")
+        self.last_action = state.get("last_action", self.last_alarm)

@@ -66,8 +66,9 @@ class Trainer:
         self.resume_on_changed_data = resume_on_changed_data
         self.run_dir = Path(cfg.run_dir or "runs/run")
         self.console = console or Console(soft_wrap=True)  # a log line stays one line (grep)
-        self.callbacks = (
-            build_callbacks(cfg.instruments) + optim_callbacks(cfg.optim) + list(callbacks or [])
+        self.callbacks = sorted(  # stable; a callback reading the others' metrics runs last
+            build_callbacks(cfg.instruments) + optim_callbacks(cfg.optim) + list(callbacks or []),
+            key=lambda cb: getattr(cb, "reads_metrics", False),
         )
         self.step = 0
         self.stats: dict[str, Any] = fresh_stats()

@@ -29,9 +29,13 @@ PRE = REPO / "recipes" / "pre.yaml"
     "settings, words",
     [
         (
-            {"signals": ["loss", "attn_entropy"]},
-            "unknown signal 'attn_entropy'; allowed: loss, grad_norm",
+            {"signals": ["loss", "entropy"]},
+            "unknown signal 'entropy'; allowed: loss, grad_norm, update_norm",
         ),
+        ({"signals": ["resid_rms"], "levels": {"resid_rms": 0}}, "levels.resid_rms must be a pos"),
+        ({"signals": ["resid_rms"], "levels": {"resid_rms": "high"}}, "levels.resid_rms must be"),
+        ({"levels": {"kurtosis": 3.0}}, "levels.kurtosis: not a watched signal; allowed: grad_n"),
+        ({"backoff_from": "here"}, "backoff_from must be one of 'checkpoint', 'alarm'"),
         ({"k": 0.0}, "instruments.early_warning.k must be a positive number"),
         ({"k": -2}, "instruments.early_warning.k must be a positive number"),
         ({"k": "six"}, "instruments.early_warning.k must be a number"),
@@ -59,6 +63,8 @@ def test_an_action_the_engine_cannot_do_names_the_engines():
         "instruments.early_warning={signals: [nope]}",
         "instruments.early_warning={k: 0}",
         "instruments.early_warning={action: clip_update}",
+        "instruments.early_warning={signals: [kurtosis]}",
+        "instruments.early_warning={signals: [resid_rms], levels: {resid_rms: -3}}",
     ],
 )
 def test_train_exits_2_before_writing(tmp_path, override, capsys):
@@ -224,3 +230,128 @@ def test_checkpoint_on_alarm_in_the_trainer(tiny_data: Path, tmp_path: Path, cap
     alarms = [int(x) for x in re.findall(r"early warning at step (\d+)", capsys.readouterr().out)]
     saved = sorted(int(p.name[5:]) for p in (run / "checkpoints").glob("step_*"))
     assert alarms and saved == sorted({*alarms, 8})
+
+
+def test_the_online_signals_are_the_evaluations():
+    """Every signal `normlab warnings` scores can be watched online, with the instrument that logs
+    it named (so a recipe that watches a signal whose instrument is off is refused)."""
+    from normlab.launch.config.instruments import WARNING_SIGNALS
+    from normlab.launch.registry import INSTRUMENTS
+    from normlab.launch.warning.signals import SIGNALS
+
+    assert list(WARNING_SIGNALS) == list(SIGNALS)
+    assert {s for s in WARNING_SIGNALS.values() if s is not None} <= set(INSTRUMENTS)
+
+
+def _sim_blocks(cb: EarlyWarning, rows: list[dict[str, float]], start: int = 1) -> list[int]:
+    trainer = SimpleNamespace(
+        cfg=SimpleNamespace(training=SimpleNamespace(log_every=1000, steps=10**6)),
+        engine=SimpleNamespace(all_reduce=lambda t, op="sum": t, is_main=False),
+    )
+    acted = []  # the steps the action (a checkpoint) was taken
+    for step, row in enumerate(rows, start=start):
+        cb.on_step_end(trainer, step, {k: torch.tensor(v) for k, v in row.items()})
+        if cb.wants_checkpoint():
+            acted.append(step)
+    return acted
+
+
+def test_a_level_alarm_per_block_matches_the_offline_detector():
+    """A smooth drift (what precedes the fp16 overflows of docs/early_warning.md) has no z-score
+    jump; the level alarm fires at the first step one block reaches it, the step the offline
+    detector of `normlab warnings` gives on the same series."""
+    from normlab.launch.warning.detector import alarms
+    from normlab.launch.warning.signals import SIGNALS
+
+    steps = list(range(1, 401))
+    lows = [100.0 * 1.01**s for s in steps]  # block 0: 1 % a step
+    highs = [150.0 * 1.012**s for s in steps]  # block 1 grows faster and crosses first
+    rows = [{"resid_rms/00": a, "resid_rms/01": b, "resid_rms/01/attn": 1e9} for a, b in
+            zip(lows, highs, strict=True)]  # fmt: skip
+    cb = EarlyWarning({"signals": ["resid_rms"], "levels": {"resid_rms": 5000.0}, "k": 50})
+    cb.warmup = 5
+    seen = _sim_blocks(cb, rows)
+    rule = cb.rules["resid_rms"]
+    offline = sorted(
+        set(alarms(steps, lows, rule, 50, 5)) | set(alarms(steps, highs, rule, 50, 5))
+    )
+    assert seen[0] == offline[0] == next(s for s, b in zip(steps, highs, strict=True) if b >= 5000)
+    # the level holds from there on: every later step alarms, all within 50 steps of the one
+    # before, so it is one episode (SCIENCE.md 23.3's R), acted on again each 50 steps it lasts
+    assert offline == list(range(seen[0], 401)) and cb.alarms == 1
+    assert seen == list(range(seen[0], 401, 50))
+    assert set(cb.detectors) == {"resid_rms/00", "resid_rms/01"}  # not the sub-layer key
+    assert SIGNALS["resid_rms"].rule.level is None  # the level is the recipe's, not a default
+
+
+def test_a_falling_signal_alarms_at_or_below_its_level():
+    entropy = [2.0 - 0.01 * i for i in range(150)]
+    cb = EarlyWarning({"signals": ["attn_entropy"], "levels": {"attn_entropy": 1.0}, "k": 50})
+    assert _sim_blocks(cb, [{"attn_entropy/00": e} for e in entropy])[0] == 101
+
+
+def _fake_ckpt(saved: dict[str, dict], restored: list[str]) -> SimpleNamespace:
+    def restore(engine, path):
+        restored.append(path.name)
+        return {"callbacks": {"early_warning": saved[path.name]}}
+
+    return SimpleNamespace(step_dirs=lambda: [Path(n) for n in sorted(saved)], restore=restore)
+
+
+@pytest.mark.parametrize("start", ["checkpoint", "alarm"])
+def test_backoff_returns_to_the_newest_checkpoint_before_the_alarm(start):
+    """SCIENCE.md 23.4: back off from the last good checkpoint (or, as set, where it fired)."""
+    values = [100.0 + i for i in range(200)]
+    values[150] = 1e4
+    cb = EarlyWarning({"signals": ["resid_rms"], "levels": {"resid_rms": 5e3}, "k": 50,
+                       "action": "backoff", "backoff_from": start})  # fmt: skip
+    saved: dict[str, dict] = {}
+    restored: list[str] = []
+    trainer = SimpleNamespace(
+        cfg=SimpleNamespace(training=SimpleNamespace(log_every=1000, steps=10**6)),
+        engine=SimpleNamespace(all_reduce=lambda t, op="sum": t, is_main=False),
+        ckpt=_fake_ckpt(saved, restored),
+    )
+    for step, v in enumerate(values, start=1):
+        cb.on_step_end(trainer, step, {"resid_rms/00": torch.tensor(v)})
+        if step in (100, 140):
+            saved[f"step_{step:08d}"] = cb.state_dict()
+    assert cb.alarms == 1 and cb.lr_scale == 0.5 and cb.rewarm_from == 152
+    if start == "checkpoint":
+        assert restored == ["step_00000140"] and cb.rollbacks == 1
+    else:
+        assert restored == [] and cb.rollbacks == 0
+
+
+def test_every_signal_is_watched_in_a_run_and_sees_the_logged_values(
+    tiny_data: Path, tmp_path: Path
+):
+    """A tiny run watching every signal, with the early warning listed before the instruments
+    whose metrics it reads: each signal gets its detectors, and each detector's window holds
+    exactly the values written to metrics.jsonl (the online detector sees the logged numbers)."""
+    from normlab.launch.config import load_config
+    from normlab.launch.config.instruments import WARNING_SIGNALS
+    from normlab.launch.training.trainer import Trainer
+    from normlab.launch.warning.detector import _u
+
+    recipe = tmp_path / "watch_all.yaml"
+    signals = ", ".join(WARNING_SIGNALS)
+    sources = sorted({s for s in WARNING_SIGNALS.values() if s})
+    recipe.write_text(
+        f"base: {REPO / 'recipes' / 'pre.yaml'}\ninstruments:\n"
+        f"  early_warning: {{signals: [{signals}], action: checkpoint}}\n"
+        + "".join(f"  {s}: true\n" for s in sources)
+    )
+    run = tmp_path / "run"
+    trainer = Trainer(load_config(recipe, tiny_overrides(tiny_data, run)))
+    assert [cb.name for cb in trainer.callbacks][-1] == "early_warning"  # runs last
+    assert trainer.run() == 0
+    ew = next(cb for cb in trainer.callbacks if cb.name == "early_warning")
+    assert set(ew.source.values()) == set(WARNING_SIGNALS)  # each signal was seen
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    for key, det in ew.detectors.items():
+        logged = [r[key] for r in rows if key in r]
+        want = [_u(v, det.rule.transform) for v in logged]
+        want = [u for u in want if math.isfinite(u)]
+        assert list(det.history) == pytest.approx(want, rel=1e-6), key
