@@ -1,8 +1,13 @@
 """`normlab warnings`: every logged precursor signal scored against the runs' events (23.3).
 
-Thresholds (k, and whether the level alarm is on) are tuned on the runs of seeds {0, 1}: the
+Thresholds (k, and the level alarm: off or a level) are tuned on the runs of seeds {0, 1}: the
 largest recall@10 with at most 1 false alarm per 1,000 healthy steps (ties: fewer false alarms,
-then the larger k); every reported number comes from the other seeds. Each signal is set against
+then no level, then the more cautious level, then the larger k); every reported number comes from
+the other seeds. The candidate levels are SCIENCE.md 23.2's for the signals it gives one (the
+ratio levels only that one) and, for every signal on its raw scale, the quantiles LEVEL_Q of the
+tuning runs' values (the low ones for a falling signal): a level for a signal that drifts rather
+than jumps ([choice], issue 32: the fp16 overflows of docs/early_warning.md are announced by the
+residual stream's level, not by a jump). Each signal is set against
 the loss baseline on the same held-out events: McNemar's exact test on detected-or-not at 10
 steps, Wilcoxon's signed-rank test on lead times (a missed event leads by 0). A signal "warns
 earlier than the loss" only when its recall@10 is higher, McNemar's p < 0.05 and its false-alarm
@@ -13,20 +18,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from normlab.launch.metric_keys import parse_block_key
 from normlab.launch.report.runs import Run, load_run
-from normlab.launch.warning.detector import alarms, zscores
+from normlab.launch.warning.detector import Rule, alarms, zscores
 from normlab.launch.warning.events import events_from_summary, run_events
 from normlab.launch.warning.scoring import RECALL_AT, RunAlarms, Score, score, wilson
 from normlab.launch.warning.signals import BASELINE, SIGNALS, Signal
 
 TUNE_SEEDS = (0, 1)
 K_GRID = (3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 15.0, 20.0, 30.0, 50.0)
+LEVEL_Q = (0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 1.0)  # level candidates [choice]
 FA_BUDGET = 1.0  # false alarms per 1,000 healthy steps
 ALPHA = 0.05
 
@@ -45,15 +51,23 @@ class RunData:
     series: dict[str, list[tuple[list[int], list[float]]]] = field(default_factory=dict)
     _z: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, repr=False)
 
-    def alarms(self, signal: Signal, k: float, use_level: bool) -> tuple[int, ...]:
-        """The union over the signal's keys (blocks) of the detector's alarm steps."""
+    def alarms(self, signal: Signal, k: float, level: float | None) -> tuple[int, ...]:
+        """The union over the signal's keys (blocks) of the detector's alarm steps, with the
+        level alarm at `level` (None: off)."""
+        rule = level_rule(signal, level)
         found: set[int] = set()
         for i, (steps, values) in enumerate(self.series.get(signal.name, [])):
             z = self._z.get((signal.name, i))
             if z is None:
                 z = self._z[(signal.name, i)] = zscores(values, transform=signal.rule.transform)
-            found.update(alarms(steps, values, signal.rule, k, self.warmup, use_level, z=z))
+            found.update(alarms(steps, values, rule, k, self.warmup, level is not None, z=z))
         return tuple(sorted(found))
+
+
+def level_rule(signal: Signal, level: float | None) -> Rule:
+    """The signal's rule with its level alarm at `level` (at or below it for a falling signal),
+    as the online detector (instruments.early_warning.levels) builds it."""
+    return replace(signal.rule, level=level, level_above=signal.rule.rising)
 
 
 def run_data(run: Run) -> RunData:
@@ -102,30 +116,49 @@ def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
 @dataclass
 class Tuned:
     k: float
-    use_level: bool
+    level: float | None  # the level alarm's threshold, None: off
     met_budget: bool  # some threshold kept the tuning seeds within the false-alarm budget
     tune: Score
 
 
+def level_candidates(signal: Signal, runs: Sequence[RunData]) -> list[float | None]:
+    """Off, SCIENCE.md 23.2's level, and (raw-scale signals) quantiles of the tuning values."""
+    out: list[float | None] = [None]
+    if signal.rule.level is not None:
+        out.append(signal.rule.level)
+    if signal.rule.level_is_ratio:
+        return out
+    pooled = [
+        v for r in runs for _, values in r.series.get(signal.name, []) for v in values
+        if math.isfinite(v)
+    ]  # fmt: skip
+    if pooled:
+        qs = LEVEL_Q if signal.rule.rising else tuple(1 - q for q in LEVEL_Q)
+        for q in np.quantile(np.asarray(pooled, dtype=np.float64), qs):
+            if float(q) not in out:
+                out.append(float(q))
+    return out
+
+
 def tune(signal: Signal, runs: Sequence[RunData]) -> Tuned:
     best: tuple | None = None
-    for use_level in (False, True) if signal.rule.level is not None else (False,):
+    sign = 1.0 if signal.rule.rising else -1.0
+    for level in level_candidates(signal, runs):
         for k in K_GRID:
-            s = _score(signal, runs, k, use_level)
+            s = _score(signal, runs, k, level)
             ok = s.false_per_1000 <= FA_BUDGET if s.healthy_steps else True
             recall = s.recall(10) if s.events else 0.0
             fa = s.false_per_1000 if s.healthy_steps else 0.0
-            key = (ok, recall if ok else -fa, -fa, k)
+            cautious = math.inf if level is None else sign * level
+            key = (ok, recall if ok else -fa, -fa, level is None, cautious, k)
             if best is None or key > best[0]:
-                best = (key, Tuned(k, use_level, ok, s))
+                best = (key, Tuned(k, level, ok, s))
     assert best is not None
     return best[1]
 
 
-def _score(signal: Signal, runs: Sequence[RunData], k: float, use_level: bool) -> Score:
-    return score(
-        [RunAlarms(r.name, r.steps, r.event, r.alarms(signal, k, use_level)) for r in runs]
-    )
+def _score(signal: Signal, runs: Sequence[RunData], k: float, level: float | None) -> Score:
+    return score([RunAlarms(r.name, r.steps, r.event, r.alarms(signal, k, level)) for r in runs])
 
 
 @dataclass
@@ -143,7 +176,7 @@ class Result:
         out: dict[str, Any] = {
             "signal": self.signal.name,
             "k": self.tuned.k,
-            "level": self.tuned.use_level,
+            "level": self.tuned.level,
             "budget_met_on_tuning": self.tuned.met_budget,
             "events": s.events,
             "lead_median": float(np.median(leads)) if leads else None,
@@ -175,9 +208,9 @@ def evaluate(runs: Sequence[RunData]) -> tuple[list[Result], list[RunData], list
         tuned = tune(signal, tuning)
         curve = []
         for k in K_GRID:
-            s = _score(signal, held, k, tuned.use_level)
+            s = _score(signal, held, k, tuned.level)
             curve.append((k, s.false_per_1000, s.recall(10)))
-        results.append(Result(signal, tuned, _score(signal, held, tuned.k, tuned.use_level), curve))
+        results.append(Result(signal, tuned, _score(signal, held, tuned.k, tuned.level), curve))
     base = next((r for r in results if r.signal.name == BASELINE), None)
     if base is not None:
         for r in results:

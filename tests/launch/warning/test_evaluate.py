@@ -61,7 +61,7 @@ def test_the_tuned_threshold_keeps_false_alarms_within_budget_on_tuning_seeds():
         again = score(
             [
                 RunAlarms(
-                    d.name, d.steps, d.event, d.alarms(r.signal, r.tuned.k, r.tuned.use_level)
+                    d.name, d.steps, d.event, d.alarms(r.signal, r.tuned.k, r.tuned.level)
                 )
                 for d in tuning
             ]
