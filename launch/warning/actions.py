@@ -1,0 +1,135 @@
+"""What the online actions of instruments.early_warning did (SCIENCE.md 23.4, issue 32 item 6).
+
+Runs with the early warning on are set against unprotected runs of the same settings and seed
+(their *twins*): until its first alarm a protected run is its twin step for step, so whether the
+action "fired before the event" is read against the twin's event step. Per run: the first alarm
+(the first logged step whose `early_warning/alarms` count is positive), the actions taken (restores
+to a checkpoint, the final learning-rate scale), its own first event (SCIENCE.md 23.1) and its final
+smoothed loss (median of the last 11 finite losses). A run is *saved* when its twin had an event and
+it has none: it ended finite, never 0.5 nats above its running minimum for 100 steps, never back at
+the initial loss. Per setting and action: how many twins had an event, on how many the action
+fired first and with what lead, how many runs were saved (Wilson 95 % interval), and on healthy
+twins how many alarm episodes fired (each a false alarm). No torch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from normlab.launch.metric_keys import EW_ALARMS, EW_LR_SCALE, EW_ROLLBACKS
+from normlab.launch.warning.events import smoothed
+from normlab.launch.warning.scoring import wilson
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One protected run set against its twin."""
+
+    lr: float
+    seed: int
+    action: str
+    first_alarm: int | None
+    alarms: int  # episodes
+    restores: int  # returns to a checkpoint (rollback, or back-off from a checkpoint)
+    lr_scale: float  # the learning-rate factor at the end
+    event: tuple[str, int] | None  # its own first event
+    twin_event: tuple[str, int] | None  # the unprotected run's first event
+    final_loss: float | None  # smoothed, at its last finite step
+    twin_final_loss: float | None
+
+    @property
+    def fired_first(self) -> bool:
+        return (
+            self.twin_event is not None
+            and self.first_alarm is not None
+            and self.first_alarm < self.twin_event[1]
+        )
+
+    @property
+    def saved(self) -> bool:
+        return self.twin_event is not None and self.event is None
+
+
+def first_event(summary: dict[str, Any]) -> tuple[str, int] | None:
+    events = summary.get("events") or []
+    return (str(events[0]["kind"]), int(events[0]["step"])) if events else None
+
+
+def final_loss(rows: Sequence[dict[str, Any]]) -> float | None:
+    """The smoothed loss (SCIENCE.md 23.1's median of 11) at the last finite logged loss."""
+    losses = [float(r["loss"]) for r in rows if "loss" in r]
+    finite = [v for v in smoothed(losses) if math.isfinite(v)]
+    return finite[-1] if finite else None
+
+
+def _last(rows: Sequence[dict[str, Any]], key: str, default: float) -> float:
+    vals = [float(r[key]) for r in rows if key in r]
+    return vals[-1] if vals else default
+
+
+def outcome(
+    config: dict[str, Any],
+    summary: dict[str, Any],
+    rows: Sequence[dict[str, Any]],
+    twin: tuple[dict[str, Any], Sequence[dict[str, Any]]],
+) -> Outcome:
+    """One protected run (its resolved config, summary.json, metric rows) and its twin's
+    (summary, rows)."""
+    ew = (config.get("instruments") or {}).get("early_warning") or {}
+    alarmed = [int(r["step"]) for r in rows if float(r.get(EW_ALARMS, 0.0)) > 0]
+    return Outcome(
+        lr=float(config["optim"]["lr"]),
+        seed=int(config["training"]["seed"]),
+        action=str(ew.get("action", "checkpoint")),
+        first_alarm=alarmed[0] if alarmed else None,
+        alarms=int(_last(rows, EW_ALARMS, 0.0)),
+        restores=int(_last(rows, EW_ROLLBACKS, 0.0)),
+        lr_scale=_last(rows, EW_LR_SCALE, 1.0),
+        event=first_event(summary),
+        twin_event=first_event(twin[0]),
+        final_loss=final_loss(rows),
+        twin_final_loss=final_loss(twin[1]),
+    )
+
+
+def _median(xs: Sequence[float]) -> str:
+    return f"{statistics.median(xs):.3g}" if xs else "-"
+
+
+def table(outcomes: Sequence[Outcome]) -> str:
+    """Markdown, one row per (learning rate, action)."""
+    head = [
+        "lr", "action", "runs (seeds)", "twin events: step median", "fired before the event "
+        "(lead median)", "saved [Wilson 95%]", "alarm episodes on healthy twins",
+        "restores, final lr scale: median", "final smoothed loss: median (twin)",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    groups: dict[tuple[float, str], list[Outcome]] = {}
+    for o in outcomes:
+        groups.setdefault((o.lr, o.action), []).append(o)
+    for (lr, action), runs in sorted(groups.items()):
+        runs = sorted(runs, key=lambda o: o.seed)
+        ev = [o for o in runs if o.twin_event is not None]
+        healthy = [o for o in runs if o.twin_event is None]
+        first = [o for o in ev if o.fired_first]
+        leads = [o.twin_event[1] - o.first_alarm for o in first]  # type: ignore[index,operator]
+        saved = sum(o.saved for o in ev)
+        lo, hi = wilson(saved, len(ev))
+        cells = [
+            f"{lr:g}",
+            action,
+            f"{len(runs)} ({', '.join(str(o.seed) for o in runs)})",
+            f"{len(ev)}: {_median([o.twin_event[1] for o in ev])}" if ev else "0",  # type: ignore[index]
+            f"{len(first)}/{len(ev)} ({_median(leads)})" if ev else "-",
+            f"{saved}/{len(ev)} [{lo:.2f}, {hi:.2f}]" if ev else "-",
+            f"{sum(o.alarms for o in healthy)} in {len(healthy)} runs" if healthy else "-",
+            f"{_median([o.restores for o in runs])}, {_median([o.lr_scale for o in runs])}",
+            f"{_median([o.final_loss for o in runs if o.final_loss is not None])} "
+            f"({_median([o.twin_final_loss for o in runs if o.twin_final_loss is not None])})",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
