@@ -177,9 +177,12 @@ def test_spike_policy_skips_and_rolls_back_as_in_one_process(
 OBSERVE = (
     "instruments={activations: true, gradients: true, attention_logits: true, qk_gains: true, "
     "spike_score: true, output_logits: true, kurtosis: true, qk_spectrum: true, "
-    "attn_entropy: true, adam_state: true}",
+    "attn_entropy: true, adam_state: true, early_warning: {signals: [loss, grad_norm, resid_rms, "
+    "kurtosis], k: 0.5, window: 4, levels: {resid_rms: 1.5}, action: backoff, rewarm_steps: 2}}",
     "model.qk_norm=head",
-)
+    "schedule.warmup_steps=4",
+)  # the early warning: a hair trigger (no alarm in the warm-up) that backs off from the step-4
+# checkpoint, agreed over the ranks
 
 
 
@@ -201,7 +204,8 @@ def test_instruments_report_the_single_process_statistics(
     """Per-block activation, gradient, update-ratio, attention-logit and QK-gain statistics, the
     output logits' (log Z, mean logit, the head's mean-row norm) and the precursors of SCIENCE.md
     23.2 (kurtosis, QK spectral entropy, attention entropy, Adam's state), reduced across
-    2 ranks, equal the single-process values at every log step."""
+    2 ranks, equal the single-process values at every log step; and the early warning watching
+    them acts at the same steps (its alarm agreed over the ranks, as a stop step is)."""
     ref = tiny["root"] / "single_observed"
     if not ref.exists():
         check_ok(normlab("train", str(tiny["r8"]), *OBSERVE, "--run-dir", str(ref)))
@@ -212,6 +216,10 @@ def test_instruments_report_the_single_process_statistics(
     keys = set(expected[8])
     assert {"grad_norm/00", "update_ratio/01", "qk_gain/01/k"} <= keys and len(keys) > 20
     assert {"kurtosis/01", "qk_entropy/01", "attn_entropy/01", "adam_update_rms/01"} <= keys
+    # the early warning took the same decisions on every rank as in one process: it alarmed,
+    # backed off and returned to a checkpoint (else the losses after it would differ)
+    assert expected[8]["early_warning/alarms"] >= 1 and expected[8]["early_warning/rollbacks"] >= 1
+    assert expected[8]["early_warning/lr_scale"] < 1
     for step, row in expected.items():
         assert set(got[step]) == set(row), step
         for key, value in row.items():
