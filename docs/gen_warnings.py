@@ -4,6 +4,8 @@
     python docs/gen_warnings.py --runs DIR... --time-s T   # pack the runs, evaluate, write
     python docs/gen_warnings.py                            # re-evaluate the packed runs
     python docs/gen_warnings.py --check                    # exit 1 when a committed file differs
+    normlab study divergence_actions --out DIR --jobs 2    # the online actions (issue 32 item 6)
+    python docs/gen_warnings.py --action-runs DIR --action-time-s T   # pack them
 
 --runs packs every run below DIR (its resolved config, summary.json and metrics.jsonl, the
 per-step speed columns left out) into docs/warnings/divergence/runs.jsonl.gz. Every other file
@@ -11,7 +13,10 @@ is built from that bundle alone: the runs are unpacked into a temporary director
 `normlab warnings` (launch.warning.report.run_warnings) evaluates them, so warnings.md,
 warnings.json and the figure are what the tool writes; docs/early_warning.md's generated blocks
 (between `<!-- normlab:warnings NAME -->` and `<!-- /normlab:warnings -->`) hold the sweep's
-event table and the tool's table. tests/test_docs_site.py fails when any of them differs.
+event table and the tool's table. The action study's runs are packed the same way into
+docs/warnings/divergence_actions/runs.jsonl.gz, and its block sets each run against its twin in
+the sweep (same rate and seed, no early warning: launch.warning.actions).
+tests/test_docs_site.py fails when any of them differs.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ DOCS = Path(__file__).resolve().parent
 OUT = DOCS / "warnings" / "divergence"
 BUNDLE = OUT / "runs.jsonl.gz"
 META = OUT / "sweep.json"
+ACTIONS = DOCS / "warnings" / "divergence_actions"
+ACTIONS_BUNDLE, ACTIONS_META = ACTIONS / "runs.jsonl.gz", ACTIONS / "sweep.json"
 PAGE = DOCS / "early_warning.md"
 TEXT_FILES = ("warnings.md", "warnings.json")
 SPEED = ("step_time", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
@@ -58,15 +65,15 @@ def pack(root: Path) -> list[dict[str, Any]]:
     return records
 
 
-def write_bundle(records: list[dict[str, Any]]) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+def write_bundle(records: list[dict[str, Any]], path: Path = BUNDLE) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
-    with gzip.GzipFile(BUNDLE, "wb", mtime=0) as fh:  # mtime 0: the same runs, the same bytes
+    with gzip.GzipFile(path, "wb", mtime=0) as fh:  # mtime 0: the same runs, the same bytes
         fh.write(text.encode())
 
 
-def read_bundle() -> list[dict[str, Any]]:
-    with gzip.open(BUNDLE, "rt") as fh:
+def read_bundle(path: Path = BUNDLE) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
 
@@ -166,6 +173,29 @@ def level_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def action_block(records: list[dict[str, Any]]) -> str:
+    """The action study's runs, each against its twin in the sweep (same lr and seed)."""
+    from normlab.launch.warning.actions import outcome, table
+
+    meta = json.loads(ACTIONS_META.read_text())
+    twins = {
+        (float(r["config"]["optim"]["lr"]), int(r["config"]["training"]["seed"])): r
+        for r in records
+    }
+    protected = read_bundle(ACTIONS_BUNDLE)
+    outcomes = []
+    for r in protected:
+        twin = twins[(float(r["config"]["optim"]["lr"]), int(r["config"]["training"]["seed"]))]
+        rows = [m for m in r["metrics"] if "loss" in m]
+        twin_rows = [m for m in twin["metrics"] if "loss" in m]
+        outcomes.append(outcome(r["config"], r["summary"], rows, (twin["summary"], twin_rows)))
+    seeds = sorted({o.seed for o in outcomes})
+    return (
+        f"{len(outcomes)} runs, seeds {seeds[0]}-{seeds[-1]}; measured `{meta['command']}`: "
+        f"{meta['time_s'] / 60:.0f} min on {meta['machine']}.\n\n" + table(outcomes)
+    )
+
+
 def blocks(records: list[dict[str, Any]], texts: dict[str, str]) -> dict[str, str]:
     meta = json.loads(META.read_text())
     n_events = sum(bool(r["summary"].get("events")) for r in records)
@@ -181,6 +211,7 @@ def blocks(records: list[dict[str, Any]], texts: dict[str, str]) -> dict[str, st
         ),
         "evaluation": table + "\n",
         "levels": level_table(records),
+        "actions": action_block(records),
     }
 
 
@@ -196,8 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, nargs="+", help="the sweep's study directories")
     parser.add_argument("--time-s", type=float, help="the sweep's measured wall time (--runs)")
     parser.add_argument("--machine", default="2 CPU cores", help="where it ran, under what load")
+    parser.add_argument("--action-runs", type=Path, nargs="+", help="the action study's dirs")
+    parser.add_argument("--action-time-s", type=float, help="its measured wall time")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
+    if args.action_runs:
+        write_bundle([r for root in args.action_runs for r in pack(root)], ACTIONS_BUNDLE)
+        ACTIONS_META.write_text(json.dumps({
+            "command": "normlab study divergence_actions --jobs 2",
+            "time_s": args.action_time_s,
+            "machine": args.machine,
+        }, indent=1) + "\n")  # fmt: skip
     if args.runs:
         write_bundle([r for root in args.runs for r in pack(root)])
         META.write_text(json.dumps({

@@ -102,7 +102,8 @@ WARNING_ENGINES = {"clip_update": ("single",)}  # actions some engines cannot do
 
 @dataclass(frozen=True)
 class EarlyWarningSettings:
-    signals: list[str] = field(default_factory=lambda: ["grad_norm"])  # what the detector watches
+    # what the detector watches: any signal `normlab warnings` scores (its instrument on)
+    signals: list[str] = field(default_factory=lambda: ["grad_norm"])
     k: float = 6.0  # alarm when the robust z-score of log(signal) reaches k
     # level alarms, signal -> level on the signal's own scale (a ratio to the window median for
     # update_norm and adam_m_norm; at or below it for the entropies): `normlab warnings` tunes them
