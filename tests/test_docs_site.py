@@ -168,4 +168,48 @@ def test_early_warning_page_is_what_normlab_warnings_gives_on_the_packed_sweep()
     assert len(records) > len(events)  # the healthy class
     assert {r["config"]["model"]["placement"] for r in records} == {"pre"}
     page = gen.PAGE.read_text()
-    assert page.count("<!-- normlab:warnings ") == 3
+    assert page.count("<!-- normlab:warnings ") == 4
+
+
+def test_the_action_study_runs_the_tuned_levels_and_follows_its_twins() -> None:
+    """Issue 32 item 6 on the committed action study: its levels are the ones `normlab warnings`
+    tuned (to three digits), and each protected run is its unprotected twin in the sweep step for
+    step until its first alarm, so "fired before the event" may be read against the twin."""
+    import math
+
+    import yaml
+
+    gen = generator("gen_warnings")
+    tuned = {
+        r["signal"]: r["level"]
+        for r in json.loads((gen.OUT / "warnings.json").read_text())["signals"]
+    }
+    study = yaml.safe_load((REPO / "recipes" / "studies" / "divergence_actions.yaml").read_text())
+    ew = study["set"]["instruments.early_warning"]
+    assert ew["k"] == 50 and set(ew["signals"]) == set(ew["levels"])
+    for signal, level in ew["levels"].items():
+        assert float(f"{tuned[signal]:.3g}") == level, signal
+    twins = {
+        (r["config"]["optim"]["lr"], r["config"]["training"]["seed"]): r for r in gen.read_bundle()
+    }
+    protected = gen.read_bundle(gen.ACTIONS_BUNDLE)
+    assert {r["config"]["training"]["seed"] for r in protected} == {2, 3, 4, 5}  # held out
+    for r in protected:
+        twin = twins[(r["config"]["optim"]["lr"], r["config"]["training"]["seed"])]
+        rows = [m for m in r["metrics"] if "loss" in m]
+        alarmed = [m["step"] for m in rows if m.get("early_warning/alarms", 0) > 0]
+        until = alarmed[0] if alarmed else math.inf
+        mine = [m["loss"] for m in rows if m["step"] <= until]
+        theirs = [m["loss"] for m in twin["metrics"] if "loss" in m and m["step"] <= until]
+        n = min(len(mine), len(theirs))
+        assert n > 0 and mine[:n] == theirs[:n], r["name"]
+    # the words under the table quote its "all" rows
+    page = gen.PAGE.read_text()
+    for action in ("backoff", "rollback"):
+        row = next(x for x in page.splitlines() if x.startswith(f"| all | {action} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        fired, saved = cells[4].split(" ")[0], cells[5].split(" ")[0]
+        n_fired, n_events = fired.split("/")
+        assert f"On {n_fired} of the {n_events} twin events" in page
+        word = "Back-off" if action == "backoff" else "rollback"
+        assert f"{word} saved {saved.replace('/', ' of the ')}" in page.replace("\n  ", " ")

@@ -101,35 +101,43 @@ def _median(xs: Sequence[float]) -> str:
 
 
 def table(outcomes: Sequence[Outcome]) -> str:
-    """Markdown, one row per (learning rate, action)."""
+    """Markdown, one row per (learning rate, action), then one per action over every rate."""
     head = [
-        "lr", "action", "runs (seeds)", "twin events: step median", "fired before the event "
-        "(lead median)", "saved [Wilson 95%]", "alarm episodes on healthy twins",
-        "restores, final lr scale: median", "final smoothed loss: median (twin)",
+        "lr", "action", "runs (seeds)", "twin events: count, step median",
+        "fired before the event (lead median)", "saved [Wilson 95%]",
+        "alarm episodes on healthy twins", "restores, final lr scale: median",
+        "final smoothed loss: median (twin)",
     ]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     groups: dict[tuple[float, str], list[Outcome]] = {}
     for o in outcomes:
         groups.setdefault((o.lr, o.action), []).append(o)
     for (lr, action), runs in sorted(groups.items()):
-        runs = sorted(runs, key=lambda o: o.seed)
-        ev = [o for o in runs if o.twin_event is not None]
-        healthy = [o for o in runs if o.twin_event is None]
-        first = [o for o in ev if o.fired_first]
-        leads = [o.twin_event[1] - o.first_alarm for o in first]  # type: ignore[index,operator]
-        saved = sum(o.saved for o in ev)
-        lo, hi = wilson(saved, len(ev))
-        cells = [
-            f"{lr:g}",
-            action,
-            f"{len(runs)} ({', '.join(str(o.seed) for o in runs)})",
-            f"{len(ev)}: {_median([o.twin_event[1] for o in ev])}" if ev else "0",  # type: ignore[index]
-            f"{len(first)}/{len(ev)} ({_median(leads)})" if ev else "-",
-            f"{saved}/{len(ev)} [{lo:.2f}, {hi:.2f}]" if ev else "-",
-            f"{sum(o.alarms for o in healthy)} in {len(healthy)} runs" if healthy else "-",
-            f"{_median([o.restores for o in runs])}, {_median([o.lr_scale for o in runs])}",
-            f"{_median([o.final_loss for o in runs if o.final_loss is not None])} "
-            f"({_median([o.twin_final_loss for o in runs if o.twin_final_loss is not None])})",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(_row(f"{lr:g}", action, runs))
+    for action in sorted({o.action for o in outcomes}):
+        lines.append(_row("all", action, [o for o in outcomes if o.action == action]))
     return "\n".join(lines) + "\n"
+
+
+def _row(lr: str, action: str, runs: Sequence[Outcome]) -> str:
+    runs = sorted(runs, key=lambda o: (o.lr, o.seed))
+    ev = [o for o in runs if o.twin_event is not None]
+    healthy = [o for o in runs if o.twin_event is None]
+    first = [o for o in ev if o.fired_first]
+    leads = [o.twin_event[1] - o.first_alarm for o in first]  # type: ignore[index,operator]
+    saved = sum(o.saved for o in ev)
+    lo, hi = wilson(saved, len(ev))
+    seeds = sorted({o.seed for o in runs})
+    cells = [
+        lr,
+        action,
+        f"{len(runs)} ({', '.join(map(str, seeds))})",
+        f"{len(ev)}, {_median([o.twin_event[1] for o in ev])}" if ev else "0",  # type: ignore[index]
+        f"{len(first)}/{len(ev)} ({_median(leads)})" if ev else "-",
+        f"{saved}/{len(ev)} [{lo:.2f}, {hi:.2f}]" if ev else "-",
+        f"{sum(o.alarms for o in healthy)} in {len(healthy)} runs" if healthy else "-",
+        f"{_median([o.restores for o in runs])}, {_median([o.lr_scale for o in runs])}",
+        f"{_median([o.final_loss for o in runs if o.final_loss is not None])} "
+        f"({_median([o.twin_final_loss for o in runs if o.twin_final_loss is not None])})",
+    ]
+    return "| " + " | ".join(cells) + " |"

@@ -55,9 +55,12 @@ def test_a_saved_run_and_a_lost_one_against_their_twins():
     row05 = next(line for line in text.splitlines() if line.startswith("| 0.05 "))
     lo, hi = wilson(1, 2)
     assert row05 == (
-        f"| 0.05 | backoff | 2 (2, 3) | 2: 40.5 | 1/2 (15) | 1/2 [{lo:.2f}, {hi:.2f}] | - | "
+        f"| 0.05 | backoff | 2 (2, 3) | 2, 40.5 | 1/2 (15) | 1/2 [{lo:.2f}, {hi:.2f}] | - | "
         "0.5, 0.5 | 6 (6) |"
     )
     row02 = next(line for line in text.splitlines() if line.startswith("| 0.02 "))
     assert "| 0 | - | - | 1 in 1 runs |" in row02
+    every = next(line for line in text.splitlines() if line.startswith("| all "))
+    assert every.startswith("| all | backoff | 3 (2, 3) | 2, 40.5 | 1/2 (15) |")
+    assert "| 1 in 1 runs |" in every
 
