@@ -39,6 +39,11 @@ class TrainerView(Protocol):
         """(eval loss, per-source losses) of the model now, recording nothing (init_loss)."""
         ...
 
+    def skip_batches(self, steps: int) -> None:
+        """Draw and drop the batches of `steps` optimizer steps (every rank its own share, as
+        training would draw them): a rollback's data skip."""
+        ...
+
 
 class Callback:
     """Base class; every hook is optional."""

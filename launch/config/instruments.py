@@ -115,6 +115,9 @@ class EarlyWarningSettings:
     # backoff from the newest checkpoint before the alarm (SCIENCE.md 23.4), or where it fired
     backoff_from: Literal["checkpoint", "alarm"] = "checkpoint"
     max_rollbacks: int = 5  # rollback (and backoff's return to a checkpoint): at most this many
+    # rollback: batches (optimizer steps' worth) not trained on, those since the checkpoint
+    # included (SCIENCE.md 23.4 after PaLM 5.1: skip the next 200)
+    skip_batches: int = 200
     clip_sigma: float = 3.0  # clip_update (Levanter): clip at mean + sigma * std of past norms
     clip_window: int = 128  # clip_update: past update norms kept
 
@@ -150,6 +153,7 @@ class EarlyWarningSettings:
             ("clip_window", 2),
             ("rewarm_steps", 0),
             ("max_rollbacks", 0),
+            ("skip_batches", 0),
         ):
             if getattr(self, key) < low:
                 raise ConfigError(

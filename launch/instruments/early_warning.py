@@ -23,8 +23,9 @@ a level that holds, say). The action:
   `backoff` (0.5: halved) for the rest of the run, re-warmed linearly from 0 to that over
   `rewarm_steps` steps (SCIENCE.md 23.4 [choice]; no primary source for the halving).
 - `rollback`: model and optimizer (and this detector) return to the newest checkpoint before the
-  alarm; the step counter and the data go on, so the batches since that checkpoint are skipped
-  (PaLM section 5.1 restarted about 100 steps before the spike and skipped 200-500 batches).
+  alarm; the step counter and the data go on, so the batches since that checkpoint are skipped,
+  and more are drawn and dropped until `skip_batches` steps' worth are (SCIENCE.md 23.4: 200;
+  PaLM section 5.1 restarted about 100 steps before the spike and skipped 200-500 batches).
   At most `max_rollbacks`; after that an alarm is only counted.
 - `clip_update`: not alarm-driven: every step the whole update is scaled down to
   mean + clip_sigma * std of the last `clip_window` update norms (Levanter's
@@ -50,7 +51,7 @@ import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import is_log_step
-from normlab.launch.instruments.policy import last_checkpoint_before
+from normlab.launch.instruments.policy import last_checkpoint_before, step_of
 from normlab.launch.metric_keys import (
     EW_ALARMS,
     EW_DID_CLIP,
@@ -214,10 +215,13 @@ class EarlyWarning(Callback):
             if target is None:
                 self._say(trainer, f"early warning at step {step} ({what}): no rollback left")
                 return
+            since = step - step_of(target)  # the batches since the checkpoint are not replayed
+            more = max(0, self.settings.skip_batches - since)
+            trainer.skip_batches(more)
             self._say(
                 trainer,
-                f"early warning at step {step} ({what}): rolled back to {target.name}; the "
-                f"batches since are skipped",
+                f"early warning at step {step} ({what}): rolled back to {target.name}; "
+                f"{since + more} steps' batches skipped",
             )
         else:
             self._say(trainer, f"early warning at step {step} ({what})")

@@ -174,7 +174,7 @@ class SpikePolicy(Callback):
         self._say(
             trainer,
             f"spike policy: {self._bad_span(step)}: rolled back to {target.name}; "
-            f"batches of steps {int(STEP_DIR.match(target.name)[1]) + 1}..{step} are skipped",
+            f"batches of steps {step_of(target) + 1}..{step} are skipped",
         )
         self.good_since_rollback = False
         self.bad_values, self.bad_since = [], None
@@ -208,6 +208,14 @@ class SpikePolicy(Callback):
         self.bad_values = list(state.get("bad_values", []))
         self.bad_since = state.get("bad_since")
         self.good_since_rollback = bool(state.get("good_since_rollback", True))
+
+
+def step_of(checkpoint: Path) -> int:
+    """The step a `step_XXXXXXXX` checkpoint directory holds."""
+    m = STEP_DIR.match(checkpoint.name)
+    if m is None:
+        raise ValueError(f"not a checkpoint directory: {checkpoint}")
+    return int(m[1])
 
 
 def last_checkpoint_before(dirs: list[Path], step: int) -> Path | None:

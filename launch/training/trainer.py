@@ -277,6 +277,10 @@ class Trainer:
             cb.on_log(self, step, row)
         self.display.update(step, row["loss"], row["tokens_per_s"])
 
+    def skip_batches(self, steps: int) -> None:
+        for _ in range(steps * self.cfg.training.grad_accum):
+            next(self.loader)
+
     def measure_eval(self) -> tuple[float, list[float]]:
         """(eval loss, per-source losses), recording nothing (launch/training/evaluation.py)."""
         return measure_eval(self.engine, self.loader, self.cfg.training.eval_batches)

@@ -158,18 +158,27 @@ def test_alarm_fires_on_the_jump_not_on_noise_nor_in_warmup():
     assert seen == [201] and cb.alarms == 1
 
 
-def test_resumed_run_is_exact(tiny_data: Path, tmp_path: Path, capsys):
+@pytest.mark.parametrize(
+    "ew",
+    [
+        "{action: backoff, window: 4, k: 0.5, rewarm_steps: 3, signals: [loss, grad_norm], "
+        "backoff_from: alarm}",
+        "{action: rollback, window: 4, k: 0.5, signals: [loss, resid_rms], skip_batches: 3, "
+        "levels: {resid_rms: 0.5}}",
+    ],
+    ids=["backoff", "rollback_skip_blocks"],
+)
+def test_resumed_run_is_exact(tiny_data: Path, tmp_path: Path, capsys, ew: str):
     """8 steps at once against the same run trained again from its step-4 checkpoint, with
-    back-off alarms (window 4, k 0.5: the detector
-    fires often), so the detector state and the lr scale must survive the checkpoint."""
+    alarms that act (window 4, k 0.5: the detector fires often): a back-off, or a rollback with
+    a data skip on per-block detectors; the detector state, the lr scale and the data position
+    must survive the checkpoint."""
     from normlab.launch.config import load_config
     from normlab.launch.training.trainer import Trainer
 
-    ew = (
-        "instruments.early_warning={action: backoff, window: 4, k: 0.5, rewarm_steps: 3, "
-        "signals: [loss, grad_norm]}"
-    )
-    extra = [ew, "schedule.warmup_steps=0"]
+    ew = "instruments.early_warning=" + ew
+    # the rollback: no alarm before step 5, so the step-4 checkpoint is there to return to
+    extra = [ew, f"schedule.warmup_steps={0 if 'backoff' in ew else 4}"]
     whole, half = tmp_path / "whole", tmp_path / "half"
     assert Trainer(load_config(PRE, tiny_overrides(tiny_data, whole) + extra)).run() == 0
     shutil.copytree(whole, half)  # then train it again from its step-4 checkpoint
@@ -185,16 +194,21 @@ def test_resumed_run_is_exact(tiny_data: Path, tmp_path: Path, capsys):
 
     a, b = rows(whole), rows(half)
     assert a == b
-    assert any(scale < 1.0 for _, _, scale in a)  # the back-off did act
+    if "backoff" in ew:
+        assert any(scale < 1.0 for _, _, scale in a)  # the back-off did act
+    else:
+        done = [json.loads(x) for x in (whole / "metrics.jsonl").read_text().splitlines()]
+        assert max(r.get("early_warning/rollbacks", 0) for r in done) >= 1  # it rolled back
 
 
 def test_rollback_restores_the_newest_checkpoint_before_the_alarm_and_its_detector():
     g = torch.Generator().manual_seed(1)
     values = (torch.randn(200, generator=g) * 0.05).exp().tolist()
     values[150] *= 30.0
-    cb = EarlyWarning({"action": "rollback", "max_rollbacks": 1})
+    cb = EarlyWarning({"action": "rollback", "max_rollbacks": 1, "skip_batches": 30})
     saved = {}
     restored = []
+    skipped = []
 
     def restore(engine, path):
         restored.append(path.name)
@@ -204,6 +218,7 @@ def test_rollback_restores_the_newest_checkpoint_before_the_alarm_and_its_detect
         cfg=SimpleNamespace(training=SimpleNamespace(log_every=1000, steps=10**6)),
         engine=SimpleNamespace(all_reduce=lambda t, op="sum": t, is_main=False),
         ckpt=SimpleNamespace(step_dirs=lambda: [Path(n) for n in sorted(saved)], restore=restore),
+        skip_batches=skipped.append,
     )
     for step, v in enumerate(values, start=1):
         cb.on_step_end(trainer, step, {"grad_norm": torch.tensor(v)})
@@ -216,6 +231,8 @@ def test_rollback_restores_the_newest_checkpoint_before_the_alarm_and_its_detect
                 == saved["step_00000140"]["detectors"]["grad_norm"]
             )
     assert cb.alarms == 1 and restored == ["step_00000140"]
+    # steps 141-151 were not replayed (11); 19 more steps' batches are drawn and dropped: 30
+    assert skipped == [30 - (151 - 140)]
 
 
 def test_checkpoint_on_alarm_in_the_trainer(tiny_data: Path, tmp_path: Path, capsys):
