@@ -286,13 +286,13 @@ class EarlyWarning(Callback):
     def _load_detectors(self, state: dict[str, Any]) -> None:
         """The detectors as saved: one per metric key seen by then (a key of a signal no longer
         watched is dropped; a watched one not seen yet starts empty)."""
-        sources = state.get("sources") or {k: k for k in state["detectors"]}  # loss, grad_norm
+        sources: dict[str, str] = state.get("sources") or {k: k for k in state["detectors"]}
         self.detectors, self.source = {}, {}
         for sig in self.signals:
             if not SIGNALS[sig].per_block:
                 self._detector(SIGNALS[sig].key, sig)
         for key, det_state in state["detectors"].items():
-            sig = sources.get(key)
+            sig = sources.get(key, "")  # older checkpoints: loss and grad_norm, by their key
             if sig in self.rules:
                 self._detector(key, sig).load_state_dict(det_state)
 

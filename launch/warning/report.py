@@ -42,7 +42,8 @@ def cells(row: dict[str, Any]) -> list[str]:
     base = row["signal"] == BASELINE
     return [
         row["signal"], f"{row['k']:g}" + ("" if row["budget_met_on_tuning"] else " (over budget)"),
-        "off" if row["level"] is None else f"{row['level']:.4g}", str(row["events"]), lead, _f(row["recall@1"]),
+        "off" if row["level"] is None else f"{row['level']:.4g}", str(row["events"]), lead,
+        _f(row["recall@1"]),
         f"{_f(row['recall@10'])} [{_f(lo)}, {_f(hi)}]", _f(row["recall@50"]),
         _f(row["false_per_1000"]), _f(row["precision"]),
         "baseline" if base else _f(row["mcnemar_p"], ".3g"),
@@ -86,7 +87,8 @@ def markdown(results: Sequence[Result], tuning: Sequence[RunData], held: Sequenc
         + "). Every number below is from the held-out runs.",
         "",
         f"Detector: robust z of log x over the previous 100 logged values (k tuned; a level "
-        f"alarm tuned too: off, SCIENCE.md 23.2's level, or a quantile of the tuning runs' values); horizon {HORIZON_SHARE:.0%} of the run's steps (at most {HORIZON_CAP}); "
+        f"alarm tuned too: off, SCIENCE.md 23.2's level, or a quantile of the tuning runs' "
+        f"values); horizon {HORIZON_SHARE:.0%} of the run's steps (at most {HORIZON_CAP}); "
         f"alarms within {MERGE} steps merge; thresholds tuned for the best recall@10 with at "
         f"most {FA_BUDGET:g} false alarm per 1,000 healthy steps.",
         "",
