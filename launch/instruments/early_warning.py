@@ -33,7 +33,8 @@ a level that holds, say). The action:
   keeps the unclipped norms; population std floored at 1e-6). One engine only (the update must
   be whole on one device; preflight refuses the others).
 
-Logged on log steps: `early_warning/alarms`, `early_warning/lr_scale`, `early_warning/rollbacks`,
+Logged on log steps: `early_warning/alarms`, `early_warning/lr_scale`, `early_warning/rollbacks`
+(returns to a checkpoint, by a rollback or a back-off),
 `early_warning/did_clip` (steps clipped so far). The detector state is in checkpoints: a resumed
 run takes the same decisions.
 """
