@@ -6,7 +6,11 @@ import math
 import re
 from typing import Any
 
-from normlab.launch.config.instruments import check_instruments, check_warning_engine
+from normlab.launch.config.instruments import (
+    check_instruments,
+    check_warning_checkpoints,
+    check_warning_engine,
+)
 from normlab.launch.config.loader import find_non_finite, suggest
 from normlab.launch.config.schema import RunConfig
 from normlab.launch.errors import ConfigError
@@ -127,6 +131,7 @@ def _validate_instruments(cfg: RunConfig) -> None:
             )
     check_instruments(cfg.instruments)
     check_warning_engine(cfg.instruments, cfg.engine.name)  # an action this engine cannot do
+    check_warning_checkpoints(cfg.instruments, cfg.checkpoint.every)  # nothing to return to
 
 
 def _validate_optim(cfg: RunConfig) -> None:

@@ -176,6 +176,20 @@ def check_warning_engine(section: dict[str, Any], engine: str) -> None:
         )
 
 
+def check_warning_checkpoints(section: dict[str, Any], every: int) -> None:
+    """A rollback (or a back-off from a checkpoint) needs checkpoints to return to."""
+    settings = section.get("early_warning")
+    if settings is None or settings is False or every > 0:
+        return
+    s = checked_settings("early_warning", settings)
+    if s.action == "rollback" or (s.action == "backoff" and s.backoff_from == "checkpoint"):
+        raise ConfigError(
+            f"instruments.early_warning.action {s.action!r} returns to a checkpoint, but "
+            f"checkpoint.every is 0 (none before the end); set checkpoint.every > 0"
+            + (" or instruments.early_warning.backoff_from: alarm" if s.action == "backoff" else "")
+        )
+
+
 def check_warning_sources(section: dict[str, Any]) -> None:
     """Each watched signal's instrument must be on: one line naming the key to switch on."""
     settings = section.get("early_warning")

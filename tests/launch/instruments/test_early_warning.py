@@ -65,6 +65,8 @@ def test_an_action_the_engine_cannot_do_names_the_engines():
         "instruments.early_warning={action: clip_update}",
         "instruments.early_warning={signals: [kurtosis]}",
         "instruments.early_warning={signals: [resid_rms], levels: {resid_rms: -3}}",
+        "instruments.early_warning={action: rollback}",
+        "instruments.early_warning={action: backoff}",
     ],
 )
 def test_train_exits_2_before_writing(tmp_path, override, capsys):
@@ -72,6 +74,8 @@ def test_train_exits_2_before_writing(tmp_path, override, capsys):
     over = [f"data.dataset={tmp_path / 'absent'}", f"run_dir={run}", override]
     if "clip_update" in override:
         over.append("engine.name=fsdp")
+    if "rollback" in override or "backoff" in override:
+        over.append("checkpoint.every=0")  # nothing to return to
     assert main(["train", str(PRE), *over]) == 2
     assert not run.exists()
     assert "instruments.early_warning" in capsys.readouterr().err
