@@ -203,7 +203,7 @@ class EarlyWarning(Callback):
             back = ""
             if self.settings.backoff_from == "checkpoint":
                 target = self._restore(trainer, step)
-                back = f" from {target.name}" if target is not None else " (no checkpoint before)"
+                back = f" from {target.name}" if target is not None else f" ({self._why_not()})"
             self.lr_scale *= self.settings.backoff
             self.rewarm_from = step + 1
             self._say(
@@ -214,7 +214,7 @@ class EarlyWarning(Callback):
         elif self.action == "rollback":
             target = self._restore(trainer, step)
             if target is None:
-                self._say(trainer, f"early warning at step {step} ({what}): no rollback left")
+                self._say(trainer, f"early warning at step {step} ({what}): {self._why_not()}")
                 return
             since = step - step_of(target)  # the batches since the checkpoint are not replayed
             more = max(0, self.settings.skip_batches - since)
@@ -226,6 +226,12 @@ class EarlyWarning(Callback):
             )
         else:
             self._say(trainer, f"early warning at step {step} ({what})")
+
+    def _why_not(self) -> str:
+        """Why there was no return to a checkpoint."""
+        if self.rollbacks >= self.settings.max_rollbacks:
+            return f"max_rollbacks ({self.settings.max_rollbacks}) used, no rollback"
+        return "no checkpoint before it, no rollback"
 
     def _restore(self, trainer: TrainerView, step: int) -> Path | None:
         """Model, optimizer and detector back to the newest checkpoint before `step` (the step
