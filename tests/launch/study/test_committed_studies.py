@@ -36,6 +36,7 @@ STUDIES = [
     "zloss",
     "aa",
     "completep_depth_quick",
+    "mup_width",
 ]
 FILES = ("verdicts.md", "verdicts.json", "sensitivity.csv", "study.md", "ladder.csv")
 B = 2000
@@ -178,7 +179,7 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
     """docs/transfer.md's hold-out coverage and best-lr shifts are each committed ladder.csv's
     (issue 31 item 5: the coverage over every committed ladder)."""
     ladders = sorted(DOCS.glob("study/**/ladder.csv"))
-    assert [p.parent.name for p in ladders] == ["completep_depth_quick", "depth"]
+    assert [p.parent.name for p in ladders] == ["completep_depth_quick", "depth", "mup_width"]
     text = (DOCS / "transfer.md").read_text()
     for path in ladders:
         with path.open() as fh:
@@ -189,3 +190,14 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
             if r["quantity"] == "best_lr":
                 shift = f"{float(r['shift_log2']):+.2f}".replace("-", "−")
                 assert shift.lstrip("+") in text, (path.parent.name, r["recipe"])
+    # mup_width's quoted best losses and LR-sensitivity ranges are its sensitivity.csv's
+    with (study_dir("mup_width") / "sensitivity.csv").open() as fh:
+        rows = {(r["recipe"], r["size"]): r for r in csv.DictReader(fh)}
+    best = {k: float(r["best_loss"]) for k, r in rows.items()}
+    sens = {k: float(r["lr_sensitivity"]) for k, r in rows.items()}
+    assert f"from {best['mup', 'd_model=64']:.3f} at d 64 to {best['mup', 'd_model=512']:.3f}" in text
+    assert f"sp's\n  falls to {best['sp', 'd_model=512']:.3f}" in text
+    wide_sp = [sens["sp", f"d_model={d}"] for d in (128, 256, 512)]
+    assert f"{sens['sp', 'd_model=64']:.2f} at d 64 to {min(wide_sp):.2f}-{max(wide_sp):.2f}" in text
+    mup = [v for (recipe, _), v in sens.items() if recipe == "mup"]
+    assert f"between {min(mup):.2f} and {max(mup):.2f}" in text
