@@ -44,7 +44,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +60,7 @@ from normlab.launch.metric_keys import (
     parse_block_key,
 )
 from normlab.launch.warning.detector import RobustZ, Rule
-from normlab.launch.warning.signals import SIGNALS
+from normlab.launch.warning.signals import SIGNALS, level_rule
 
 ALARMS, LR_SCALE, ROLLBACKS, DID_CLIP = EW_ALARMS, EW_LR_SCALE, EW_ROLLBACKS, EW_DID_CLIP
 MERGE = 50  # alarms closer than this are one episode (SCIENCE.md 23.3's R)
@@ -106,10 +105,8 @@ class EarlyWarning(Callback):
 
     @staticmethod
     def _rule(signal: str, level: float | None) -> Rule:
-        """The offline evaluation's rule for `signal`, with the level alarm only where set (on
-        the signal's own scale: a ratio for ratio signals, at or below it for falling ones)."""
-        rule = SIGNALS[signal].rule
-        return replace(rule, level=None if level is None else float(level), level_above=rule.rising)
+        """The offline evaluation's rule for `signal`, with the level alarm only where set."""
+        return level_rule(SIGNALS[signal], None if level is None else float(level))
 
     def _detector(self, key: str, signal: str) -> RobustZ:
         det = self.detectors.get(key)

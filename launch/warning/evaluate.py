@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from normlab.launch.metric_keys import parse_block_key
 from normlab.launch.report.runs import Run, load_run
-from normlab.launch.warning.detector import Rule, alarms, zscores
+from normlab.launch.warning.detector import alarms, zscores
 from normlab.launch.warning.events import events_from_summary, run_events
 from normlab.launch.warning.scoring import RECALL_AT, RunAlarms, Score, score, wilson
-from normlab.launch.warning.signals import BASELINE, SIGNALS, Signal
+from normlab.launch.warning.signals import BASELINE, SIGNALS, Signal, level_rule
 
 TUNE_SEEDS = (0, 1)
 K_GRID = (3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 15.0, 20.0, 30.0, 50.0)
@@ -62,12 +62,6 @@ class RunData:
                 z = self._z[(signal.name, i)] = zscores(values, transform=signal.rule.transform)
             found.update(alarms(steps, values, rule, k, self.warmup, level is not None, z=z))
         return tuple(sorted(found))
-
-
-def level_rule(signal: Signal, level: float | None) -> Rule:
-    """The signal's rule with its level alarm at `level` (at or below it for a falling signal),
-    as the online detector (instruments.early_warning.levels) builds it."""
-    return replace(signal.rule, level=level, level_above=signal.rule.rising)
 
 
 def run_data(run: Run) -> RunData:

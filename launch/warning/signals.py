@@ -7,7 +7,7 @@ The loss is the baseline every other signal must beat (23.3); the grad norm is t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from normlab.launch.metric_keys import (
     GRAD,
@@ -73,3 +73,10 @@ SIGNALS: dict[str, Signal] = {
         ),
     )
 }  # fmt: skip
+
+
+def level_rule(signal: Signal, level: float | None) -> Rule:
+    """The signal's rule with its level alarm at `level` (None: off; at or below it for a
+    falling signal, as a ratio for a ratio signal): what `normlab warnings` tunes and what
+    instruments.early_warning.levels sets."""
+    return replace(signal.rule, level=level, level_above=signal.rule.rising)
