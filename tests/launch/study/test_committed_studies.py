@@ -195,9 +195,11 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
         rows = {(r["recipe"], r["size"]): r for r in csv.DictReader(fh)}
     best = {k: float(r["best_loss"]) for k, r in rows.items()}
     sens = {k: float(r["lr_sensitivity"]) for k, r in rows.items()}
-    assert f"from {best['mup', 'd_model=64']:.3f} at d 64 to {best['mup', 'd_model=512']:.3f}" in text
+    mup_best = best["mup", "d_model=64"], best["mup", "d_model=512"]
+    assert f"from {mup_best[0]:.3f} at d 64 to {mup_best[1]:.3f}" in text
     assert f"sp's\n  falls to {best['sp', 'd_model=512']:.3f}" in text
     wide_sp = [sens["sp", f"d_model={d}"] for d in (128, 256, 512)]
-    assert f"{sens['sp', 'd_model=64']:.2f} at d 64 to {min(wide_sp):.2f}-{max(wide_sp):.2f}" in text
+    narrow = sens["sp", "d_model=64"]
+    assert f"{narrow:.2f} at d 64 to {min(wide_sp):.2f}-{max(wide_sp):.2f}" in text
     mup = [v for (recipe, _), v in sens.items() if recipe == "mup"]
     assert f"between {min(mup):.2f} and {max(mup):.2f}" in text
