@@ -9,6 +9,7 @@ them by depth; `block_key` / `parse_block_key` are the only place that format li
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 RESID, ATTN_OUT, MLP_OUT = "resid_rms", "attn_out_rms", "mlp_out_rms"
 PRE_NORM = "pre_norm_rms"  # post-norm blocks: the residual sum before the closing norm
@@ -40,6 +41,13 @@ def parse_block_key(key: str) -> tuple[str, int, str | None] | None:
     """(kind, block, sub) for a per-block key, None for any other key."""
     m = _BLOCK_KEY.match(key)
     return (m["kind"], int(m["block"]), m["sub"]) if m else None
+
+
+def block_keys(kind: str, keys: Iterable[str]) -> list[str]:
+    """The whole-block keys of `kind` among `keys` ('resid_rms/00', ..., not 'resid_rms/01/attn'),
+    ordered by block."""
+    found = [(p[1], k) for k in keys if (p := parse_block_key(k)) and p[0] == kind and p[2] is None]
+    return [k for _, k in sorted(found)]
 
 
 S_MAX, CLIPS, CLIP_EVENTS = "s_max", "qk_clips", "qk_clip_events"  # QK-Clip (optim.qk_clip)

@@ -57,7 +57,7 @@ from normlab.launch.metric_keys import (
     EW_DID_CLIP,
     EW_LR_SCALE,
     EW_ROLLBACKS,
-    parse_block_key,
+    block_keys,
 )
 from normlab.launch.warning.detector import RobustZ, Rule
 from normlab.launch.warning.signals import SIGNALS, level_rule
@@ -127,10 +127,7 @@ class EarlyWarning(Callback):
                 if signal.key in metrics:
                     out.append((signal.key, sig))
                 continue
-            for key in sorted(metrics):
-                p = parse_block_key(key)
-                if p is not None and p[0] == signal.key and p[2] is None:
-                    out.append((key, sig))
+            out += [(key, sig) for key in block_keys(signal.key, metrics)]
         return out
 
     def on_train_start(self, trainer: TrainerView) -> None:

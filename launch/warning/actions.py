@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from normlab.launch.metric_keys import EW_ALARMS, EW_LR_SCALE, EW_ROLLBACKS
-from normlab.launch.warning.events import smoothed
+from normlab.launch.warning.events import events_from_summary, smoothed
 from normlab.launch.warning.scoring import wilson
 
 
@@ -55,8 +55,8 @@ class Outcome:
 
 
 def first_event(summary: dict[str, Any]) -> tuple[str, int] | None:
-    events = summary.get("events") or []
-    return (str(events[0]["kind"]), int(events[0]["step"])) if events else None
+    events = events_from_summary(summary)
+    return (events[0].kind, events[0].step) if events else None
 
 
 def final_loss(rows: Sequence[dict[str, Any]]) -> float | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from normlab.launch.metric_keys import parse_block_key
+from normlab.launch.metric_keys import block_keys
 from normlab.launch.report.runs import Run, load_run
 from normlab.launch.warning.detector import alarms, zscores
 from normlab.launch.warning.events import events_from_summary, run_events
@@ -90,10 +90,7 @@ def _keys(run: Run, signal: Signal) -> list[str]:
     present = {k for row in run.train for k in row}
     if not signal.per_block:
         return [signal.key] if signal.key in present else []
-    parsed = {k: p for k in present if (p := parse_block_key(k)) is not None}
-    # the signal's whole-block keys, by block index (not its per-sub-layer ones)
-    found = [(p[1], k) for k, p in parsed.items() if p[0] == signal.key and p[2] is None]
-    return [k for _, k in sorted(found)]
+    return block_keys(signal.key, present)  # whole-block keys, not the per-sub-layer ones
 
 
 def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
