@@ -5,7 +5,8 @@ within 2 %).
 model three ways (sp; mup at twice the base width; completep at twice the base width and depth:
 the same shapes, only the multipliers, the init and the optimizer groups differ) and times
 forward + backward + AdamW step, interleaving the three every round so load drifts hit all
-alike. Prints the median step time of each and the ratio to sp.
+alike. Prints the median step time of each and the ratio to sp. `--device cuda` (bf16 autocast
+there) is gpu_check.sh's `parametrization` part; on a GPU the clock is read after a synchronize.
 """
 
 from __future__ import annotations
@@ -39,24 +40,35 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--device", default="cpu", help="cpu (fp32) or cuda (bf16 autocast)")
     args = p.parse_args()
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
     runs = {}
     for name, cfg in configs(args.preset).items():
         torch.manual_seed(0)
-        model = Transformer(cfg)
+        model = Transformer(cfg).to(device)
         runs[name] = (model, build_optimizer(model, OptimSection()))
     vocab = next(iter(runs.values()))[0].config.vocab_size
-    tokens = torch.randint(0, vocab, (args.batch, args.seq + 1))
+    tokens = torch.randint(0, vocab, (args.batch, args.seq + 1), device=device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
+
+    def clock() -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(args.rounds):
         for name, (model, opt) in runs.items():
-            start = time.perf_counter()
+            start = clock()
             for _ in range(args.steps):
-                loss, _ = lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
+                with autocast:
+                    loss, _ = lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-            times[name].append((time.perf_counter() - start) / args.steps)
+            times[name].append((clock() - start) / args.steps)
     base = statistics.median(times["sp"])
     for name, values in times.items():
         med = statistics.median(values)

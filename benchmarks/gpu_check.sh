@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything within 10 minutes: each part has a time cap (kernel tests 110 s, kernel benchmark
-# 120 s, compile 120 s, stabilizers 60 s, FP8 150 s: 560 s at most, plus start-up).
+# 100 s, compile 120 s, stabilizers 60 s, FP8 150 s, parametrization 20 s: 560 s at most, plus
+# start-up).
 # GPU check of the Triton norm kernels (issue 5): the GPU-marked and CPU-shaped kernel tests on
 # CUDA, then the benchmark (SCIENCE.md section 10 targets; rows kept when the cap ends it).
 # Then the throughput checks (issue 21): the MFU peak lookup of this GPU and
@@ -9,11 +10,13 @@
 # Then FP8 (issue 33, capped at 150 s): bf16 against precision.fp8 tensorwise and rowwise
 # (torchao, compiled, engine fsdp on one GPU) step time and MFU on the 125m and 1b presets, as
 # ratios over bf16 (benchmarks/bench_fp8.py); needs torchao (pip install 'normlab[fp8]').
+# Then µP / CompleteP against sp (issue 31, capped at 20 s): the per-step cost on the 125m preset
+# in bf16, as ratios (benchmarks/bench_parametrization.py; target within 2 %).
 # Usage: benchmarks/gpu_check.sh [OUT_DIR]   (default: $OUT if set, else gpu_check_out)
 #        PARTS="throughput" benchmarks/gpu_check.sh   runs only the named parts (kernels, throughput,
-#        stabilizers, fp8)
+#        stabilizers, fp8, parametrization)
 # Writes OUT_DIR/{env.txt,tests.txt,bench.txt,bench.jsonl,table.txt,mfu.txt,compile.txt,
-# compile.json,fp8.txt,fp8.json,summary.txt}.
+# compile.json,fp8.txt,fp8.json,parametrization.txt,summary.txt}.
 set -u
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-gpu_check_out}}"
@@ -33,7 +36,7 @@ fi
     "$py" -c "import liger_kernel; print('liger-kernel present')" 2>/dev/null || echo "no liger-kernel"
 } > "$out/env.txt" 2>&1
 
-parts="${PARTS:-kernels throughput stabilizers fp8}"
+parts="${PARTS:-kernels throughput stabilizers fp8 parametrization}"
 if [[ " $parts " == *" kernels "* ]]; then
 start=$SECONDS
 timeout 110 "$py" -m pytest tests/model/test_kernels.py tests/model/test_kernels_gpu.py -q -p no:cacheprovider \
@@ -42,7 +45,7 @@ echo "tests: exit $? in $((SECONDS - start)) s; $(tail -n 1 "$out/tests.txt")" |
 
 start=$SECONDS
 rm -f "$out/bench.jsonl"
-timeout 120 "$py" benchmarks/bench_norm_kernels.py --rep-ms 20 --out "$out/bench.jsonl" \
+timeout 100 "$py" benchmarks/bench_norm_kernels.py --rep-ms 20 --out "$out/bench.jsonl" \
     > "$out/bench.txt" 2>&1
 echo "benchmark: exit $? in $((SECONDS - start)) s (124 = timed out; rows kept)" | tee -a "$summary"
 # The table again from the rows written so far, so a timeout still leaves a summary.
@@ -83,4 +86,13 @@ timeout 150 "$py" benchmarks/bench_fp8.py --device cuda --sizes 125m 1b --steps 
     --json "$out/fp8.json" > "$out/fp8.txt" 2>&1
 echo "fp8 benchmark: exit $? in $((SECONDS - start)) s (124 = timed out)" | tee -a "$summary"
 grep -E "^(size|125m|1b) " "$out/fp8.txt" | tee -a "$summary"
+fi
+
+if [[ " $parts " == *" parametrization "* ]]; then
+# µP and CompleteP against sp: the same matmuls, only multipliers, init and optimizer groups differ
+start=$SECONDS
+timeout 20 "$py" benchmarks/bench_parametrization.py --device cuda --preset 125m --batch 8 \
+    --seq 512 --steps 10 --rounds 5 > "$out/parametrization.txt" 2>&1
+echo "parametrization benchmark: exit $? in $((SECONDS - start)) s" | tee -a "$summary"
+grep -E "ratio to sp" "$out/parametrization.txt" | tee -a "$summary"
 fi
