@@ -363,7 +363,8 @@ def _regrid(found: list[Any], path: Path) -> None:
         writer.writerows(rows)
 
 
-PROTOCOL_HEADS = ("## LR sensitivity", "## Ladder fits")  # the sections the protocol writes
+# the sections the protocol writes: the first, then any of the others after it
+PROTOCOL_HEADS = ("## LR sensitivity", "## Ladder fits", "## Does the best learning rate transfer")
 
 
 def replace_protocol(text: str, section: list[str]) -> str:
@@ -378,7 +379,7 @@ def replace_protocol(text: str, section: list[str]) -> str:
         return next((j for j in range(i + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
 
     end = next_head(start)
-    while end < len(lines) and lines[end].startswith(PROTOCOL_HEADS[1]):
+    while end < len(lines) and lines[end].startswith(PROTOCOL_HEADS[1:]):
         end = next_head(end)
     return "\n".join(lines[:start] + section + lines[end:])
 

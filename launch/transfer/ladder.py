@@ -34,12 +34,17 @@ LEVEL = 0.95
 
 @dataclass
 class Rung:
-    """One size of one recipe: losses[seed, lr] (capped), logits[seed, lr] (nan: not recorded)."""
+    """One size of one recipe: losses[seed, lr] (capped), logits[seed, lr] (nan: not recorded);
+    seeds: the seed of each row (default 0, 1, ...)."""
 
     size: float
     lrs: np.ndarray
     losses: np.ndarray
     logits: np.ndarray | None = None
+    seeds: tuple[int, ...] = ()
+
+    def seed_ids(self) -> list[int]:
+        return list(self.seeds) if self.seeds else list(range(self.losses.shape[0]))
 
 
 def best_lrs(lrs: np.ndarray, means: np.ndarray) -> np.ndarray:

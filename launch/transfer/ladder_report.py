@@ -18,6 +18,11 @@ from normlab.launch.transfer.ladder import (
     rung_stats,
     write_ladder_csv,
 )
+from normlab.launch.transfer.transfer_verdict import (
+    decide_transfer,
+    transfer_lines,
+    write_transfer_csv,
+)
 
 if TYPE_CHECKING:
     from normlab.launch.study.sensitivity import Curve
@@ -57,7 +62,7 @@ def rungs_by_recipe(curves: list[Curve]) -> dict[str, list[Rung]]:
             ]
         )  # fmt: skip
         lrs = np.array([p.lr for p in c.points])
-        out.setdefault(c.recipe, []).append(Rung(size, lrs, losses, logits))
+        out.setdefault(c.recipe, []).append(Rung(size, lrs, losses, logits, tuple(common)))
     return {r: v for r, v in out.items() if len({x.size for x in v}) >= 2}
 
 
@@ -107,7 +112,9 @@ def write_ladder(curves: list[Curve], out: Path, target: float | None) -> list[s
             )
     if target is not None:
         lines.append(f"Forecasts at size {target:g}: the `forecast*` columns of ladder.csv.")
-    return [*lines, ""]
+    verdicts = decide_transfer(ladders)
+    write_transfer_csv(verdicts, out / "transfer.csv")
+    return [*lines, *transfer_lines(verdicts)]
 
 
 def plot_ladder(fitted: dict, path: Path) -> Path:

@@ -38,7 +38,9 @@ STUDIES = [
     "completep_depth_quick",
     "mup_width",
 ]
-FILES = ("verdicts.md", "verdicts.json", "sensitivity.csv", "study.md", "ladder.csv")
+FILES = (
+    "verdicts.md", "verdicts.json", "sensitivity.csv", "study.md", "ladder.csv", "transfer.csv"
+)
 B = 2000
 # the studies whose tables are results.csv: aa (run with it), and those whose added seeds were
 # joined with `normlab study --report-only --merge` (2026-12-03)
