@@ -160,9 +160,9 @@ def write_transfer_csv(verdicts: list[TransferVerdict], path: Path) -> Path:
             writer.writerow(
                 [
                     v.recipe, f"{v.small:g}", f"{v.large:g}", " ".join(map(str, v.seeds)),
-                    " ".join(f"{x:.4g}" for x in v.shifts), f"{v.mean:.4g}", f"{v.sd:.4g}",
-                    f"{v.interval[0]:.4g}", f"{v.interval[1]:.4g}", f"{v.level:.4g}",
-                    f"{v.p:.4g}", v.verdict, "" if v.seeds_needed is None else v.seeds_needed,
+                    " ".join(f"{x:.6g}" for x in v.shifts), f"{v.mean:.6g}", f"{v.sd:.6g}",
+                    f"{v.interval[0]:.6g}", f"{v.interval[1]:.6g}", f"{v.level:.6g}",
+                    f"{v.p:.6g}", v.verdict, "" if v.seeds_needed is None else v.seeds_needed,
                     v.note,
                 ]
             )  # fmt: skip

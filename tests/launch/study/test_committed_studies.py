@@ -205,3 +205,13 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
     assert f"{narrow:.2f} at d 64 to {min(wide_sp):.2f}-{max(wide_sp):.2f}" in text
     mup = [v for (recipe, _), v in sens.items() if recipe == "mup"]
     assert f"between {min(mup):.2f} and {max(mup):.2f}" in text
+    # the transfer verdicts it quotes are transfer.csv's (per-seed shifts, interval, seeds needed)
+    with (study_dir("mup_width") / "transfer.csv").open() as fh:
+        verdicts = {r["recipe"]: r for r in csv.DictReader(fh)}
+    assert verdicts["sp"]["verdict"] == "does_not_transfer_down" and "**does not transfer**" in text
+    sp_shifts = [f"{float(x):.2f}".replace("-", "−") for x in verdicts["sp"]["shifts_log2"].split()]
+    assert f"{sp_shifts[0]} and {sp_shifts[1]} octaves" in text
+    lo, hi = (f"{float(verdicts['sp'][k]):.2f}".replace("-", "−") for k in ("lo", "hi"))
+    assert f"[{lo}, {hi}]" in text
+    assert verdicts["mup"]["verdict"] == "inconclusive"
+    assert f"about **{verdicts['mup']['seeds_needed']} seeds**" in text
