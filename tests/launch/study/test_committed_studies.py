@@ -36,6 +36,7 @@ STUDIES = [
     "zloss",
     "aa",
     "completep_depth_quick",
+    "completep_depth",
     "mup_width",
 ]
 FILES = (
@@ -181,7 +182,8 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
     """docs/transfer.md's hold-out coverage and best-lr shifts are each committed ladder.csv's
     (issue 31 item 5: the coverage over every committed ladder)."""
     ladders = sorted(DOCS.glob("study/**/ladder.csv"))
-    assert [p.parent.name for p in ladders] == ["completep_depth_quick", "depth", "mup_width"]
+    names = ["completep_depth", "completep_depth_quick", "depth", "mup_width"]
+    assert [p.parent.name for p in ladders] == names
     text = (DOCS / "transfer.md").read_text()
     for path in ladders:
         with path.open() as fh:
@@ -215,3 +217,19 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
     assert f"[{lo}, {hi}]" in text
     assert verdicts["mup"]["verdict"] == "inconclusive"
     assert f"about **{verdicts['mup']['seeds_needed']} seeds**" in text
+    # completep_depth: the best losses, the per-seed shifts and the seeds each verdict needs
+    with (study_dir("completep_depth") / "sensitivity.csv").open() as fh:
+        best = {(r["recipe"], r["size"]): float(r["best_loss"]) for r in csv.DictReader(fh)}
+    sp_ends = best["sp", "n_layers=2"], best["sp", "n_layers=16"]
+    assert f"from {sp_ends[0]:.3f} at 2 blocks to {sp_ends[1]:.3f}" in text
+    assert f"falls to {best['completep', 'n_layers=4']:.3f}" in text
+    deep = {f"{best['completep', f'n_layers={n}']:.3f}" for n in (8, 16)}
+    assert len(deep) == 1 and f"({deep.pop()} at 8 and 16)" in text
+    with (study_dir("completep_depth") / "transfer.csv").open() as fh:
+        verdicts = {r["recipe"]: r for r in csv.DictReader(fh)}
+    for recipe in ("sp", "completep"):
+        v = verdicts[recipe]
+        assert v["verdict"] == "inconclusive"
+        shifts = [f"{float(x):+.2f}" for x in v["shifts_log2"].split()]
+        assert f"{shifts[0]} and {shifts[1]}" in text, recipe
+        assert f"about **{v['seeds_needed']} seeds**" in text, recipe
