@@ -271,7 +271,7 @@ def benjamini_hochberg(pvalues: np.ndarray, q: float = ALPHA) -> np.ndarray:
 # -------------------------------------------------- seed-count calculator (22.5) -------------
 
 
-def _search(power: Callable[[int], float], target: float, floor: int) -> int | None:
+def search_seeds(power: Callable[[int], float], target: float, floor: int) -> int | None:
     for n in range(max(2, floor), MAX_SEEDS + 1):
         if power(n) >= target:
             return n
@@ -289,7 +289,7 @@ def seeds_for_effect(d: float, alpha: float, sided: int = 2, target: float = POW
         df = 2 * n - 2
         return float(stats.nct.sf(stats.t.ppf(1 - crit, df), df, d * math.sqrt(n / 2)))
 
-    return _search(power, target, 2)
+    return search_seeds(power, target, 2)
 
 
 def tost_power(n: int, delta: float, sd: float, margin: float, alpha: float) -> float:
@@ -330,7 +330,7 @@ def seeds_needed(
     elif abs(delta) > margin:
         n = seeds_for_effect((abs(delta) - margin) / sd, alpha, sided=1, target=target)
     elif abs(delta) < margin:
-        n = _search(lambda k: tost_power(k, delta, sd, margin, alpha), target, 2)
+        n = search_seeds(lambda k: tost_power(k, delta, sd, margin, alpha), target, 2)
     else:
         n = None
     return None if n is None else max(n, floor)

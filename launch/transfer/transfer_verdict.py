@@ -98,12 +98,7 @@ def one_sample_seeds(mean: float, sd: float, margin: float, alpha: float) -> int
             - 1.0
         )
 
-    if gap == 0:
-        return None
-    for n in range(2, st.MAX_SEEDS + 1):
-        if power(n) >= st.POWER:
-            return n
-    return None
+    return None if gap == 0 else st.search_seeds(power, st.POWER, 2)
 
 
 def decide_transfer(
