@@ -19,13 +19,21 @@ rows of 22.3 with the margin m = 0.5 octave of 21.6:
 This is not the ladder's bootstrap interval on the seed-mean shift (ladder.Fit.shift): that one
 describes the mean curve; this one decides, and a decision from 2 seeds needs a large effect.
 A diverged run's loss is the initial loss (capped, SCIENCE.md 19), so it enters η*_s as a bad point.
+
+The grid's edge [choice]: when a seed's lowest loss sits at the grid's first or last learning
+rate, its η*_s is clipped to the grid and D_s is only a bound (at the largest rung's top edge, or
+the smallest rung's bottom edge, the true D_s is at least the measured one; mirrored, at most).
+A verdict stands only if every bound points its way: "does not transfer, up" survives lower
+bounds, "down" upper bounds, "transfers" none. Otherwise the recipe is inconclusive with no seed
+count (more seeds do not move a clipped optimum) and the note names the seeds and edges: widen
+the grid.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -62,19 +70,65 @@ class TransferVerdict:
     p: float = math.nan
     seeds_needed: int | None = None
     note: str = ""
+    # per seed: +1 when D_s is a lower bound (true >= measured), -1 an upper bound, 0 exact,
+    # 2 unbounded (clipped both ways); with the words that say where
+    bounds: list[int] = field(default_factory=list)
+    edges: list[str] = field(default_factory=list)
+
+
+def grid_edges(lrs: np.ndarray, losses: np.ndarray) -> np.ndarray:
+    """Per row of losses [seed, lr]: -1 when its lowest loss is at the grid's first (smallest)
+    learning rate, +1 at its last, 0 inside."""
+    order = np.argsort(lrs)
+    argmin = np.argmin(losses[:, order], axis=1)
+    return np.where(argmin == 0, -1, np.where(argmin == len(lrs) - 1, 1, 0))
 
 
 def seed_shifts(small: Rung, large: Rung) -> tuple[list[int], np.ndarray]:
     """The seeds both rungs ran at every learning rate, and D_s for each (octaves)."""
-    ids_s, ids_l = small.seed_ids(), large.seed_ids()
-    seeds = sorted(set(ids_s) & set(ids_l))
+    seeds, rows_s, rows_l = _common(small, large)
     if not seeds:
         return [], np.empty(0)
-    rows_s = [ids_s.index(s) for s in seeds]
-    rows_l = [ids_l.index(s) for s in seeds]
     eta_s = best_lrs(small.lrs, small.losses[rows_s])
     eta_l = best_lrs(large.lrs, large.losses[rows_l])
     return seeds, np.log2(eta_l / eta_s)
+
+
+def _common(small: Rung, large: Rung) -> tuple[list[int], list[int], list[int]]:
+    ids_s, ids_l = small.seed_ids(), large.seed_ids()
+    seeds = sorted(set(ids_s) & set(ids_l))
+    return seeds, [ids_s.index(s) for s in seeds], [ids_l.index(s) for s in seeds]
+
+
+def shift_bounds(small: Rung, large: Rung) -> tuple[list[int], list[str]]:
+    """Per common seed: the kind of bound its D_s is (TransferVerdict.bounds) and, for a clipped
+    one, where ("seed 1: 16 at the top edge")."""
+    seeds, rows_s, rows_l = _common(small, large)
+    if not seeds:
+        return [], []
+    e_s = grid_edges(small.lrs, small.losses[rows_s])
+    e_l = grid_edges(large.lrs, large.losses[rows_l])
+    side = {-1: "bottom", 1: "top"}
+    bounds, edges = [], []
+    for seed, es, el in zip(seeds, e_s, e_l, strict=True):
+        # the largest rung clipped at the top, or the smallest at the bottom: D_s is a lower bound
+        kinds = {int(el), -int(es)} - {0}
+        bounds.append(0 if not kinds else kinds.pop() if len(kinds) == 1 else 2)
+        ends = ((small, es), (large, el))
+        where = [f"{r.size:g} at the {side[int(e)]} edge" for r, e in ends if e]
+        if where:
+            edges.append(f"seed {seed}: {' and '.join(where)}")
+    return bounds, edges
+
+
+def _bounds_allow(verdict: str, bounds: list[int]) -> bool:
+    """Whether the verdict holds whatever the clipped D_s are beyond their bounds."""
+    clipped = {b for b in bounds if b}
+    if verdict == MOVES_UP:
+        return clipped <= {1}
+    if verdict == MOVES_DOWN:
+        return clipped <= {-1}
+    return not clipped
 
 
 def one_sample_seeds(mean: float, sd: float, margin: float, alpha: float) -> int | None:
@@ -109,7 +163,18 @@ def decide_transfer(
     for recipe, rungs in ladders.items():
         rungs = sorted(rungs, key=lambda r: r.size)
         seeds, d = seed_shifts(rungs[0], rungs[-1])
-        out.append(TransferVerdict(recipe, rungs[0].size, rungs[-1].size, seeds, [*map(float, d)]))
+        bounds, edges = shift_bounds(rungs[0], rungs[-1])
+        out.append(
+            TransferVerdict(
+                recipe,
+                rungs[0].size,
+                rungs[-1].size,
+                seeds,
+                [*map(float, d)],
+                bounds=bounds,
+                edges=edges,
+            )
+        )
     tested = [v for v in out if len(v.shifts) >= 2]
     for v in out:
         if len(v.shifts) < 2:
@@ -130,7 +195,15 @@ def decide_transfer(
         v.level, v.p = float(level), float(p.min())
         lo, hi = w.interval(float(level))
         v.interval = (float(lo), float(hi))
-        if v.verdict == INCONCLUSIVE:
+        if not _bounds_allow(v.verdict, v.bounds):
+            v.verdict = INCONCLUSIVE
+            v.note = (
+                "best lr at the grid's edge (" + "; ".join(v.edges) + "), so D is only a bound "
+                "there: widen the learning-rate grid (more seeds do not decide it)"
+            )
+        elif any(v.bounds):
+            v.note = f"best lr at the grid's edge ({'; '.join(v.edges)}): the verdict holds"
+        elif v.verdict == INCONCLUSIVE:
             need = one_sample_seeds(v.mean, v.sd, margin, v.level)
             v.seeds_needed = None if need is None else max(need, len(v.shifts) + 1)
             v.note = (
@@ -172,7 +245,9 @@ def transfer_lines(verdicts: list[TransferVerdict]) -> list[str]:
         "",
         "Per seed, D_s = log2 η*_s(largest) − log2 η*_s(smallest), η*_s the quadratic-fit vertex "
         "on that seed's own curve; the one-sample t interval at the Holm level over the recipes; "
-        f"margin {MARGIN:g} octave (transfer.csv).",
+        f"margin {MARGIN:g} octave (transfer.csv). A seed whose best lr sits at the grid's first "
+        "or last rate gives only a bound on D_s: a verdict stands only if every bound points its "
+        "way.",
         "",
         "| recipe | sizes | D per seed | mean D [interval] | level | verdict |",
         "|---|---|---|---|---|---|",

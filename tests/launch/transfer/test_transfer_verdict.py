@@ -11,12 +11,14 @@ import pytest
 from normlab.launch.transfer.ladder import Rung
 from normlab.launch.transfer.transfer_verdict import (
     INCONCLUSIVE,
+    MARGIN,
     MOVES_DOWN,
     MOVES_UP,
     TRANSFERS,
     decide_transfer,
     one_sample_seeds,
     seed_shifts,
+    shift_bounds,
 )
 from scipy import stats
 
@@ -114,3 +116,60 @@ def test_seed_calculator_reaches_eighty_percent_power_in_simulation(
     assert _simulated_power(n, mean, sd, 0.05, equivalence) >= 0.79
     if not equivalence and n > 2:
         assert _simulated_power(n - 1, mean, sd, 0.05, equivalence) < 0.8
+
+
+# the grid's edge: LRS spans log2 η in [-12, -7]; an optimum beyond it is clipped to the edge
+
+
+def test_clipped_optima_make_the_shift_a_bound_of_the_right_kind() -> None:
+    small = rung(2, [-9.5, -13.0, -13.0, -6.0])
+    large = rung(16, [-5.0, -9.0, -13.0, -9.0])
+    bounds, edges = shift_bounds(small, large)
+    # seed 0: large at the top (lower bound); 1: small at the bottom (lower bound);
+    # 2: both at the bottom (clipped both ways); 3: small at the top (upper bound)
+    assert bounds == [1, 1, 2, -1]
+    assert edges == [
+        "seed 0: 16 at the top edge",
+        "seed 1: 2 at the bottom edge",
+        "seed 2: 2 at the bottom edge and 16 at the bottom edge",
+        "seed 3: 2 at the top edge",
+    ]
+    assert shift_bounds(*ladder([-1.0, 0.5]))[0] == [0, 0]
+
+
+def test_a_clipped_transfer_is_inconclusive_and_more_seeds_do_not_help() -> None:
+    # measured D_s = -7 - small ≈ +0.3 on every seed: inside the margin, but the large rung's
+    # optimum lies past the grid's top, so the true shift is larger by an unknown amount
+    small = rung(2, [-7.3, -7.35, -7.28, -7.32])
+    large = rung(16, [-6.0, -6.5, -5.5, -6.2])
+    (v,) = decide_transfer({"r": [small, large]})
+    assert v.interval[0] > -MARGIN and v.interval[1] < MARGIN  # the test alone says transfers
+    assert v.verdict == INCONCLUSIVE and v.seeds_needed is None
+    assert "widen the learning-rate grid" in v.note and "seed 0: 16 at the top edge" in v.note
+
+
+def test_a_clipped_move_in_the_bounds_direction_stands() -> None:
+    # up: the large rung clipped at the top makes each D_s a lower bound, already > +0.5
+    small, large = rung(2, [-9.5, -9.3, -9.7, -9.4]), rung(16, [-6.0, -6.5, -5.5, -6.2])
+    (up,) = decide_transfer({"r": [small, large]})
+    assert up.bounds == [1] * 4
+    assert up.verdict == MOVES_UP and "the verdict holds" in up.note
+    # down, with the small rung clipped at the top: upper bounds, already < -0.5
+    small, large = rung(2, [-6.0, -6.5, -5.5, -6.2]), rung(16, [-9.5, -9.4, -9.6, -9.5])
+    (down,) = decide_transfer({"r": [small, large]})
+    assert down.verdict == MOVES_DOWN and "the verdict holds" in down.note
+    assert down.bounds == [-1] * 4
+    # the large rung clipped at the bottom (upper bounds) and the small at the bottom (lower)
+    small, large = rung(2, [-9.5, -9.3, -9.7, -9.4]), rung(16, [-13.0, -13.5, -12.5, -13.2])
+    (clipped_down,) = decide_transfer({"r": [small, large]})
+    assert clipped_down.bounds == [-1] * 4 and clipped_down.verdict == MOVES_DOWN
+    small, large = rung(2, [-12.5, -13.0, -12.8, -13.2]), rung(16, [-9.0, -9.3, -8.9, -9.1])
+    (clipped_up,) = decide_transfer({"r": [small, large]})
+    assert clipped_up.bounds == [1] * 4 and clipped_up.verdict == MOVES_UP
+    # a bound against the verdict's direction undoes it: six seeds move down by 2 octaves, the
+    # seventh's optimum at 16 lies past the top, so its D_s >= +0.3 could be anything above
+    small = rung(2, [-9.5] * 6 + [-7.3])
+    large = rung(16, [-11.5, -11.6, -11.4, -11.5, -11.3, -11.7, -6.0])
+    (mixed,) = decide_transfer({"r": [small, large]})
+    assert mixed.bounds == [0] * 6 + [1] and mixed.interval[1] < -MARGIN
+    assert mixed.verdict == INCONCLUSIVE and mixed.seeds_needed is None
