@@ -37,10 +37,16 @@ STUDIES = [
     "aa",
     "completep_depth_quick",
     "completep_depth",
+    "completep_placements",
     "mup_width",
 ]
 FILES = (
-    "verdicts.md", "verdicts.json", "sensitivity.csv", "study.md", "ladder.csv", "transfer.csv"
+    "verdicts.md",
+    "verdicts.json",
+    "sensitivity.csv",
+    "study.md",
+    "ladder.csv",
+    "transfer.csv",
 )
 B = 2000
 # the studies whose tables are results.csv: aa (run with it), and those whose added seeds were
@@ -182,7 +188,13 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
     """docs/transfer.md's hold-out coverage and best-lr shifts are each committed ladder.csv's
     (issue 31 item 5: the coverage over every committed ladder)."""
     ladders = sorted(DOCS.glob("study/**/ladder.csv"))
-    names = ["completep_depth", "completep_depth_quick", "depth", "mup_width"]
+    names = [
+        "completep_depth",
+        "completep_depth_quick",
+        "completep_placements",
+        "depth",
+        "mup_width",
+    ]
     assert [p.parent.name for p in ladders] == names
     text = (DOCS / "transfer.md").read_text()
     for path in ladders:
@@ -233,3 +245,29 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
         shifts = [f"{float(x):+.2f}" for x in v["shifts_log2"].split()]
         assert f"{shifts[0]} and {shifts[1]}" in text, recipe
         assert f"about **{v['seeds_needed']} seeds**" in text, recipe
+
+
+def test_transfer_page_quotes_the_placement_study() -> None:
+    """completep_placements (issue 31 item 4): the verdicts, per-seed shifts, seeds needed and
+    best losses docs/transfer.md quotes are its transfer.csv's and sensitivity.csv's."""
+    text = (DOCS / "transfer.md").read_text()
+    src = study_dir("completep_placements")
+    with (src / "transfer.csv").open() as fh:
+        verdicts = {r["recipe"]: r for r in csv.DictReader(fh)}
+    with (src / "sensitivity.csv").open() as fh:
+        best = {(r["recipe"], r["size"]): float(r["best_loss"]) for r in csv.DictReader(fh)}
+    for recipe in ("peri_completep", "olmo2_completep"):
+        v = verdicts[recipe]
+        assert v["verdict"] == "inconclusive", recipe
+        shifts = [f"{float(x):+.2f}".replace("-", "−") for x in v["shifts_log2"].split()]
+        assert f"{shifts[0]} and {shifts[1]}" in text, recipe
+    assert f"about **{verdicts['peri_completep']['seeds_needed']} seeds**" in text
+    # OLMo 2's optimum is clipped by the grid: no seed count, the page says to widen the grid
+    assert verdicts["olmo2_completep"]["seeds_needed"] == ""
+    assert "widen the learning-rate grid" in verdicts["olmo2_completep"]["note"]
+    assert "asks for a wider grid, not more seeds" in text
+    peri = best["peri_completep", "n_layers=2"], best["peri_completep", "n_layers=16"]
+    assert f"{peri[0]:.3f} at 2 blocks to {peri[1]:.3f} at 16" in text
+    olmo = [f"{best['olmo2_completep', f'n_layers={n}']:.3f}" for n in (2, 8, 16)]
+    assert f"{olmo[0]} at 2 blocks, {olmo[1]} at 8 and {olmo[2]}" in text
+    assert all(olmo[0] > f"{best['olmo2_completep', f'n_layers={n}']:.3f}" for n in (4, 8, 16))
