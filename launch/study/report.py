@@ -28,6 +28,7 @@ from normlab.launch.study.claims import (
     loss_of,
     point_label,
 )
+from normlab.launch.study.fp8_section import fp8_section
 from normlab.launch.study.lr_plots import write_lr_plots
 from normlab.launch.study.plots import write_study_plots
 from normlab.launch.study.protocol import (
@@ -172,6 +173,7 @@ def markdown(
     last_s: float | None = None,
     plateau: float | None = None,
     verdicts: list[str] | None = None,
+    fp8: list[str] | None = None,
 ) -> str:
     head, cells = group_table(rows, plateau)
     lines = [
@@ -195,6 +197,7 @@ def markdown(
         "",
         *_md_table(head, cells),
         "",
+        *(fp8 or []),
         *(verdicts or []),
     ]
     if found:
@@ -327,8 +330,10 @@ def write_study_report(
     if len({r["size"] for r in rows}) == 1:
         write_study_plots(runs, out, plateau)
     title = f"normlab study {spec.name}" + (f": {spec.description}" if spec.description else "")
+    fp8 = fp8_section(planned, out / "compare.csv")  # compare.csv: written before this report
     text = markdown(
-        rows, found, runs, total_s, jobs, protocol_md, title, invocations, last_s, plateau, section
-    )
+        rows, found, runs, total_s, jobs, protocol_md, title, invocations, last_s, plateau,
+        section, fp8,
+    )  # fmt: skip
     (out / "study.md").write_text(text)
     return {"verdicts": found, "decided": decided, "seconds": seconds, "curves": curves}
