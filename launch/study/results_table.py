@@ -101,6 +101,9 @@ def _parse(raw: dict[str, str | None], row: str, l0_col: str | None, at_cols: di
     loss = _number(value["eval_loss"], row, "eval_loss", allow_empty=status != "completed")
     l0 = _number(value[l0_col], row, l0_col, allow_empty=True) if l0_col else math.nan
     at = {f: _number(value[c], row, c, allow_empty=True) for f, c in at_cols.items()}
+    # an empty cell of a completed run is a loss nobody measured (no evaluation at that step), not
+    # a failure: left out, so the rank flips say "not computed" instead of comparing l_0s
+    at = {f: v for f, v in at.items() if math.isfinite(v) or status != "completed"}
     size = value.get("size", "").strip() or NO_SIZE
     return Run(recipe, size, lr, seed, loss, status, l0, at)
 

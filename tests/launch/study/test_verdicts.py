@@ -160,6 +160,20 @@ def test_rank_flip_flagged(tmp_path: Path) -> None:
     assert flip.flipped == [0.25, 0.5]
 
 
+def test_unmeasured_fractions_skip_the_rank_flips(tmp_path: Path) -> None:
+    """Empty eval_loss_25/50/75 cells of completed runs (a study that evaluated at none of those
+    steps) are unknown, not l_0: the rank flips say so instead of finding none."""
+    rows = []
+    for recipe, final in (("A", 4.0), ("B", 4.3)):
+        for r in rows_of(recipe, _noisy(MU - MU.min() + final, 3, 0.01, len(rows))):
+            r["eval_loss_25"] = r["eval_loss_50"] = r["eval_loss_75"] = ""
+            rows.append(r)
+    cells = _cells(tmp_path, rows)
+    assert cells[("A", "-")].at == {}
+    [flip] = rank_flips(cells, [("A", "B", "-")], 0.1)
+    assert flip.flipped == [] and flip.note.startswith("skipped: no eval loss at fractions")
+
+
 def test_seeds_plan_stated_and_pilot(tmp_path: Path) -> None:
     from normlab.launch.study.verdicts import pilot_sd, seeds_plan
 
