@@ -39,6 +39,7 @@ STUDIES = [
     "completep_depth",
     "completep_placements",
     "mup_width",
+    "fp8",
 ]
 FILES = (
     "verdicts.md",
@@ -51,7 +52,7 @@ FILES = (
 B = 2000
 # the studies whose tables are results.csv: aa (run with it), and those whose added seeds were
 # joined with `normlab study --report-only --merge` (2026-12-03)
-WITH_RESULTS = ("aa", "lr12", "stabilizers", "zloss", "wortsman")
+WITH_RESULTS = ("aa", "lr12", "stabilizers", "zloss", "wortsman", "fp8")
 
 
 def study_dir(name: str) -> Path:
