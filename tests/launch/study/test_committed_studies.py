@@ -272,3 +272,55 @@ def test_transfer_page_quotes_the_placement_study() -> None:
     olmo = [f"{best['olmo2_completep', f'n_layers={n}']:.3f}" for n in (2, 8, 16)]
     assert f"{olmo[0]} at 2 blocks, {olmo[1]} at 8 and {olmo[2]}" in text
     assert all(olmo[0] > f"{best['olmo2_completep', f'n_layers={n}']:.3f}" for n in (4, 8, 16))
+
+
+def test_fp8_page_quotes_the_committed_study() -> None:
+    """docs/study_fp8.md (issue 33 item 5): its time, verdict summary and instrument numbers are
+    the committed study's (study.json, verdicts.json, compare.csv)."""
+    import json
+
+    src = study_dir("fp8")
+    text = (DOCS / "study_fp8.md").read_text()
+    total = json.loads((src / "study.json").read_text())["total_s"]
+    assert f"**Time: {total:.0f} s ({total / 60:.0f} min) for the 168 runs" in text
+    verdicts = json.loads((src / "verdicts.json").read_text())
+    assert len(verdicts) == 14 and {v["verdict"] for v in verdicts} == {"inconclusive"}
+    assert "**None is decided on 2 seeds.**" in text
+    worst = max(verdicts, key=lambda v: abs(v["delta"]))
+    assert f"{worst['delta']:+.3f} nats ({worst['a']} against {worst['b']}" in text
+    assert abs(worst["delta"]) < 0.1  # "every difference is small"
+    need = sorted(v["seeds_needed"] for v in verdicts)
+    assert f"range from **{need[0]}** to **{need[-1]}**" in text
+    with (src / "compare.csv").open() as fh:
+        runs = {r["run"]: r for r in csv.DictReader(fh)}
+
+    def at(recipe: str, key: str, smooth: str = "False", lr: str = "0.03") -> list[float]:
+        return [float(runs[f"{recipe}_smooth_swiglu{smooth}_lr{lr}_s{s}"][key]) for s in (0, 1)]
+
+    quoted = [("olmo2_fp8", "False"), ("olmo2_noqk_fp8", "False"), ("hybrid_fp8", "False")]
+    quoted += [("pre_fp8", "False"), ("peri_fp8", "False"), ("olmo2_fp8", "True")]
+    quoted += [("hybrid_fp8", "True")]
+    for recipe, smooth in quoted:
+        shares = " and ".join(f"{x:.3f}" for x in at(recipe, "fp8_under", smooth))
+        assert shares in text, (recipe, smooth)
+    for recipe, smooth in (("olmo2_fp8", "False"), ("peri_fp8", "False"), ("olmo2_fp8", "True")):
+        amax = " and ".join(f"{x:.3g}" for x in at(recipe, "fp8_in_amax", smooth))
+        assert amax in text, (recipe, smooth)
+    fp8_arms = sorted({r["recipe"] for r in runs.values() if r["recipe"].endswith("_fp8")})
+    assert len(fp8_arms) == 7
+    for recipe in fp8_arms:  # "at 1e-3 and 3e-3 the worst underflow stays below 1 %"
+        for smooth in ("False", "True"):
+            for lr in ("0.001", "0.003"):
+                assert max(at(recipe, "fp8_under", smooth, lr)) < 0.01, (recipe, smooth, lr)
+    # "Peri-LN's worst underflow is an order of magnitude below Pre-LN's and OLMo 2's"
+    mean = {r: sum(at(r, "fp8_under")) / 2 for r in fp8_arms}
+    for peri, other in (("peri_fp8", "pre_fp8"), ("peri_qknorm_fp8", "pre_qknorm_fp8")):
+        assert mean[other] >= 10 * mean[peri], (peri, other)
+    for olmo in ("olmo2_fp8", "olmo2_noqk_fp8"):
+        assert mean[olmo] >= 10 * max(mean["peri_fp8"], mean["peri_qknorm_fp8"]), olmo
+    # the high-precision arms with Smooth-SwiGLU are the same runs as without it
+    for recipe in {r["recipe"] for r in runs.values()} - set(fp8_arms):
+        for lr in ("0.001", "0.003", "0.03"):
+            assert at(recipe, "eval_loss", "True", lr) == at(recipe, "eval_loss", "False", lr)
+    over = [x for smooth in ("False", "True") for x in at("hybrid_fp8", "fp8_over", smooth)]
+    assert 0.89 <= min(over) and max(over) < 0.945 and "89-94 %" in text
