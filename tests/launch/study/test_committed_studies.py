@@ -323,4 +323,4 @@ def test_fp8_page_quotes_the_committed_study() -> None:
         for lr in ("0.001", "0.003", "0.03"):
             assert at(recipe, "eval_loss", "True", lr) == at(recipe, "eval_loss", "False", lr)
     over = [x for smooth in ("False", "True") for x in at("hybrid_fp8", "fp8_over", smooth)]
-    assert 0.89 <= min(over) and max(over) < 0.945 and "89-94 %" in text
+    assert min(over) >= 0.89 and max(over) < 0.945 and "89-94 %" in text
