@@ -13,7 +13,9 @@ from tests.launch.engines.test_compile import check, train
 pytest.importorskip("torchao")
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize(
+    "recipe", ["tensorwise", pytest.param("rowwise", marks=pytest.mark.slow)]
+)  # CI: tensorwise; `-m slow`: rowwise (the same conversion with axiswise scales)
 def test_fp8_compiles_without_breaks(tiny_data: Path, tmp_path: Path, recipe: str) -> None:
     extra = {
         "precision.fp8": f"{{recipe: {recipe}}}",

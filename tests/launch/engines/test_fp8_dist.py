@@ -1,7 +1,9 @@
 """precision.fp8 on FSDP2 and DeepSpeed ZeRO (2 gloo ranks on CPU, emulated): tensorwise with
 torchao's float8 all-gather follows the single-process FP8 curve (its fp8 instrument reads the
 weights through the float8 wrapper), so do ZeRO-2 and ZeRO-3,
-and a rowwise run with activation checkpointing resumes bit-identically on 2 ranks.
+and a rowwise run with activation checkpointing resumes bit-identically on 2 ranks (marked slow:
+CI covers FP8 resume in one process, tests/launch/engines/test_fp8*.py, and FSDP2 resume in
+test_distributed.py).
 
 Tolerance against one process: each rank scales its own micro-batch's activations (dynamic
 per-tensor scales over 2 sequences, not 4), so the curves differ by the quantisation of
@@ -50,6 +52,7 @@ def test_fsdp_fp8_all_gather_follows_the_single_process_curve(tiny: dict[str, Pa
     assert last["fp8_w_amax/01/down_proj"] > 0 and last["kurtosis_resid/01"] > 1
 
 
+@pytest.mark.slow
 def test_fsdp_rowwise_with_checkpointing_resumes_exactly(tiny: dict[str, Path]) -> None:
     run = tiny["root"] / "rowwise"
     over = ("engine.name=fsdp", HALF, "precision.fp8={recipe: rowwise}")
