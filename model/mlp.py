@@ -29,8 +29,11 @@ class SwiGLU(nn.Module):
 def channel_scale(h: torch.Tensor) -> torch.Tensor:
     """s_i = 2^-floor(log2 max_t |h_ti|) per channel i of h (..., F): each channel's absmax
     lands in [1, 2); 1 for an all-zero channel. The channel max follows Fishman et al. 2024
-    ("channel max-scaling" [2nd]); the power-of-two rounding is normlab's choice: multiplying
-    and dividing by s is then exact, so the smoothed MLP equals SwiGLU bit for bit unquantised."""
+    ("channel max-scaling" [2nd]; the authors' public code, HabanaAI/Megatron-LM 13c28dea, hands
+    the un-activated fc1 output to Intel Gaudi's Transformer Engine Linear with
+    use_fp8_smooth_swiglu=True and computes s inside that library, whose source is not public:
+    checked 2026-12-04). The power-of-two rounding is normlab's choice: multiplying and dividing
+    by s is then exact, so the smoothed MLP equals SwiGLU bit for bit unquantised."""
     amax = h.detach().abs().reshape(-1, h.shape[-1]).amax(dim=0).float()  # (F,)
     exponent = torch.floor(torch.log2(torch.where(amax > 0, amax, torch.ones_like(amax))))
     return torch.exp2(-exponent).to(h.dtype)
