@@ -301,6 +301,7 @@ def write_study_report(
     found: list[Verdict] = []
     if plateau is None:  # read once: it scans the whole prepared dataset
         plateau = study_plateau([r.config for r in runs], spec)
+    write_results_csv(rows, out)  # every study's runs: what `--merge` and `verdicts` read
     decided, seconds, section = None, 0.0, []
     claims = spec.claims_to_decide()
     if claims:
@@ -309,7 +310,6 @@ def write_study_report(
         decided = decide_study(rows, claims, plateau, spec.protocol["margin"], source=RESULTS_CSV)
         seconds = time.perf_counter() - start
         write_verdicts(decided, out)
-        write_results_csv(rows, out)
         section = verdict_section(decided)
         if spec.claims is None:  # the seed articles' claims: their growth claims, descriptive
             found = decide_all(rows, plateau, [c for c in CLAIMS if c.metric == "growth"])

@@ -114,3 +114,36 @@ def test_merge_needs_report_only(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert main(["study", study, "--out", str(tmp_path), "--merge", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["normlab study: error: --merge joins finished runs: give it with --report-only"]
+
+
+def test_seeds_run_later_merge_into_a_study_without_claims(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented way to add seeds, end to end with real runs, for a study that decides no
+    claims (the transfer studies): seed 0 into DIR, seed 1 into MORE, then `--report-only
+    --merge`. Every study's report writes results.csv, so MORE has the table the merge reads, and
+    DIR's rebuilt tables hold both seeds with MORE's values as they were measured."""
+    from tests.launch.study.test_study_file import tiny_set, write_study
+
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
+    body = {
+        "name": "later_seeds",
+        "recipes": ["pre_nowarmup"],
+        "set": {**tiny_set(tiny_data), "model.n_layers": 1, "training.eval_every": 0},
+        "grid": {"optim.lr": [1e-3, 1e-2]},
+        "seeds": [0, 1],
+        "steps": 4,
+        "protocol": {"claims": False},
+    }  # fmt: skip
+    study = str(write_study(tmp_path / "later_seeds.yaml", body))
+    out, more = tmp_path / "out", tmp_path / "more"
+    assert main(["study", study, "--seeds", "0", "--out", str(out)]) == 0
+    assert main(["study", study, "--seeds", "1", "--out", str(more)]) == 0
+    assert {r.seed for r in read_results(more / "results.csv")} == {1}
+    assert main(["study", study, "--report-only", "--out", str(out), "--merge", str(more)]) == 0
+    merged = {(r.lr, r.seed): r for r in read_results(out / "results.csv")}
+    assert sorted(merged) == [(1e-3, 0), (1e-3, 1), (1e-2, 0), (1e-2, 1)]
+    for r in _rows(more / "compare.csv"):
+        assert merged[(float(r["lr"]), 1)].eval_loss == float(r["eval_loss"])
+    (row,) = _rows(out / "sensitivity.csv")
+    assert row["seeds"] == "0 1"
