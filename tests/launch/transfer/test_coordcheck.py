@@ -91,3 +91,59 @@ def test_command_writes_json_and_png_and_exits_1_naming_the_failure(tmp_path: Pa
     assert check["passed"] is False and check["failed"]
     assert set(check["classes"]) == set(cc.WIDTH_CLASSES)
     assert (out / check["png"]).stat().st_size > 0
+
+
+# the depth checks committed in docs/coordcheck/ and quoted in docs/transfer.md: name -> argv
+DOCS = Path(__file__).resolve().parents[3] / "docs"
+COMPLETEP = ["model.parametrization=completep", "model.base_d_model=128", "model.base_n_layers=2"]
+COMMITTED = {
+    "pre_sp": ["pre", "model.init=normal"],
+    "pre_completep": ["pre", *COMPLETEP],
+    "peri_completep": ["peri", *COMPLETEP],
+    "olmo2_completep": ["olmo2", *COMPLETEP],
+}
+
+
+def _committed(name: str) -> dict:
+    (check,) = json.loads((DOCS / "coordcheck" / name / "coordcheck.json").read_text())["checks"]
+    return check
+
+
+def test_transfer_page_quotes_the_committed_depth_checks() -> None:
+    """docs/transfer.md's table: each committed check's verdict and its slopes at t = 10 (the
+    last block's output; for the output-norm placements also its change since t = 1)."""
+    text = (DOCS / "transfer.md").read_text()
+    rows = {
+        "pre_sp": ("Pre-LN", "sp", None),
+        "pre_completep": ("Pre-LN", "completep", None),
+        "peri_completep": ("Peri-LN", "completep", "its change since t = 1: "),
+        "olmo2_completep": ("OLMo 2", "completep", ""),
+    }
+    for name, (placement, param, change) in rows.items():
+        check = _committed(name)
+        assert (check["axis"], check["sizes"], check["steps"]) == ("depth", [2, 4, 8, 16], 10)
+        assert (check["seeds"], check["lr"]) == (3, 0.01)
+        last, delta = (
+            f"{check['classes'][k]['slope'][-1]:+.2f}".replace("-", "\u2212")
+            for k in ("last_layer", "last_layer_delta")
+        )
+        cell = last if change is None else f"{last} ({change}{delta})"
+        verdict = "pass" if check["passed"] else "fail"
+        assert f"| {placement} | {param} | {cell} | {verdict} |" in text, name
+    assert not _committed("pre_completep")["passed"] and _committed("peri_completep")["passed"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(COMMITTED))
+def test_committed_depth_check_is_what_the_command_gives(name: str, tmp_path: Path) -> None:
+    """The command run again (about 30 s each on 2 cores): the same slopes and verdict."""
+    out = tmp_path / name
+    argv = [*COMMITTED[name], "--depths", "2,4,8,16", "--out", str(out)]
+    cmd = [sys.executable, "-m", "normlab.launch.cli", "coordcheck", *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    (check,) = json.loads((out / "coordcheck.json").read_text())["checks"]
+    committed = _committed(name)
+    assert proc.returncode == (0 if committed["passed"] else 1), proc.stderr[-2000:]
+    assert check["passed"] == committed["passed"] and check["failed"] == committed["failed"]
+    for cls, values in committed["classes"].items():
+        assert check["classes"][cls]["slope"] == pytest.approx(values["slope"], abs=1e-3), cls
