@@ -9,14 +9,20 @@ seed) in results.csv and by its run name in compare.csv: found twice with the sa
 kept once, so a merge can be repeated; with different values the merge is refused with one line
 naming the run. DIR's tables are written only after every source has been read and checked, each
 through a temporary file and a rename, so a refused or interrupted merge leaves them as they were.
+
+DIR/study.json keeps what each merge added (`merged`: runs, seeds, and the source's own time from
+its study.json), and the rebuilt study.md's Setting line says it after the first run's count and
+time, so the report never shows the count of the runs first trained as the count of its table.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,7 +49,7 @@ def merge_runs(spec: StudySpec, out: Path, sources: list[Path]) -> list[str]:
     values differ between two tables."""
     runs = _base_runs(spec, out)
     table = _read_compare(out / COMPARE_CSV) if (out / COMPARE_CSV).is_file() else ([], {})
-    lines = []
+    lines, merged = [], []
     for src in sources:
         if src.resolve() == out.resolve():
             raise ConfigError(f"--merge {src}: that is --out itself")
@@ -53,12 +59,67 @@ def merge_runs(spec: StudySpec, out: Path, sources: list[Path]) -> list[str]:
             _join_compare(table, _read_compare(src / COMPARE_CSV), src)
         seeds = sorted({r.seed for r in new})
         lines.append(f"{src}: {added} of {len(new)} runs added (seeds {seeds})")
+        if added:
+            merged.append({"runs": added, "seeds": seeds, **_time_of(src)})
     _write_atomic(
         out / RESULTS_CSV, lambda path: write_runs(sorted(runs.values(), key=_order), path)
     )
     if table[0]:
         _write_atomic(out / COMPARE_CSV, lambda path: _write_compare(table, path))
+    if merged:
+        _record_merges(out / "study.json", spec.name, merged)
     return lines
+
+
+def read_json(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _time_of(src: Path) -> dict:
+    """The source study's own time (its study.json: wall_s over its invocations, jobs)."""
+    record = read_json(src / "study.json")
+    wall = record.get("wall_s", record.get("total_s"))
+    jobs = record.get("jobs")
+    found: dict = {}
+    if isinstance(wall, int | float) and not isinstance(wall, bool):
+        found["wall_s"] = float(wall)
+    if isinstance(jobs, int) and not isinstance(jobs, bool):
+        found["jobs"] = jobs
+    return found
+
+
+def _record_merges(path: Path, name: str, merged: list[dict]) -> None:
+    record = read_json(path) or {"study": name}
+    record["merged"] = [*record.get("merged", []), *merged]
+    _write_atomic(path, lambda tmp: tmp.write_text(json.dumps(record, indent=2)))
+
+
+SETTING = re.compile(r"^(Setting: .*?\d+ runs in \d+ s[^\n]*?\.)(?: Joined later[^\n]*)?$", re.M)
+BASE_COUNT = re.compile(r"; (\d+) runs in \d+ s")
+
+
+def setting_with_merges(text: str, record: dict) -> str:
+    """study.md with its Setting line saying what `--merge` joined (study.json's `merged`):
+    'Joined later with --merge: 48 runs (seeds 0 1, 917 s, 2 at a time), ...; 256 runs in all.'
+    Rewritten from the first run's part each time, so a rebuild repeats it exactly."""
+    merged = [m for m in record.get("merged", []) if isinstance(m, dict) and m.get("runs")]
+    match = SETTING.search(text)
+    if not merged or match is None:
+        return text
+    base = BASE_COUNT.search(match.group(1))
+    parts = []
+    for m in merged:
+        seeds = " ".join(str(s) for s in m.get("seeds", []))
+        spent = f", {m['wall_s']:.0f} s" if "wall_s" in m else ""
+        jobs = f", {m['jobs']} at a time" if m.get("jobs", 1) > 1 else ""
+        parts.append(f"{m['runs']} runs (seeds {seeds}{spent}{jobs})")
+    total = (int(base.group(1)) if base else 0) + sum(int(m["runs"]) for m in merged)
+    line = f"{match.group(1)} Joined later with `--merge`: {', '.join(parts)}; {total} runs in all."
+    return text[: match.start()] + line + text[match.end() :]
 
 
 def _base_runs(spec: StudySpec, out: Path) -> dict[Key, Run]:

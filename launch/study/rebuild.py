@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from normlab.launch.errors import ConfigError
 from normlab.launch.study.aa_test import B_DEFAULT
 from normlab.launch.study.fp8_section import fp8_section, replace_fp8_section
+from normlab.launch.study.merge import read_json, setting_with_merges
 from normlab.launch.study.study_verdicts import (
     RESULTS_CSV,
     committed_rows,
@@ -97,6 +98,7 @@ def rebuild(
             protocol += write_ladder(curves, out, spec.protocol.get("ladder_target"))
             text = replace_protocol(text, protocol)
         text = replace_fp8_section(text, fp8_section(planned, out / "compare.csv"))
+        text = setting_with_merges(text, read_json(out / "study.json"))
         (out / "study.md").write_text(text)
     print_decided(decided, console, seconds)
     return {"decided": decided, "source": source, "seconds": seconds}

@@ -257,19 +257,27 @@ def write_runs(runs: list[Run], path: Path) -> Path:
 
 
 def results_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """The planned runs' rows from DIR/results.csv (written by the study's report)."""
+    """The planned runs' rows from DIR/results.csv (written by the study's report), with each
+    run's activation growth and max attention logit from DIR/compare.csv where it has the run
+    (results.csv holds the losses only; the ladder fits the max logit)."""
     from normlab.launch.study.results_table import read_results
 
     runs = {(r.recipe, r.size, r.lr, r.seed): r for r in read_results(out / RESULTS_CSV)}
+    compare = out / "compare.csv"
+    table = {r["run"]: r for r in _read_csv(compare)} if compare.is_file() else {}
     rows, notes = [], []
     for p in planned:
+        name = Path(str(p.cfg.run_dir)).name
         r = runs.get((p.recipe, p.size, float(p.lr), p.seed))
         if r is None:
-            notes.append(f"{Path(str(p.cfg.run_dir)).name}: not in {RESULTS_CSV} (not run)")
+            notes.append(f"{name}: not in {RESULTS_CSV} (not run)")
             continue
+        measured = table.get(name, {})
         rows.append(
             {"recipe": p.recipe, "size": p.size, "lr": p.lr, "seed": p.seed,
-             "eval_loss": r.eval_loss, "status": r.status, "init_loss": r.l0, "at": r.at}
+             "eval_loss": r.eval_loss, "status": r.status, "init_loss": r.l0, "at": r.at,
+             "act_growth": _float(measured.get("act_growth")),
+             "max_logit": _float(measured.get("max_logit"))}
         )  # fmt: skip
     return rows, notes
 

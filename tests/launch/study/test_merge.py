@@ -5,6 +5,7 @@ repeat merge a no-op, and a run whose values differ refused with DIR left as it 
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 from pathlib import Path
 
@@ -12,9 +13,10 @@ import pytest
 from normlab.launch.cli import main
 from normlab.launch.errors import ConfigError
 from normlab.launch.study.merge import merge_runs
+from normlab.launch.study.plan import plan
 from normlab.launch.study.results_table import read_results
 from normlab.launch.study.spec import load_study
-from normlab.launch.study.study_verdicts import write_runs
+from normlab.launch.study.study_verdicts import results_rows, write_runs
 
 from tests.conftest import REPO
 
@@ -147,3 +149,29 @@ def test_seeds_run_later_merge_into_a_study_without_claims(
         assert merged[(float(r["lr"]), 1)].eval_loss == float(r["eval_loss"])
     (row,) = _rows(out / "sensitivity.csv")
     assert row["seeds"] == "0 1"
+    # the report says what was joined: the first run's 2 runs, then MORE's 2 (study.json)
+    record = json.loads((out / "study.json").read_text())
+    (joined,) = record["merged"]
+    assert (joined["runs"], joined["seeds"], joined["jobs"]) == (2, [1], 1)
+    assert joined["wall_s"] == json.loads((more / "study.json").read_text())["wall_s"]
+    setting = next(
+        line for line in (out / "study.md").read_text().splitlines() if "Setting" in line
+    )
+    assert setting.endswith(
+        f"Joined later with `--merge`: 2 runs (seeds 1, {joined['wall_s']:.0f} s); 4 runs in all."
+    )
+    assert "; 2 runs in " in setting
+    # a repeat adds nothing and says nothing twice
+    assert main(["study", study, "--report-only", "--out", str(out), "--merge", str(more)]) == 0
+    assert (out / "study.md").read_text().count("Joined later") == 1
+    assert json.loads((out / "study.json").read_text())["merged"] == record["merged"]
+    # the rows the rebuilt report reads carry each run's max attention logit from compare.csv
+    # (results.csv has the losses only; the ladder fits the max logit)
+    spec = load_study(study)
+    rows, _ = results_rows(plan(spec, out), out)
+    logged = {
+        (float(r["lr"]), int(r["seed"])): float(r["max_logit"]) for r in _rows(out / "compare.csv")
+    }
+    assert len(rows) == 4
+    for r in rows:
+        assert r["max_logit"] == logged[(float(r["lr"]), r["seed"])] > 0
