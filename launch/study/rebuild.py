@@ -81,6 +81,11 @@ def rebuild(
         curves = protocol_csv(rows, spec.protocol["margin"], plateau, out)
         if curves is None:
             decided.notes.append("sensitivity.csv not rewritten: l_0 unknown")
+        else:  # the loss figure from the same curves (lr_logits.png needs the runs' log Z)
+            from normlab.launch.report.plots import save
+            from normlab.launch.study.lr_plots import loss_figure
+
+            save(loss_figure(curves), out / "lr_loss.png")
     growth = None
     if spec.claims is None and spec.protocol["claims"] and plateau is not None:
         from normlab.launch.study.claims import CLAIMS, decide_all

@@ -142,7 +142,9 @@ def test_seeds_run_later_merge_into_a_study_without_claims(
     assert main(["study", study, "--seeds", "0", "--out", str(out)]) == 0
     assert main(["study", study, "--seeds", "1", "--out", str(more)]) == 0
     assert {r.seed for r in read_results(more / "results.csv")} == {1}
+    first_figure = (out / "lr_loss.png").read_bytes()
     assert main(["study", study, "--report-only", "--out", str(out), "--merge", str(more)]) == 0
+    assert (out / "lr_loss.png").read_bytes() != first_figure  # redrawn with both seeds
     merged = {(r.lr, r.seed): r for r in read_results(out / "results.csv")}
     assert sorted(merged) == [(1e-3, 0), (1e-3, 1), (1e-2, 0), (1e-2, 1)]
     for r in _rows(more / "compare.csv"):
