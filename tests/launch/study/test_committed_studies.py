@@ -52,7 +52,7 @@ FILES = (
 B = 2000
 # the studies whose tables are results.csv: aa (run with it), and those whose added seeds were
 # joined with `normlab study --report-only --merge` (2026-12-03)
-WITH_RESULTS = ("aa", "lr12", "stabilizers", "zloss", "wortsman", "fp8")
+WITH_RESULTS = ("aa", "lr12", "stabilizers", "zloss", "wortsman", "fp8", "completep_placements")
 
 
 def study_dir(name: str) -> Path:
@@ -249,29 +249,80 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
 
 
 def test_transfer_page_quotes_the_placement_study() -> None:
-    """completep_placements (issue 31 item 4): the verdicts, per-seed shifts, seeds needed and
-    best losses docs/transfer.md quotes are its transfer.csv's and sensitivity.csv's."""
-    text = (DOCS / "transfer.md").read_text()
+    """completep_placements (issue 31 item 4): the verdicts, per-seed shifts, seeds needed, best
+    rates and losses, run counts and times docs/transfer.md quotes are its transfer.csv's,
+    sensitivity.csv's, sensitivity_grid.csv's, ladder.csv's and study.json's."""
+    import json
+
+    text = " ".join((DOCS / "transfer.md").read_text().split())  # line breaks as spaces
     src = study_dir("completep_placements")
-    with (src / "transfer.csv").open() as fh:
-        verdicts = {r["recipe"]: r for r in csv.DictReader(fh)}
-    with (src / "sensitivity.csv").open() as fh:
-        best = {(r["recipe"], r["size"]): float(r["best_loss"]) for r in csv.DictReader(fh)}
+
+    def table(name: str) -> list[dict[str, str]]:
+        with (src / name).open() as fh:
+            return list(csv.DictReader(fh))
+
+    def signed(x: str | float) -> str:
+        return f"{float(x):+.2f}".replace("-", "−")
+
+    verdicts = {r["recipe"]: r for r in table("transfer.csv")}
+    sens = {(r["recipe"], r["size"]): r for r in table("sensitivity.csv")}
+    ladder = {(r["recipe"], r["quantity"]): r for r in table("ladder.csv")}
     for recipe in ("peri_completep", "olmo2_completep"):
         v = verdicts[recipe]
         assert v["verdict"] == "inconclusive", recipe
-        shifts = [f"{float(x):+.2f}".replace("-", "−") for x in v["shifts_log2"].split()]
-        assert f"{shifts[0]} and {shifts[1]}" in text, recipe
-    assert f"about **{verdicts['peri_completep']['seeds_needed']} seeds**" in text
-    # OLMo 2's optimum is clipped by the grid: no seed count, the page says to widen the grid
-    assert verdicts["olmo2_completep"]["seeds_needed"] == ""
-    assert "widen the learning-rate grid" in verdicts["olmo2_completep"]["note"]
-    assert "asks for a wider grid, not more seeds" in text
-    peri = best["peri_completep", "n_layers=2"], best["peri_completep", "n_layers=16"]
-    assert f"{peri[0]:.3f} at 2 blocks to {peri[1]:.3f} at 16" in text
-    olmo = [f"{best['olmo2_completep', f'n_layers={n}']:.3f}" for n in (2, 8, 16)]
-    assert f"{olmo[0]} at 2 blocks, {olmo[1]} at 8 and {olmo[2]}" in text
-    assert all(olmo[0] > f"{best['olmo2_completep', f'n_layers={n}']:.3f}" for n in (4, 8, 16))
+        assert "edge" not in v["note"], recipe  # every seed's optimum inside the grid
+        shifts = [signed(x) for x in v["shifts_log2"].split()]
+        assert f"{', '.join(shifts[:-1])} and {shifts[-1]}" in text, recipe
+        assert f"about **{v['seeds_needed']} seeds**" in text, recipe
+        lr = ladder[recipe, "best_lr"]  # the seed-mean shift and its bootstrap interval
+        quoted = f"{signed(lr['shift_log2'])} octaves [{signed(lr['shift_lo'])}, "
+        assert quoted + f"{signed(lr['shift_hi'])}]" in text, recipe
+    assert verdicts["peri_completep"]["seeds"] == "0 1 2 3"
+    assert verdicts["olmo2_completep"]["seeds"] == "0 1"
+
+    def best(recipe: str, n: int) -> str:
+        return f"{float(sens[recipe, f'n_layers={n}']['best_loss']):.3f}"
+
+    assert f"from {best('peri_completep', 2)} at 2 blocks to {best('peri_completep', 16)}" in text
+    olmo = [best("olmo2_completep", n) for n in (2, 8, 16)]
+    assert f"{olmo[0]} at 2 blocks, {olmo[1]} at 8 and {olmo[2]} at 16" in text
+    assert all(best("olmo2_completep", n) > best("peri_completep", n) for n in (2, 4, 8, 16))
+    # the best rates quoted: OLMo 2's range inside the grid, 16-32x Peri-LN's
+    rates = {r: [float(sens[r, f"n_layers={n}"]["best_lr"]) for n in (2, 4, 8, 16)] for r in
+             ("peri_completep", "olmo2_completep")}  # fmt: skip
+    assert (min(rates["olmo2_completep"]), max(rates["olmo2_completep"])) == (0.125, 0.25)
+    assert max(rates["olmo2_completep"]) < 0.3536  # inside the grid's top rate
+    ratios = [o / p for o, p in zip(rates["olmo2_completep"], rates["peri_completep"], strict=True)]
+    assert f"{min(ratios):.0f}-{max(ratios):.0f}x Peri-LN's" in text
+    assert set(rates["peri_completep"]) == {0.007812}
+    assert "Peri-LN's is 7.8e-3 at every depth" in text
+    # Peri-LN's verdict: the mean of its 4 seeds' shifts and the interval at the Holm level
+    peri = verdicts["peri_completep"]
+    quoted = f"the mean shift is {signed(peri['mean_log2'])} octaves, but its interval at the Holm"
+    assert quoted in text and f"level {peri['level']} is [{signed(peri['lo'])}, " in text
+    assert f"{signed(peri['hi'])}] and reaches past +0.5" in text and float(peri["hi"]) > 0.5
+    # below Pre-LN's (completep_depth's completep arm) and OLMo 2's best loss at every depth
+    with (study_dir("completep_depth") / "sensitivity.csv").open() as fh:
+        pre = {r["size"]: r["best_loss"] for r in csv.DictReader(fh) if r["recipe"] == "completep"}
+    for n in (2, 4, 8, 16):
+        assert best("peri_completep", n) < f"{float(pre[f'n_layers={n}']):.3f}", n
+    flat = [float(r["mean"]) for r in table("sensitivity_grid.csv")
+            if r["recipe"] == "olmo2_completep" and r["size"] == "n_layers=16"
+            and float(r["lr"]) >= 0.088]  # fmt: skip
+    spread = max(flat) - min(flat)
+    assert len(flat) == 5 and f"varies by {spread:.2f} nats from 8.8e-2 to 0.35" in text
+    logit = ladder["olmo2_completep", "max_logit"]
+    quoted = f"(exponent {signed(logit['exponent'])} [{signed(logit['exponent_lo'])}, "
+    assert quoted + f"{signed(logit['exponent_hi'])}])" in text
+    # the run counts and times: the first 208 runs, then what each merge joined
+    record = json.loads((src / "study.json").read_text())
+    joined = record["merged"]
+    first = round(record["wall_s"])
+    assert f"208 on the first 13 rates in {first} s" in text
+    assert [m["runs"] for m in joined] == [48, 64, 160]
+    assert f"{round(joined[0]['wall_s'])} s and {round(joined[1]['wall_s'])} s" in text
+    assert f"(160 runs) in {round(joined[2]['wall_s'])} s" in text
+    assert f"{208 + 48 + 64 + 160} runs" in text
 
 
 def test_fp8_page_quotes_the_committed_study() -> None:
