@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from normlab.launch.errors import ConfigError
 from normlab.launch.study.results_table import Run, read_results
+from normlab.launch.study.run import is_number
 from normlab.launch.study.study_verdicts import (
     RESULTS_CSV,
     committed_rows,
@@ -85,7 +86,7 @@ def _time_of(src: Path) -> dict:
     wall = record.get("wall_s", record.get("total_s"))
     jobs = record.get("jobs")
     found: dict = {}
-    if isinstance(wall, int | float) and not isinstance(wall, bool):
+    if is_number(wall):
         found["wall_s"] = float(wall)
     if isinstance(jobs, int) and not isinstance(jobs, bool):
         found["jobs"] = jobs

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from normlab.launch.study.plan import (
     plan,
@@ -129,7 +129,7 @@ def with_earlier_time(
     }
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -145,14 +145,14 @@ def _earlier_record(path: Path, name: str, warn: Callable[[str], None]) -> dict[
     if not isinstance(earlier, dict) or earlier.get("study") != name:
         return {}  # another study's file (or none of ours): nothing to add
     runs = earlier.get("runs", [])
-    bad = [k for k in ("total_s", "wall_s") if k in earlier and not _is_number(earlier[k])]
+    bad = [k for k in ("total_s", "wall_s") if k in earlier and not is_number(earlier[k])]
     invocations = earlier.get("invocations", 1)
     if not isinstance(invocations, int) or isinstance(invocations, bool) or invocations < 0:
         bad.append("invocations")
     if not isinstance(runs, list) or not all(
         isinstance(r, dict)
         and isinstance(r.get("run_dir"), str | None)
-        and all(_is_number(r[k]) for k in ("seconds", "seconds_total") if k in r)
+        and all(is_number(r[k]) for k in ("seconds", "seconds_total") if k in r)
         for r in runs
     ):
         bad.append("runs")

@@ -256,6 +256,11 @@ def write_runs(runs: list[Run], path: Path) -> Path:
     return path
 
 
+def _measured(row: dict[str, str]) -> dict[str, float]:
+    """A compare.csv row's run metrics the study report reads besides the losses."""
+    return {"act_growth": _float(row.get("act_growth")), "max_logit": _float(row.get("max_logit"))}
+
+
 def results_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """The planned runs' rows from DIR/results.csv (written by the study's report), with each
     run's activation growth and max attention logit from DIR/compare.csv where it has the run
@@ -276,8 +281,7 @@ def results_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, Any]
         rows.append(
             {"recipe": p.recipe, "size": p.size, "lr": p.lr, "seed": p.seed,
              "eval_loss": r.eval_loss, "status": r.status, "init_loss": r.l0, "at": r.at,
-             "act_growth": _float(measured.get("act_growth")),
-             "max_logit": _float(measured.get("max_logit"))}
+             **_measured(measured)}
         )  # fmt: skip
     return rows, notes
 
@@ -306,8 +310,7 @@ def committed_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, An
                 "eval_loss": _float(row.get("eval_loss")),
                 "status": row.get("status"),
                 "init_loss": _float(l0.get((p.recipe, p.size))),
-                "act_growth": _float(row.get("act_growth")),
-                "max_logit": _float(row.get("max_logit")),
+                **_measured(row),
             }
         )
     if not l0 and any(status_of(r["status"]) != "completed" for r in rows):
