@@ -41,16 +41,8 @@ if TYPE_CHECKING:
     from normlab.launch.study.plan import Planned
     from normlab.launch.study.spec import StudySpec
 
-# per run: how the figures' statistics are read (max attention logit over training, ...)
-EXTRA = [
-    "max_logit",
-    "logz_mean_final",
-    "logz_min",
-    "logz_max",  # the largest log Z of any token over training: the logits' upward divergence
-    "logit_mean_final",
-    "head_mean_norm_final",  # ||mean output embedding|| at the end: the drift behind the mean logit
-    "grad_rms_final",
-]
+
+LOGITS_FIGURE = "![max attention logit and output log Z against learning rate](lr_logits.png)"
 
 
 def init_loss_of(run: Run) -> float | None:
@@ -69,15 +61,15 @@ def _series(run: Run, key: str) -> list[float]:
     return finite([r.get(key) for r in run.train])
 
 
-def run_point(p: Planned, run: Run) -> Point:
-    status = run.summary.get("status")
-    last = run.evals[-1]["eval_loss"] if run.evals else None
+def run_metrics(run: Run) -> dict[str, float]:
+    """What the run's instruments measured, as the figures read it (results_table.METRICS;
+    nan: not measured): max attention logit over training, log Z, mean logit, ..."""
     logits = _series(run, "max_logit")
     logz, logz_min, logz_max, logit_mean, head_mean, grad_rms = (
         _series(run, k)
         for k in (LOGZ_MEAN, LOGZ_MIN, LOGZ_MAX, LOGIT_MEAN, HEAD_MEAN_NORM, GRAD_RMS)
     )
-    extra = {
+    return {
         "max_logit": max(logits) if logits else math.nan,
         "logz_mean_final": logz[-1] if logz else math.nan,
         "logz_min": min(logz_min) if logz_min else math.nan,
@@ -86,6 +78,11 @@ def run_point(p: Planned, run: Run) -> Point:
         "head_mean_norm_final": head_mean[-1] if head_mean else math.nan,
         "grad_rms_final": grad_rms[-1] if grad_rms else math.nan,
     }
+
+
+def run_point(p: Planned, run: Run) -> Point:
+    status = run.summary.get("status")
+    last = run.evals[-1]["eval_loss"] if run.evals else None
     return Point(
         recipe=p.recipe,
         size=p.size,
@@ -94,7 +91,7 @@ def run_point(p: Planned, run: Run) -> Point:
         loss=float(last) if isinstance(last, int | float) else None,
         init_loss=init_loss_of(run),
         failed=counts_as_l0(status, float(last) if isinstance(last, int | float) else None),
-        extra=extra,
+        extra=run_metrics(run),
     )
 
 
@@ -248,7 +245,7 @@ def sensitivity_markdown(
         "",
         "![final loss against learning rate](lr_loss.png)",
         "",
-        "![max attention logit and output log Z against learning rate](lr_logits.png)",
+        LOGITS_FIGURE,
         "",
     ]
     return lines

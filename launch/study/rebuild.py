@@ -15,8 +15,10 @@ from normlab.launch.errors import ConfigError
 from normlab.launch.study.aa_test import B_DEFAULT
 from normlab.launch.study.fp8_section import fp8_section, replace_fp8_section
 from normlab.launch.study.merge import read_json, setting_with_merges
+from normlab.launch.study.protocol import LOGITS_FIGURE
 from normlab.launch.study.study_verdicts import (
     RESULTS_CSV,
+    carries_metrics,
     committed_rows,
     decide_study,
     print_decided,
@@ -26,6 +28,12 @@ from normlab.launch.study.study_verdicts import (
     results_rows,
     verdict_section,
     write_verdicts,
+)
+
+STALE_LOGITS = (
+    "lr_logits.png not redrawn after the merge: {} of the {} runs have no log Z in {} (a table "
+    "written before results.csv carried the runs' metrics), so it still shows the runs it was "
+    "first drawn from"
 )
 
 if TYPE_CHECKING:
@@ -76,16 +84,23 @@ def rebuild(
     has_claims = bool(spec.claims_to_decide())  # a study without claims has no verdict files
     if has_claims:
         write_verdicts(decided, out)
-    curves = None
+    curves, stale = None, ""
     if spec.protocol["lr_sensitivity"]:
         curves = protocol_csv(rows, spec.protocol["margin"], plateau, out)
         if curves is None:
             decided.notes.append("sensitivity.csv not rewritten: l_0 unknown")
-        else:  # the loss figure from the same curves (lr_logits.png needs the runs' log Z)
+        else:  # the figures from the same curves; lr_logits.png only from a complete table
             from normlab.launch.report.plots import save
-            from normlab.launch.study.lr_plots import loss_figure
+            from normlab.launch.study.lr_plots import logits_figure, loss_figure
 
             save(loss_figure(curves), out / "lr_loss.png")
+            if carries_metrics(rows):
+                save(logits_figure(curves), out / "lr_logits.png")
+            elif read_json(out / "study.json").get("merged"):  # runs joined that it lacks
+                stale = STALE_LOGITS.format(
+                    sum(not carries_metrics([r]) for r in rows), len(rows), source
+                )
+                decided.notes.append(stale)
     growth = None
     if spec.claims is None and spec.protocol["claims"] and plateau is not None:
         from normlab.launch.study.claims import CLAIMS, decide_all
@@ -102,6 +117,8 @@ def rebuild(
             protocol = sensitivity_markdown(curves, spec)
             protocol += write_ladder(curves, out, spec.protocol.get("ladder_target"))
             text = replace_protocol(text, protocol)
+            if stale:  # say so under the figure, which still shows the runs it was drawn from
+                text = text.replace(LOGITS_FIGURE, f"{LOGITS_FIGURE}\n\n*{stale}.*", 1)
         text = replace_fp8_section(text, fp8_section(planned, out / "compare.csv"))
         text = setting_with_merges(text, read_json(out / "study.json"))
         (out / "study.md").write_text(text)

@@ -35,6 +35,7 @@ from normlab.launch.study.protocol import (
     init_loss_of,
     print_sensitivity,
     protocol_curves,
+    run_metrics,
     sensitivity_markdown,
 )
 from normlab.launch.study.sensitivity import counts_as_l0, write_csvs
@@ -293,6 +294,7 @@ def write_study_report(
                 "size": size,
                 "lr": p.lr,
                 "init_loss": init_loss_of(run),  # l_0: where a failed run counts (claims)
+                "metrics": run_metrics(run),  # into results.csv: what lr_logits.png reads
                 "at": losses_at_fractions(
                     run.evals, int(run.config.get("training", {}).get("steps") or 0)
                 ),

@@ -5,6 +5,9 @@ CSV columns (a header row; more columns are ignored):
     size                                    optional (missing or empty: one size, shown "-")
     l0 or init_loss                         optional: the eval loss of the initialised model
     eval_loss_25, eval_loss_50, eval_loss_75  optional: eval loss at 25/50/75 % of the steps
+    max_logit, logz_mean_final, ...         optional (METRICS): what the run's instruments
+                                            measured, for the study's lr_logits.png ("nan": not
+                                            measured; empty: not carried)
 status is one of completed, diverged, failed, stopped. A completed run needs an eval_loss ("nan"
 or "inf" is accepted: it counts as l_0); the others may leave it empty. A malformed table raises
 ConfigError naming the row (1 = the first data row), its line in the file and the column.
@@ -31,6 +34,17 @@ REQUIRED = ("recipe", "lr", "seed", "eval_loss", "status")
 STATUSES = ("completed", "diverged", "failed", "stopped")
 FRACTIONS = {0.25: "eval_loss_25", 0.5: "eval_loss_50", 0.75: "eval_loss_75"}
 NO_SIZE = "-"
+# per run, what the study's figures read besides the losses (launch/study/protocol.py:
+# run_metrics); carried through results.csv so a merged study can redraw lr_logits.png
+METRICS = (
+    "max_logit",  # over training
+    "logz_mean_final",
+    "logz_min",
+    "logz_max",  # the largest log Z of any token over training: the logits' upward divergence
+    "logit_mean_final",
+    "head_mean_norm_final",  # ||mean output embedding|| at the end: the drift behind the mean logit
+    "grad_rms_final",
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,7 @@ class Run:
     status: str
     l0: float  # nan: none
     at: dict[float, float] = field(default_factory=dict)  # fraction -> eval loss (nan: none)
+    metrics: dict[str, float] = field(default_factory=dict)  # METRICS it carries (nan: unmeasured)
 
     @property
     def failed(self) -> bool:
@@ -81,7 +96,9 @@ def _number(text: str, row: str, column: str, *, allow_empty: bool = False) -> f
         raise ConfigError(f"{row}, column {column}: {text!r} is not a number") from None
 
 
-def _parse(raw: dict[str, str | None], row: str, l0_col: str | None, at_cols: dict) -> Run:
+def _parse(
+    raw: dict[str, str | None], row: str, l0_col: str | None, at_cols: dict, metrics: list[str]
+) -> Run:
     value = {k: (v or "") for k, v in raw.items() if k is not None}
     if None in raw:
         raise ConfigError(f"{row}: more fields than the header has columns")
@@ -105,7 +122,9 @@ def _parse(raw: dict[str, str | None], row: str, l0_col: str | None, at_cols: di
     # a failure: left out, so the rank flips say "not computed" instead of comparing l_0s
     at = {f: v for f, v in at.items() if math.isfinite(v) or status != "completed"}
     size = value.get("size", "").strip() or NO_SIZE
-    return Run(recipe, size, lr, seed, loss, status, l0, at)
+    # an empty cell: not carried (a table written before the column); "nan": not measured
+    measured = {m: _number(value[m], row, m) for m in metrics if value[m].strip()}
+    return Run(recipe, size, lr, seed, loss, status, l0, at, measured)
 
 
 def read_results(path: str | Path) -> list[Run]:
@@ -123,12 +142,13 @@ def read_results(path: str | Path) -> list[Run]:
         raise ConfigError(f"{path}: missing column {', '.join(missing)} (header row)")
     l0_col = next((c for c in ("l0", "init_loss") if c in header), None)
     at_cols = {f: c for f, c in FRACTIONS.items() if c in header}
+    metrics = [m for m in METRICS if m in header]
     runs: list[Run] = []
     seen: dict[tuple, int] = {}
     for row, raw in enumerate(reader, start=1):
         where = f"row {row} (line {reader.line_num})"
         try:
-            run = _parse(raw, where, l0_col, at_cols)
+            run = _parse(raw, where, l0_col, at_cols, metrics)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
         key = (run.recipe, run.size, run.lr, run.seed)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from normlab.launch.study.aa_test import B_DEFAULT
-from normlab.launch.study.results_table import FRACTIONS, NO_SIZE, Run
+from normlab.launch.study.results_table import FRACTIONS, METRICS, NO_SIZE, Run
 from normlab.launch.study.verdict_report import SHOWN, Decided, aa_line, decide_table
 from normlab.launch.study.verdicts import NOT_TESTED
 
@@ -61,6 +61,7 @@ def results_of(rows: list[dict[str, Any]]) -> list[Run]:
     for r in rows:
         size = r.get("size")
         at = {f: _float(v) for f, v in (r.get("at") or {}).items()}
+        metrics = {k: _float(v) for k, v in (r.get("metrics") or {}).items() if k in METRICS}
         out.append(
             Run(
                 str(r["recipe"]),
@@ -71,6 +72,7 @@ def results_of(rows: list[dict[str, Any]]) -> list[Run]:
                 status_of(r.get("status")),
                 _float(r.get("init_loss")),
                 at,
+                metrics,
             )
         )
     return out
@@ -234,7 +236,9 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 
 RESULTS_CSV = "results.csv"
-RESULT_COLUMNS = ["recipe", "size", "lr", "seed", "eval_loss", "status", "l0", *FRACTIONS.values()]
+RESULT_COLUMNS = [
+    "recipe", "size", "lr", "seed", "eval_loss", "status", "l0", *FRACTIONS.values(), *METRICS
+]  # fmt: skip
 
 
 def write_results_csv(rows: list[dict[str, Any]], out: Path) -> Path:
@@ -252,7 +256,10 @@ def write_runs(runs: list[Run], path: Path) -> Path:
             at = [repr(r.at[f]) if f in r.at else "" for f in FRACTIONS]
             loss = "" if math.isnan(r.eval_loss) else repr(r.eval_loss)
             l0 = "" if math.isnan(r.l0) else repr(r.l0)
-            writer.writerow([r.recipe, r.size, repr(r.lr), r.seed, loss, r.status, l0, *at])
+            measured = [repr(r.metrics[m]) if m in r.metrics else "" for m in METRICS]
+            writer.writerow(
+                [r.recipe, r.size, repr(r.lr), r.seed, loss, r.status, l0, *at, *measured]
+            )
     return path
 
 
@@ -281,7 +288,7 @@ def results_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, Any]
         rows.append(
             {"recipe": p.recipe, "size": p.size, "lr": p.lr, "seed": p.seed,
              "eval_loss": r.eval_loss, "status": r.status, "init_loss": r.l0, "at": r.at,
-             **_measured(measured)}
+             "metrics": r.metrics, **_measured(measured)}
         )  # fmt: skip
     return rows, notes
 
@@ -336,9 +343,7 @@ def protocol_csv(
             r["eval_loss"],
             r["init_loss"],
             failed=status_of(r["status"]) != "completed" or not math.isfinite(r["eval_loss"]),
-            extra={"max_logit": r["max_logit"]}
-            if math.isfinite(r.get("max_logit", math.nan))
-            else {},
+            extra=_figure_metrics(r),
         )
         for r in rows
     ]
@@ -350,6 +355,22 @@ def protocol_csv(
     if (out / "sensitivity_grid.csv").is_file():
         _regrid(found, out / "sensitivity_grid.csv")
     return found
+
+
+def _figure_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """A row's per-run metrics for the curves: results.csv's (METRICS), the max logit from
+    compare.csv where results.csv does not carry it."""
+    extra = dict(row.get("metrics") or {})
+    known = math.isfinite(extra.get("max_logit", math.nan))
+    if not known and math.isfinite(row.get("max_logit", math.nan)):
+        extra["max_logit"] = row["max_logit"]
+    return extra
+
+
+def carries_metrics(rows: list[dict[str, Any]]) -> bool:
+    """Whether every row carries every METRICS value (measured or nan), so lr_logits.png can be
+    redrawn from the table without mixing runs that have them with runs that do not."""
+    return bool(rows) and all(set(METRICS) <= set(r.get("metrics") or {}) for r in rows)
 
 
 def _regrid(found: list[Any], path: Path) -> None:

@@ -88,7 +88,7 @@ def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, d
         if not (src / "compare.csv").is_file():
             continue
         dst = tmp_path_factory.mktemp(name)
-        for f in ("compare.csv", "results.csv", "sensitivity.csv", "study.md"):
+        for f in ("compare.csv", "results.csv", "sensitivity.csv", "study.md", "study.json"):
             if (src / f).is_file():
                 shutil.copy(src / f, dst / f)
         out[name] = (dst, rebuild(spec_of(name), dst, quiet, aa=B, plateau=plateau))

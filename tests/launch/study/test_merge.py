@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import shutil
 from pathlib import Path
 
 import pytest
 from normlab.launch.cli import main
 from normlab.launch.errors import ConfigError
+from normlab.launch.report.runs import load_run
 from normlab.launch.study.merge import merge_runs
 from normlab.launch.study.plan import plan
+from normlab.launch.study.protocol import run_metrics
 from normlab.launch.study.results_table import read_results
 from normlab.launch.study.spec import load_study
 from normlab.launch.study.study_verdicts import results_rows, write_runs
@@ -143,8 +146,21 @@ def test_seeds_run_later_merge_into_a_study_without_claims(
     assert main(["study", study, "--seeds", "1", "--out", str(more)]) == 0
     assert {r.seed for r in read_results(more / "results.csv")} == {1}
     first_figure = (out / "lr_loss.png").read_bytes()
+    first_logits = (out / "lr_logits.png").read_bytes()
     assert main(["study", study, "--report-only", "--out", str(out), "--merge", str(more)]) == 0
     assert (out / "lr_loss.png").read_bytes() != first_figure  # redrawn with both seeds
+    # results.csv carries each run's metrics as its run directory measured them, so the log Z
+    # figure is redrawn with both seeds too, and study.md has no note that it is stale
+    measured = {(r.lr, r.seed): r.metrics for r in read_results(out / "results.csv")}
+    for where in (out, more):
+        for run_dir in (where / "runs").iterdir():
+            run = load_run(run_dir)
+            cfg = run.config
+            key = (float(cfg["optim"]["lr"]), int(cfg["training"]["seed"]))
+            assert measured[key] == pytest.approx(run_metrics(run), nan_ok=True)
+            assert math.isfinite(measured[key]["logz_mean_final"])
+    assert (out / "lr_logits.png").read_bytes() != first_logits
+    assert "not redrawn" not in (out / "study.md").read_text()
     merged = {(r.lr, r.seed): r for r in read_results(out / "results.csv")}
     assert sorted(merged) == [(1e-3, 0), (1e-3, 1), (1e-2, 0), (1e-2, 1)]
     for r in _rows(more / "compare.csv"):
@@ -177,3 +193,59 @@ def test_seeds_run_later_merge_into_a_study_without_claims(
     assert len(rows) == 4
     for r in rows:
         assert r["max_logit"] == logged[(float(r["lr"]), r["seed"])] > 0
+
+
+def test_a_table_without_the_runs_metrics_keeps_lr_logits_and_says_so(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A merge from a results.csv written before it carried the runs' metrics (empty cells) cannot
+    redraw lr_logits.png without mixing seeds: the figure stays as it was drawn, and study.md and
+    the printed notes say how many runs lack them. "nan" (not measured) differs from empty (not
+    carried)."""
+    from tests.launch.study.test_study_file import tiny_set, write_study
+
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
+    body = {
+        "name": "old_table",
+        "recipes": ["pre_nowarmup"],
+        "set": {**tiny_set(tiny_data), "model.n_layers": 1, "training.eval_every": 0},
+        "grid": {"optim.lr": [1e-3, 1e-2]},
+        "seeds": [0, 1],
+        "steps": 4,
+        "protocol": {"claims": False},
+    }  # fmt: skip
+    study = str(write_study(tmp_path / "old_table.yaml", body))
+    out, more = tmp_path / "out", tmp_path / "more"
+    assert main(["study", study, "--seeds", "0", "--out", str(out)]) == 0
+    assert main(["study", study, "--seeds", "1", "--out", str(more)]) == 0
+    rows = _rows(more / "results.csv")
+    rows[0]["logz_max"] = "nan"  # measured nothing: still carried
+    for r in rows[1:]:
+        r.update({k: "" for k in ("max_logit", "logz_mean_final", "logz_min", "logz_max")})
+    with (more / "results.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    carried = {r.seed: r.metrics for r in read_results(more / "results.csv")}
+    assert math.isnan(read_results(more / "results.csv")[0].metrics["logz_max"])
+    assert "logz_max" not in read_results(more / "results.csv")[1].metrics
+    assert set(carried) == {1}
+    figure = (out / "lr_logits.png").read_bytes()
+    assert main(["study", study, "--report-only", "--out", str(out), "--merge", str(more)]) == 0
+    assert (out / "lr_logits.png").read_bytes() == figure
+    text = (out / "study.md").read_text()
+    note = (
+        "*lr_logits.png not redrawn after the merge: 1 of the 4 runs have no log Z in results.csv "
+        "(a table written before results.csv carried the runs' metrics), so it still shows the "
+        "runs it was first drawn from.*"
+    )
+    assert text.count(note) == 1
+    lines = text.splitlines()
+    assert lines[lines.index(note) - 2].endswith("(lr_logits.png)")
+    # the merged table keeps the difference: an empty cell stays empty, "nan" stays nan
+    merged = read_results(out / "results.csv")
+    assert sum("logz_max" not in r.metrics for r in merged) == 1
+    assert sum(math.isnan(r.metrics.get("logz_max", 0.0)) for r in merged) == 1
+    # a repeat does not add the note twice
+    assert main(["study", study, "--report-only", "--out", str(out)]) == 0
+    assert (out / "study.md").read_text().count(note) == 1
