@@ -121,13 +121,11 @@ def test_merge_needs_report_only(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert err == ["normlab study: error: --merge joins finished runs: give it with --report-only"]
 
 
-def test_seeds_run_later_merge_into_a_study_without_claims(
+def _seed_0_and_seed_1(
     tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The documented way to add seeds, end to end with real runs, for a study that decides no
-    claims (the transfer studies): seed 0 into DIR, seed 1 into MORE, then `--report-only
-    --merge`. Every study's report writes results.csv, so MORE has the table the merge reads, and
-    DIR's rebuilt tables hold both seeds with MORE's values as they were measured."""
+) -> tuple[str, Path, Path]:
+    """A tiny study without claims (1 block, 2 rates, 4 steps), run for real: seed 0 into DIR,
+    seed 1 into MORE. Returns (the study file, DIR, MORE)."""
     from tests.launch.study.test_study_file import tiny_set, write_study
 
     monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
@@ -144,6 +142,17 @@ def test_seeds_run_later_merge_into_a_study_without_claims(
     out, more = tmp_path / "out", tmp_path / "more"
     assert main(["study", study, "--seeds", "0", "--out", str(out)]) == 0
     assert main(["study", study, "--seeds", "1", "--out", str(more)]) == 0
+    return study, out, more
+
+
+def test_seeds_run_later_merge_into_a_study_without_claims(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented way to add seeds, end to end with real runs, for a study that decides no
+    claims (the transfer studies): seed 0 into DIR, seed 1 into MORE, then `--report-only
+    --merge`. Every study's report writes results.csv, so MORE has the table the merge reads, and
+    DIR's rebuilt tables hold both seeds with MORE's values as they were measured."""
+    study, out, more = _seed_0_and_seed_1(tiny_data, tmp_path, monkeypatch)
     assert {r.seed for r in read_results(more / "results.csv")} == {1}
     first_figure = (out / "lr_loss.png").read_bytes()
     first_logits = (out / "lr_logits.png").read_bytes()
@@ -202,22 +211,7 @@ def test_a_table_without_the_runs_metrics_keeps_lr_logits_and_says_so(
     redraw lr_logits.png without mixing seeds: the figure stays as it was drawn, and study.md and
     the printed notes say how many runs lack them. "nan" (not measured) differs from empty (not
     carried)."""
-    from tests.launch.study.test_study_file import tiny_set, write_study
-
-    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
-    body = {
-        "name": "old_table",
-        "recipes": ["pre_nowarmup"],
-        "set": {**tiny_set(tiny_data), "model.n_layers": 1, "training.eval_every": 0},
-        "grid": {"optim.lr": [1e-3, 1e-2]},
-        "seeds": [0, 1],
-        "steps": 4,
-        "protocol": {"claims": False},
-    }  # fmt: skip
-    study = str(write_study(tmp_path / "old_table.yaml", body))
-    out, more = tmp_path / "out", tmp_path / "more"
-    assert main(["study", study, "--seeds", "0", "--out", str(out)]) == 0
-    assert main(["study", study, "--seeds", "1", "--out", str(more)]) == 0
+    study, out, more = _seed_0_and_seed_1(tiny_data, tmp_path, monkeypatch)
     rows = _rows(more / "results.csv")
     rows[0]["logz_max"] = "nan"  # measured nothing: still carried
     for r in rows[1:]:
