@@ -10,6 +10,10 @@ kept once, so a merge can be repeated; with different values the merge is refuse
 naming the run. DIR's tables are written only after every source has been read and checked, each
 through a temporary file and a rename, so a refused or interrupted merge leaves them as they were.
 
+Before joining, launch.study.merge_checks refuses a source trained as another experiment (another
+--steps or --set, another corpus): by results.csv's setup hash at each grid point, and by
+compare.csv's recipe-level columns over all of them.
+
 DIR/study.json keeps what each merge added (`merged`: runs, seeds, and the source's own time from
 its study.json), and the rebuilt study.md's Setting line says it after the first run's count and
 time, so the report never shows the count of the runs first trained as the count of its table.
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from normlab.launch.errors import ConfigError
+from normlab.launch.study.merge_checks import check_compare_setups, check_setups
 from normlab.launch.study.results_table import Run, read_results
 from normlab.launch.study.run import is_number
 from normlab.launch.study.study_verdicts import (
@@ -50,14 +55,19 @@ def merge_runs(spec: StudySpec, out: Path, sources: list[Path]) -> list[str]:
     values differ between two tables."""
     runs = _base_runs(spec, out)
     table = _read_compare(out / COMPARE_CSV) if (out / COMPARE_CSV).is_file() else ([], {})
+    names = _point_names(spec, out)
     lines, merged = [], []
     for src in sources:
         if src.resolve() == out.resolve():
             raise ConfigError(f"--merge {src}: that is --out itself")
         new = read_results(src / RESULTS_CSV)  # ConfigError names a missing or malformed table
+        check_setups(runs, new, src, out, names)
+        more = _read_compare(src / COMPARE_CSV) if (src / COMPARE_CSV).is_file() else None
+        if more is not None:
+            check_compare_setups(table[1], more[1], src, out)
         added = _join_runs(runs, new, src)
-        if (src / COMPARE_CSV).is_file():
-            _join_compare(table, _read_compare(src / COMPARE_CSV), src)
+        if more is not None:
+            _join_compare(table, more, src)
         seeds = sorted({r.seed for r in new})
         lines.append(f"{src}: {added} of {len(new)} runs added (seeds {seeds})")
         if added:
@@ -135,6 +145,17 @@ def _base_runs(spec: StudySpec, out: Path) -> dict[Key, Run]:
             f"--merge: {out} has neither {RESULTS_CSV} nor {COMPARE_CSV}: nothing to merge into"
         )
     return {_key(r): r for r in found}
+
+
+def _point_names(spec: StudySpec, out: Path) -> dict[tuple[str, str, float], str]:
+    """(recipe, size, lr) -> a planned run directory name at that grid point."""
+    from normlab.launch.study.plan import plan
+
+    try:
+        planned = plan(spec, out)
+    except ConfigError:
+        return {}
+    return {(p.recipe, p.size, p.lr): Path(str(p.cfg.run_dir)).name for p in planned}
 
 
 def _key(run: Run) -> Key:

@@ -40,6 +40,7 @@ from normlab.launch.study.protocol import (
 )
 from normlab.launch.study.sensitivity import counts_as_l0, write_csvs
 from normlab.launch.study.separation import TRAINED_MARGIN, trained
+from normlab.launch.study.setup import setup_of
 from normlab.launch.study.study_verdicts import (
     RESULTS_CSV,
     decide_study,
@@ -295,6 +296,7 @@ def write_study_report(
                 "lr": p.lr,
                 "init_loss": init_loss_of(run),  # l_0: where a failed run counts (claims)
                 "metrics": run_metrics(run),  # into results.csv: what lr_logits.png reads
+                "setup": setup_of(run.config),  # into results.csv: what --merge checks
                 "at": losses_at_fractions(
                     run.evals, int(run.config.get("training", {}).get("steps") or 0)
                 ),

@@ -5,6 +5,8 @@ CSV columns (a header row; more columns are ignored):
     size                                    optional (missing or empty: one size, shown "-")
     l0 or init_loss                         optional: the eval loss of the initialised model
     eval_loss_25, eval_loss_50, eval_loss_75  optional: eval loss at 25/50/75 % of the steps
+    setup                                   optional: a hash of what defines the experiment
+                                            (launch/study/setup.py), checked by --merge
     max_logit, logz_mean_final, ...         optional (METRICS): what the run's instruments
                                             measured, for the study's lr_logits.png ("nan": not
                                             measured; empty: not carried)
@@ -58,6 +60,7 @@ class Run:
     l0: float  # nan: none
     at: dict[float, float] = field(default_factory=dict)  # fraction -> eval loss (nan: none)
     metrics: dict[str, float] = field(default_factory=dict)  # METRICS it carries (nan: unmeasured)
+    setup: str = ""  # launch/study/setup.py's hash of its config ("": not carried)
 
     @property
     def failed(self) -> bool:
@@ -124,7 +127,8 @@ def _parse(
     size = value.get("size", "").strip() or NO_SIZE
     # an empty cell: not carried (a table written before the column); "nan": not measured
     measured = {m: _number(value[m], row, m) for m in metrics if value[m].strip()}
-    return Run(recipe, size, lr, seed, loss, status, l0, at, measured)
+    setup = value.get("setup", "").strip()
+    return Run(recipe, size, lr, seed, loss, status, l0, at, measured, setup)
 
 
 def read_results(path: str | Path) -> list[Run]:

@@ -73,6 +73,7 @@ def results_of(rows: list[dict[str, Any]]) -> list[Run]:
                 _float(r.get("init_loss")),
                 at,
                 metrics,
+                str(r.get("setup") or ""),
             )
         )
     return out
@@ -237,7 +238,8 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 RESULTS_CSV = "results.csv"
 RESULT_COLUMNS = [
-    "recipe", "size", "lr", "seed", "eval_loss", "status", "l0", *FRACTIONS.values(), *METRICS
+    "recipe", "size", "lr", "seed", "eval_loss", "status", "l0", *FRACTIONS.values(), "setup",
+    *METRICS,
 ]  # fmt: skip
 
 
@@ -258,7 +260,7 @@ def write_runs(runs: list[Run], path: Path) -> Path:
             l0 = "" if math.isnan(r.l0) else repr(r.l0)
             measured = [repr(r.metrics[m]) if m in r.metrics else "" for m in METRICS]
             writer.writerow(
-                [r.recipe, r.size, repr(r.lr), r.seed, loss, r.status, l0, *at, *measured]
+                [r.recipe, r.size, repr(r.lr), r.seed, loss, r.status, l0, *at, r.setup, *measured]
             )
     return path
 

@@ -122,10 +122,10 @@ def test_merge_needs_report_only(capsys: pytest.CaptureFixture[str], tmp_path: P
 
 
 def _seed_0_and_seed_1(
-    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *more_args: str
 ) -> tuple[str, Path, Path]:
     """A tiny study without claims (1 block, 2 rates, 4 steps), run for real: seed 0 into DIR,
-    seed 1 into MORE. Returns (the study file, DIR, MORE)."""
+    seed 1 into MORE (with `more_args` added). Returns (the study file, DIR, MORE)."""
     from tests.launch.study.test_study_file import tiny_set, write_study
 
     monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))
@@ -141,7 +141,7 @@ def _seed_0_and_seed_1(
     study = str(write_study(tmp_path / "later_seeds.yaml", body))
     out, more = tmp_path / "out", tmp_path / "more"
     assert main(["study", study, "--seeds", "0", "--out", str(out)]) == 0
-    assert main(["study", study, "--seeds", "1", "--out", str(more)]) == 0
+    assert main(["study", study, "--seeds", "1", "--out", str(more), *more_args]) == 0
     return study, out, more
 
 

@@ -1,0 +1,102 @@
+"""Before `--merge` joins a source's runs: were they trained as the same experiment as DIR's?
+
+Two checks, each refusing in one line that names the run and what differs (nothing is written):
+
+- per grid point (recipe, size, lr): results.csv's `setup` hash (launch/study/setup.py) of each
+  source run must be one of DIR's at that point (the usual case: more seeds of the same grid).
+  Where both tables lack the column (tables written before it) the check is skipped. The line names
+  the differing keys when both runs' config.yaml are at hand (DIR/runs/..., MORE/runs/...).
+- per recipe, over every grid point (new rates too): compare.csv's columns that do not depend on
+  the grid (SETUP_COLUMNS: the placement, data, tokenizer, optimizer, global batch, warm-up, and
+  the steps of completed runs) must agree with DIR's, which also covers the committed studies
+  whose tables have no setup hash.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from normlab.launch.errors import ConfigError
+from normlab.launch.study.results_table import Run
+
+SETUP_COLUMNS = ("placement", "dataset", "tokenizer", "optimizer", "global_batch", "warmup")
+Point = tuple[str, str, float]  # recipe, size, lr
+SEED = re.compile(r"_s\d+$")
+
+
+def check_setups(base: dict[Any, Run], new: list[Run], src: Path, out: Path, names: dict) -> None:
+    """Refuse a run of `new` whose setup hash is not one of DIR's at its grid point. `names`:
+    (recipe, size, lr) -> a run directory name at that point (any seed), for the key names."""
+    known: dict[Point, dict[str, Run]] = {}
+    for run in base.values():
+        if run.setup:
+            known.setdefault((run.recipe, run.size, run.lr), {}).setdefault(run.setup, run)
+    for run in new:
+        there = known.get((run.recipe, run.size, run.lr))
+        if not run.setup or not there or run.setup in there:
+            continue
+        old = next(iter(there.values()))
+        why = _named_difference(names.get((run.recipe, run.size, run.lr)), old, run, out, src)
+        raise ConfigError(
+            f"--merge {src}: recipe {run.recipe} size {run.size} lr {run.lr:g} seed {run.seed} was "
+            f"trained with another setup than seed {old.seed} in {out} ({why}): run it with the "
+            "same study file, --steps and --set"
+        )
+
+
+def _named_difference(name: str | None, old: Run, run: Run, out: Path, src: Path) -> str:
+    """'training.steps: 200 -> 100' from the two runs' config.yaml, else the two hashes."""
+    if name is not None:
+        from normlab.launch.study.setup import setup_diff
+
+        a = _config(out / "runs" / SEED.sub(f"_s{old.seed}", name))
+        b = _config(src / "runs" / SEED.sub(f"_s{run.seed}", name))
+        if a is not None and b is not None:
+            differ = setup_diff(a, b)
+            if differ:
+                more = f"; {len(differ) - 3} more" if len(differ) > 3 else ""
+                return "; ".join(differ[:3]) + more
+    return f"setup {old.setup} there, {run.setup} here"
+
+
+def _config(run_dir: Path) -> dict | None:
+    import yaml
+
+    try:
+        found = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def check_compare_setups(
+    base: dict[str, dict[str, str]], new: dict[str, dict[str, str]], src: Path, out: Path
+) -> None:
+    """Refuse a source compare.csv row whose recipe-level columns (SETUP_COLUMNS, and steps when
+    both runs completed) differ from those of DIR's runs of the same recipe."""
+    first: dict[str, dict[str, str]] = {}
+    for row in base.values():
+        first.setdefault(row.get("recipe", ""), row)
+    done: dict[str, dict[str, str]] = {}
+    for row in base.values():
+        if row.get("status") == "completed":
+            done.setdefault(row.get("recipe", ""), row)
+    for name, row in new.items():
+        recipe = row.get("recipe", "")
+        pairs: list[tuple[dict[str, str] | None, tuple[str, ...]]] = [
+            (first.get(recipe), SETUP_COLUMNS)
+        ]
+        if row.get("status") == "completed":
+            pairs.append((done.get(recipe), ("steps",)))
+        for old, columns in pairs:
+            if old is None:
+                continue
+            for column in columns:
+                if column in old and column in row and old[column] != row[column]:
+                    raise ConfigError(
+                        f"--merge {src}: run {name} has {column} {row[column]!r}, but recipe "
+                        f"{recipe}'s runs in {out} have {old[column]!r} ({old['run']}): trained "
+                        "as another experiment; run it with the same study file, --steps and --set"
+                    )
