@@ -6,10 +6,10 @@ Two checks, each refusing in one line that names the run and what differs (nothi
   source run must be one of DIR's at that point (the usual case: more seeds of the same grid).
   Where both tables lack the column (tables written before it) the check is skipped. The line names
   the differing keys when both runs' config.yaml are at hand (DIR/runs/..., MORE/runs/...).
-- per recipe, over every grid point (new rates too): compare.csv's columns that do not depend on
-  the grid (SETUP_COLUMNS: the placement, data, tokenizer, optimizer, global batch, warm-up, and
-  the steps of completed runs) must agree with DIR's, which also covers the committed studies
-  whose tables have no setup hash.
+- per recipe and size, over every learning rate (new rates too): compare.csv's columns that do not
+  depend on the learning rate (SETUP_COLUMNS: the placement, data, tokenizer, optimizer, global
+  batch, warm-up, and the steps of completed runs) must agree with DIR's, which also covers the
+  committed studies whose tables have no setup hash.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from normlab.launch.study.results_table import Run
 SETUP_COLUMNS = ("placement", "dataset", "tokenizer", "optimizer", "global_batch", "warmup")
 Point = tuple[str, str, float]  # recipe, size, lr
 SEED = re.compile(r"_s\d+$")
+LR = re.compile(r"_lr[0-9.eE+-]+(?=_|$)")
 
 
 def check_setups(base: dict[Any, Run], new: list[Run], src: Path, out: Path, names: dict) -> None:
@@ -74,29 +75,34 @@ def _config(run_dir: Path) -> dict | None:
 def check_compare_setups(
     base: dict[str, dict[str, str]], new: dict[str, dict[str, str]], src: Path, out: Path
 ) -> None:
-    """Refuse a source compare.csv row whose recipe-level columns (SETUP_COLUMNS, and steps when
-    both runs completed) differ from those of DIR's runs of the same recipe."""
+    """Refuse a source compare.csv row whose lr-independent columns (SETUP_COLUMNS, and steps when
+    both runs completed) differ from those of DIR's runs of the same recipe and size (the run name
+    without its learning rate and seed). An empty cell (a column added after the run) is skipped."""
     first: dict[str, dict[str, str]] = {}
-    for row in base.values():
-        first.setdefault(row.get("recipe", ""), row)
     done: dict[str, dict[str, str]] = {}
-    for row in base.values():
+    for name, row in base.items():
+        first.setdefault(_cell_of(name), row)
         if row.get("status") == "completed":
-            done.setdefault(row.get("recipe", ""), row)
+            done.setdefault(_cell_of(name), row)
     for name, row in new.items():
-        recipe = row.get("recipe", "")
         pairs: list[tuple[dict[str, str] | None, tuple[str, ...]]] = [
-            (first.get(recipe), SETUP_COLUMNS)
+            (first.get(_cell_of(name)), SETUP_COLUMNS)
         ]
         if row.get("status") == "completed":
-            pairs.append((done.get(recipe), ("steps",)))
+            pairs.append((done.get(_cell_of(name)), ("steps",)))
         for old, columns in pairs:
             if old is None:
                 continue
             for column in columns:
-                if column in old and column in row and old[column] != row[column]:
+                was, now = old.get(column) or "", row.get(column) or ""
+                if was and now and was != now:
                     raise ConfigError(
-                        f"--merge {src}: run {name} has {column} {row[column]!r}, but recipe "
-                        f"{recipe}'s runs in {out} have {old[column]!r} ({old['run']}): trained "
-                        "as another experiment; run it with the same study file, --steps and --set"
+                        f"--merge {src}: run {name} has {column} {now!r}, but {out}'s runs of the "
+                        f"same recipe and size have {was!r} ({old['run']}): trained as another "
+                        "experiment; run it with the same study file, --steps and --set"
                     )
+
+
+def _cell_of(name: str) -> str:
+    """A run name without its learning rate and seed: its recipe and size."""
+    return SEED.sub("", LR.sub("", name))

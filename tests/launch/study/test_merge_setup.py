@@ -14,6 +14,7 @@ import pytest
 from normlab.launch.cli import main
 from normlab.launch.config import load_config
 from normlab.launch.config.loader import find_recipe
+from normlab.launch.study.merge_checks import _cell_of
 from normlab.launch.study.results_table import read_results
 from normlab.launch.study.setup import setup_diff, setup_of
 
@@ -77,6 +78,12 @@ def test_the_global_batch_counts_not_its_split_and_a_corpus_by_its_name() -> Non
     assert len(setup_of(a)) == 12
 
 
+def test_a_run_name_without_its_rate_and_seed_is_its_recipe_and_size() -> None:
+    assert _cell_of("peri_completep_lr0.0004883_n_layers16_s4") == "peri_completep_n_layers16"
+    assert _cell_of("pre_smooth_swigluFalse_lr0.001_s0") == "pre_smooth_swigluFalse"
+    assert _cell_of("pre_nowarmup_lr1e-05_s12") == "pre_nowarmup"
+
+
 def _snapshot(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
 
@@ -117,6 +124,6 @@ def test_a_source_trained_with_other_steps_is_refused_naming_the_key(
     before = _snapshot(out)
     assert main(["study", study, "--report-only", "--out", str(out), "--merge", str(more)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert "has steps '3', but recipe pre_nowarmup's runs in" in line
-    assert "have '4'" in line
+    assert "has steps '3', but " in line
+    assert "'s runs of the same recipe and size have '4' (pre_nowarmup_lr0.001_s0)" in line
     assert _snapshot(out) == before
