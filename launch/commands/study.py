@@ -76,8 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--seeds",
-        help="comma-separated seeds (default: the study's, or "
-        f"{','.join(str(v) for v in DEFAULT_SEEDS)})",
+        help="comma-separated seeds of every run, also of recipes the file gives their own "
+        f"(default: the study's, or {','.join(str(v) for v in DEFAULT_SEEDS)})",
     )
     p.add_argument(
         "--set",
@@ -137,6 +137,18 @@ def _refuse_replaced_sets(sets: list[str], lrs: bool, steps: bool) -> None:
             )
 
 
+def _replace_own_seeds(spec: StudySpec, seeds: list[int]) -> None:
+    """--seeds is every run's seeds: also those of recipe entries with their own `seeds:` (said in
+    one line, since it changes what the file asks for, e.g. an A/A study's disjoint seeds)."""
+    own = [e for e in spec.recipes if e.seeds is not None]
+    if own:
+        listed = "; ".join(f"{e.label}: {' '.join(map(str, e.seeds or []))}" for e in own)
+        print(f"--seeds {','.join(map(str, seeds))} replaces the file's own seeds of ({listed})")
+    for entry in own:
+        entry.seeds = None
+    spec.seeds = seeds
+
+
 def spec_from_args(args: argparse.Namespace) -> StudySpec:
     """The study file (when the one positional is one) with the flags over it, else the flags."""
     given = args.lrs is not None and args.lrs != "recipe"  # '' is an empty list: refused
@@ -149,7 +161,8 @@ def spec_from_args(args: argparse.Namespace) -> StudySpec:
             spec.protocol["lr_sensitivity"] = False
         elif lrs:
             spec.grid[LR] = lrs
-        spec.seeds = seeds if seeds is not None else spec.seeds
+        if seeds is not None:
+            _replace_own_seeds(spec, seeds)
         spec.steps = args.steps if args.steps is not None else spec.steps
         _refuse_replaced_sets(args.set, LR in spec.grid, spec.steps is not None)
         spec.overrides += args.set

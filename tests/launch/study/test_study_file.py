@@ -132,6 +132,26 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     assert {p.size for p in planned} == {"n_layers=2", "n_layers=6", "n_layers=12"}
 
 
+def test_seeds_flag_replaces_the_seeds_recipes_give_themselves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--seeds` is every run's seeds: an entry's own `seeds:` (completep_placements, aa) gives way
+    to it, and the command says which it replaced; without the flag the file's hold."""
+    args = type("A", (), {})()
+    args.recipes, args.lrs, args.seeds, args.steps, args.set = ["aa"], None, "8,9", None, []
+    spec = spec_from_args(args)
+    assert capsys.readouterr().out.strip() == (
+        "--seeds 8,9 replaces the file's own seeds of (pre_a: 0 1 2 3; pre_b: 4 5 6 7)"
+    )
+    assert {(p.recipe, p.seed) for p in plan(spec, tmp_path)} == {
+        (r, s) for r in ("pre_a", "pre_b") for s in (8, 9)
+    }
+    args.seeds = None
+    own = {(p.recipe, p.seed) for p in plan(spec_from_args(args), tmp_path)}
+    assert own == {("pre_a", s) for s in range(4)} | {("pre_b", s) for s in range(4, 8)}
+    assert capsys.readouterr().out == ""
+
+
 @pytest.fixture(scope="module")
 def trained(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """1 recipe + a z-loss variant x 2 lrs x 2 depths x 2 seeds, 4 steps each (16 tiny runs)."""
