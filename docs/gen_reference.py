@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import csv
 import dataclasses
 import io
 import json
@@ -415,6 +416,9 @@ def findings_page() -> str:
                 )
         out.append("")
     out += sensitivity_section()
+    transfer, open_transfer = transfer_section()
+    out += transfer
+    undecided += open_transfer
     out += ["## What the committed studies cannot yet decide", ""]
     out += undecided or ["- every claim above is decided"]
     out += [
@@ -462,6 +466,61 @@ def verdicts_table(path: Path) -> list[str]:
             )
     out += ["", f"Not yet decided ({len(open_)} of {len(rows)}):", "", *open_, ""]
     return out
+
+
+TRANSFER_SHOWN = {
+    "transfers": "**transfers**",
+    "does_not_transfer_up": "**does not transfer** (moves up)",
+    "does_not_transfer_down": "**does not transfer** (moves down)",
+}
+
+
+def transfer_section() -> tuple[list[str], list[str]]:
+    """Per study with a size ladder: whether each recipe's best learning rate transfers from the
+    smallest to the largest size (transfer.csv, launch/transfer/transfer_verdict.py: the
+    one-sample verdict on the per-seed shifts, SCIENCE.md 21.6 and 22), and the undecided ones."""
+    out = [
+        "## Does the best learning rate transfer? (SCIENCE.md 21.6)",
+        "",
+        "Per recipe, the shift of each seed's best learning rate from the ladder's smallest to its",
+        "largest size in octaves (log2), their mean with its interval at the Holm level over the",
+        "study's recipes, and the verdict against a margin of 0.5 octave (`transfer.csv`).",
+        "",
+    ]
+    undecided = []
+    for path in sorted(DOCS.glob("study/**/transfer.csv")):
+        with path.open() as fh:
+            rows = list(csv.DictReader(fh))
+        if not rows:
+            continue
+        out += [
+            f"### [`{_rel(path.parent)}`]({_rel(path.parent / 'study.md')})",
+            "",
+            "| recipe | sizes | seeds | per-seed shifts | mean [interval] (level) | verdict "
+            "| seeds needed |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            shifts = " ".join(f"{float(x):+.2f}" for x in r["shifts_log2"].split())
+            mean = f"{float(r['mean_log2']):+.2f}" if r["mean_log2"] else "-"
+            interval = (
+                f" [{float(r['lo']):+.2f}, {float(r['hi']):+.2f}] ({r['level']})" if r["lo"] else ""
+            )
+            verdict = TRANSFER_SHOWN.get(r["verdict"], r["verdict"])
+            note = f" ({r['note']})" if r.get("note") and r["verdict"] != "inconclusive" else ""
+            out.append(
+                f"| {r['recipe']} | {r['small']} to {r['large']} | {r['seeds']} | {shifts} "
+                f"| {mean}{interval} | {verdict}{note} | {r['seeds_needed'] or '-'} |"
+            )
+            if r["verdict"] not in TRANSFER_SHOWN:
+                undecided.append(
+                    f"- the best learning rate of {r['recipe']} from {r['small']} to "
+                    f"{r['large']}: {r['verdict']}"
+                    + (f" ({r['note']})" if r.get("note") else "")
+                    + f" (`{_rel(path.parent)}`, seeds {r['seeds']})"
+                )
+        out.append("")
+    return out, undecided
 
 
 def sensitivity_section() -> list[str]:
