@@ -42,16 +42,24 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """'key: old -> new' for every differing dotted key outside IGNORED."""
-    old, new = _one_spelling(old), _one_spelling(new)
+    old, new = one_spelling(old), one_spelling(new)
     a, b = ({k: v for k, v in flatten(d).items() if _compared(k)} for d in (old, new))
-    return [
-        f"{k}: {a.get(k)!r} -> {b.get(k)!r}"
-        for k in sorted(a.keys() | b.keys())
-        if a.get(k) != b.get(k)
-    ]
+    return flat_diff(a, b)
 
 
-def _one_spelling(config: dict[str, Any]) -> dict[str, Any]:
+def flat_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """'key: a -> b' for every key of two flat (dotted) mappings whose values differ, sorted."""
+    keys = sorted(a.keys() | b.keys())
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
+
+
+def shown_diff(diff: list[str], limit: int) -> str:
+    """The first `limit` lines of a diff in one line, and how many more there are."""
+    more = len(diff) - limit
+    return "; ".join(diff[:limit]) + (f"; ... {more} more" if more > 0 else "")
+
+
+def one_spelling(config: dict[str, Any]) -> dict[str, Any]:
     """LayerNorm Scaling as a run saved it before it was a placement name (placement: pre,
     ln_scaling: true) reads as today's placement: ln_scaling, so such a run resumes unchanged."""
     model = config.get("model")
@@ -90,9 +98,9 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, force: bool) -> list[str]:
         )
     diff = config_diff(with_absolute_paths(old), saved_form(cfg))
     if diff and not force:
-        shown = "; ".join(diff[:4]) + (f"; ... {len(diff) - 4} more" if len(diff) > 4 else "")
         raise RunDirError(
-            f"run_dir {run_dir} holds a run with a different config ({shown}); pass --force to "
+            f"run_dir {run_dir} holds a run with a different config ({shown_diff(diff, 4)}); "
+            "pass --force to "
             "continue it with this config, or choose another run_dir"
         )
     return diff

@@ -22,6 +22,7 @@ time, so the report never shows the count of the runs first trained as the count
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -55,13 +56,13 @@ def merge_runs(spec: StudySpec, out: Path, sources: list[Path]) -> list[str]:
     values differ between two tables."""
     runs = _base_runs(spec, out)
     table = _read_compare(out / COMPARE_CSV) if (out / COMPARE_CSV).is_file() else ([], {})
-    names = _point_names(spec, out)
+    name_of = _point_names(spec, out)
     lines, merged = [], []
     for src in sources:
         if src.resolve() == out.resolve():
             raise ConfigError(f"--merge {src}: that is --out itself")
         new = read_results(src / RESULTS_CSV)  # ConfigError names a missing or malformed table
-        check_setups(runs, new, src, out, names)
+        check_setups(runs, new, src, out, name_of)
         more = _read_compare(src / COMPARE_CSV) if (src / COMPARE_CSV).is_file() else None
         if more is not None:
             check_compare_setups(table[1], more[1], src, out)
@@ -147,15 +148,21 @@ def _base_runs(spec: StudySpec, out: Path) -> dict[Key, Run]:
     return {_key(r): r for r in found}
 
 
-def _point_names(spec: StudySpec, out: Path) -> dict[tuple[str, str, float], str]:
-    """(recipe, size, lr) -> a planned run directory name at that grid point."""
-    from normlab.launch.study.plan import plan
+def _point_names(spec: StudySpec, out: Path) -> Callable[[tuple[str, str, float]], str | None]:
+    """(recipe, size, lr) -> a planned run directory name at that grid point; the study is
+    planned on the first call (only a refusal asks), not for every merge."""
 
-    try:
-        planned = plan(spec, out)
-    except ConfigError:
-        return {}
-    return {(p.recipe, p.size, p.lr): Path(str(p.cfg.run_dir)).name for p in planned}
+    @functools.cache
+    def names() -> dict[tuple[str, str, float], str]:
+        from normlab.launch.study.plan import plan
+
+        try:
+            planned = plan(spec, out)
+        except ConfigError:
+            return {}
+        return {(p.recipe, p.size, p.lr): Path(str(p.cfg.run_dir)).name for p in planned}
+
+    return lambda point: names().get(point)
 
 
 def _key(run: Run) -> Key:

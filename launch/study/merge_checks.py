@@ -15,11 +15,15 @@ Two checks, each refusing in one line that names the run and what differs (nothi
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from normlab.launch.errors import ConfigError
+from normlab.launch.report.runfiles import DamagedFile, read_config
+from normlab.launch.rundir.directory import CONFIG, shown_diff
 from normlab.launch.study.results_table import Run
+from normlab.launch.study.setup import setup_diff
 
 SETUP_COLUMNS = ("placement", "dataset", "tokenizer", "optimizer", "global_batch", "warmup")
 Point = tuple[str, str, float]  # recipe, size, lr
@@ -27,9 +31,15 @@ SEED = re.compile(r"_s\d+$")
 LR = re.compile(r"_lr[0-9.eE+-]+(?=_|$)")
 
 
-def check_setups(base: dict[Any, Run], new: list[Run], src: Path, out: Path, names: dict) -> None:
-    """Refuse a run of `new` whose setup hash is not one of DIR's at its grid point. `names`:
-    (recipe, size, lr) -> a run directory name at that point (any seed), for the key names."""
+def check_setups(
+    base: dict[Any, Run],
+    new: list[Run],
+    src: Path,
+    out: Path,
+    name_of: Callable[[Point], str | None],
+) -> None:
+    """Refuse a run of `new` whose setup hash is not one of DIR's at its grid point. `name_of`:
+    a run directory name at that point (any seed), asked only to name the keys of a refusal."""
     known: dict[Point, dict[str, Run]] = {}
     for run in base.values():
         if run.setup:
@@ -39,7 +49,7 @@ def check_setups(base: dict[Any, Run], new: list[Run], src: Path, out: Path, nam
         if not run.setup or not there or run.setup in there:
             continue
         old = next(iter(there.values()))
-        why = _named_difference(names.get((run.recipe, run.size, run.lr)), old, run, out, src)
+        why = _named_difference(name_of((run.recipe, run.size, run.lr)), old, run, out, src)
         raise ConfigError(
             f"--merge {src}: recipe {run.recipe} size {run.size} lr {run.lr:g} seed {run.seed} was "
             f"trained with another setup than seed {old.seed} in {out} ({why}): run it with the "
@@ -50,26 +60,22 @@ def check_setups(base: dict[Any, Run], new: list[Run], src: Path, out: Path, nam
 def _named_difference(name: str | None, old: Run, run: Run, out: Path, src: Path) -> str:
     """'training.steps: 200 -> 100' from the two runs' config.yaml, else the two hashes."""
     if name is not None:
-        from normlab.launch.study.setup import setup_diff
-
         a = _config(out / "runs" / SEED.sub(f"_s{old.seed}", name))
         b = _config(src / "runs" / SEED.sub(f"_s{run.seed}", name))
-        if a is not None and b is not None:
-            differ = setup_diff(a, b)
-            if differ:
-                more = f"; {len(differ) - 3} more" if len(differ) > 3 else ""
-                return "; ".join(differ[:3]) + more
+        differ = setup_diff(a, b) if a is not None and b is not None else []
+        if differ:
+            return shown_diff(differ, 3)
     return f"setup {old.setup} there, {run.setup} here"
 
 
 def _config(run_dir: Path) -> dict | None:
-    import yaml
-
-    try:
-        found = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+    """The run's config.yaml (launch/report/runfiles.py), None where it is missing or damaged."""
+    if not (run_dir / CONFIG).is_file():
         return None
-    return found if isinstance(found, dict) else None
+    try:
+        return read_config(run_dir / CONFIG)
+    except DamagedFile:
+        return None
 
 
 def check_compare_setups(

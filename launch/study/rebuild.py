@@ -85,6 +85,7 @@ def rebuild(
     if has_claims:
         write_verdicts(decided, out)
     curves, stale = None, ""
+    record = read_json(out / "study.json")  # what --merge joined (study.json's `merged`)
     if spec.protocol["lr_sensitivity"]:
         curves = protocol_csv(rows, spec.protocol["margin"], plateau, out)
         if curves is None:
@@ -96,7 +97,7 @@ def rebuild(
             save(loss_figure(curves), out / "lr_loss.png")
             if carries_metrics(rows):
                 save(logits_figure(curves), out / "lr_logits.png")
-            elif read_json(out / "study.json").get("merged"):  # runs joined that it lacks
+            elif record.get("merged"):  # runs joined that it lacks
                 stale = STALE_LOGITS.format(
                     sum(not carries_metrics([r]) for r in rows), len(rows), source
                 )
@@ -120,7 +121,7 @@ def rebuild(
             if stale:  # say so under the figure, which still shows the runs it was drawn from
                 text = text.replace(LOGITS_FIGURE, f"{LOGITS_FIGURE}\n\n*{stale}.*", 1)
         text = replace_fp8_section(text, fp8_section(planned, out / "compare.csv"))
-        text = setting_with_merges(text, read_json(out / "study.json"))
+        text = setting_with_merges(text, record)
         (out / "study.md").write_text(text)
     print_decided(decided, console, seconds)
     return {"decided": decided, "source": source, "seconds": seconds}

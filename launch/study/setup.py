@@ -18,7 +18,7 @@ import json
 from pathlib import PurePath
 from typing import Any
 
-from normlab.launch.rundir.directory import flatten
+from normlab.launch.rundir.directory import flat_diff, flatten
 
 SECTIONS = ("model", "data", "optim", "schedule", "training", "precision")
 LEFT_OUT = {
@@ -64,6 +64,4 @@ def setup_of(config: dict[str, Any]) -> str:
 
 def setup_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """'key: a -> b' for each setup key in which the two configs differ (sorted)."""
-    x, y = setup_items(a), setup_items(b)
-    keys = sorted(x.keys() | y.keys())
-    return [f"{k}: {x.get(k)!r} -> {y.get(k)!r}" for k in keys if x.get(k) != y.get(k)]
+    return flat_diff(setup_items(a), setup_items(b))
