@@ -7,8 +7,9 @@ run at different times or on different machines: the seed, the run's name and fo
 and engine (the same mathematics on any of them), threads, logging, checkpointing, the
 instruments that only measure, how often it logs and evaluates, and how the global batch is split
 (data.batch_size x training.grad_accum counts as one number). A dataset given as a path counts by
-its file name. `setup_of` is a short hash of it (results.csv's `setup` column); `setup_diff`
-names the keys in which two configs differ.
+its file name; a config in an older spelling reads as today's (rundir's one_spelling, as resume).
+`setup_of` is a short hash of it (results.csv's `setup` column); `setup_diff` names the keys in
+which two configs differ.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 from pathlib import PurePath
 from typing import Any
 
-from normlab.launch.rundir.directory import flat_diff, flatten
+from normlab.launch.rundir.directory import flat_diff, flatten, one_spelling
 
 SECTIONS = ("model", "data", "optim", "schedule", "training", "precision")
 LEFT_OUT = {
@@ -37,7 +38,7 @@ HASH_CHARS = 12
 
 def setup_items(config: dict[str, Any]) -> dict[str, Any]:
     """The dotted keys and values that define the experiment (see the module docstring)."""
-    flat = flatten(config)
+    flat = flatten(one_spelling(config))  # LayerNorm Scaling's old spelling reads as today's
     items = {
         k: v
         for k, v in flat.items()

@@ -84,6 +84,14 @@ def test_a_run_name_without_its_rate_and_seed_is_its_recipe_and_size() -> None:
     assert _cell_of("pre_nowarmup_lr1e-05_s12") == "pre_nowarmup"
 
 
+def test_layernorm_scaling_in_its_old_spelling_is_the_same_setup() -> None:
+    """A run saved before LayerNorm Scaling was a placement (placement: pre, ln_scaling: true)
+    is the same experiment as today's placement: ln_scaling, as resume already reads it."""
+    new = load_config(find_recipe("ln_scaling"), []).to_dict()
+    old = {**new, "model": {**new["model"], "placement": "pre", "ln_scaling": True}}
+    assert setup_of(old) == setup_of(new) and setup_diff(old, new) == []
+
+
 def _snapshot(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
 
