@@ -1,4 +1,4 @@
-"""Step time of the attention stabilizers against Pre-LN, side by side in one run (CPU).
+"""Step time of the attention stabilizers against Pre-LN, side by side in one run (CPU or GPU).
 
 Each variant is the same Pre-LN decoder with one switch on; a step is forward, backward and an
 AdamW update on a fixed batch. The variants are timed round-robin, one step each per round, so
@@ -10,6 +10,7 @@ the new seams.
 
     python benchmarks/bench_stabilizers.py                    # tiny and small, 30 rounds
     python benchmarks/bench_stabilizers.py --sizes tiny --rounds 10 --json out.json
+    python benchmarks/bench_stabilizers.py --device cuda --sizes small   # bf16 autocast (gpu_check)
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ def inline_forward(self: Attention, x: torch.Tensor) -> torch.Tensor:
     return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
-def build(size: dict, name: str) -> tuple[Transformer, torch.optim.Optimizer, str]:
+def build(size: dict, name: str, device: str) -> tuple[Transformer, torch.optim.Optimizer, str]:
     torch.manual_seed(0)
     cfg = ModelConfig(n_layers=size["n_layers"], d_model=size["d_model"], n_heads=size["n_heads"],
                       d_ff=size["d_ff"], vocab_size=4096, max_seq_len=size["seq"],
                       **VARIANTS[name])
-    model = Transformer(cfg)
+    model = Transformer(cfg).to(device)
     att = model.blocks[0].attn.branch
     kernel = att.core.kernel
     if name == "pre (inline SDPA)":
@@ -70,22 +71,29 @@ def build(size: dict, name: str) -> tuple[Transformer, torch.optim.Optimizer, st
 
 
 def step(model: Transformer, opt: torch.optim.Optimizer, tokens: torch.Tensor) -> float:
+    cuda = tokens.is_cuda
+    if cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
-    loss, _ = lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
+    # on a GPU the step runs under bf16 autocast (as precision.dtype bf16 does); on a CPU in fp32
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+        loss, _ = lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
-def bench(sizes: list[str], rounds: int, threads: int) -> list[dict]:
+def bench(sizes: list[str], rounds: int, threads: int, device: str = "cpu") -> list[dict]:
     torch.set_num_threads(threads)
     results = []
     for size_name in sizes:
         size = SIZES[size_name]
         tokens = torch.randint(0, 4096, (size["batch"], size["seq"] + 1),
-                               generator=torch.Generator().manual_seed(1))
-        built = {name: build(size, name) for name in VARIANTS}
+                               generator=torch.Generator().manual_seed(1)).to(device)
+        built = {name: build(size, name, device) for name in VARIANTS}
         times: dict[str, list[float]] = {name: [] for name in VARIANTS}
         for r in range(rounds + 2):  # two warm-up rounds
             for name, (model, opt, _) in built.items():
@@ -105,17 +113,18 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (bf16 autocast)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
-    results = bench(args.sizes, args.rounds, args.threads)
+    results = bench(args.sizes, args.rounds, args.threads, args.device)
     print(f"{'size':6} {'variant':20} {'kernel':14} {'median s':>9} {'min s':>8} {'x pre':>6}")
     for r in results:
         print(f"{r['size']:6} {r['variant']:20} {r['kernel']:14} {r['median_s']:9.4f} "
               f"{r['min_s']:8.4f} {r['ratio']:6.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rounds": args.rounds, "threads": args.threads, "results": results}, f,
-                      indent=1)
+            json.dump({"rounds": args.rounds, "threads": args.threads, "device": args.device,
+                       "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
