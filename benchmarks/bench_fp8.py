@@ -1,7 +1,8 @@
 """bf16 against FP8 (precision.fp8, torchao) step time and MFU, side by side, through the Trainer.
 
 Each size trains three times in one process, compiled, with the same recipe: bf16, then FP8
-tensorwise, then FP8 rowwise. Engine fsdp on one process compiles each block (torchtitan's order:
+tensorwise, then FP8 rowwise, the stability instruments off (`--instruments` keeps them; every
+step is a log step here). Engine fsdp on one process compiles each block (torchtitan's order:
 FP8 conversion, compile, fully_shard), so the three compilations stay short and the tensorwise
 run goes through torchao's float8 all-gather path. The first `--warmup` steps (compilation
 included) are dropped; the table gives the median seconds per step, tokens/s, MFU (against the
@@ -10,6 +11,7 @@ rate over bf16's. On a CPU, FP8 is emulated (no speed-up: a wiring check only).
 
     python benchmarks/bench_fp8.py --device cuda --sizes 125m 1b      # gpu_check.sh's FP8 part
     python benchmarks/bench_fp8.py --sizes tiny --steps 3 --warmup 1 --backend eager   # CPU
+    python benchmarks/bench_fp8.py --from-json a.json b.json   # the table of saved rows
 """
 
 from __future__ import annotations
@@ -54,12 +56,15 @@ def run(args: argparse.Namespace, size: str, arm: str, root: Path) -> dict:
         "checkpoint.every=0",
         "logging.progress=false",
         "logging.tensorboard=false",
-        "engine.name=fsdp",
+        f"engine.name={args.engine}",
         "engine.compile=true",
         f"engine.compile_backend={args.backend}",
         f"run_dir={root / tag}",
     ]
     overrides += [f"precision.fp8={{recipe: {ARMS[arm]}}}"] if ARMS[arm] else []
+    # the recipe's instruments hook every block on a log step, and every step is one here: off
+    # unless asked for, so the table times FP8, not the instruments (see benchmarks/results)
+    overrides += [] if args.instruments else ["instruments={}"]
     overrides += [f"training.threads={args.threads}"] if args.device == "cpu" else []
     cfg = load_config(REPO / "recipes" / "pre.yaml", overrides)
     start = time.perf_counter()
@@ -89,6 +94,11 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def saved_rows(paths: list[Path]) -> list[dict]:
+    """The rows of one or more --json files, in order (one file per size from gpu_check.sh)."""
+    return [row for path in paths for row in json.loads(path.read_text())["rows"]]
+
+
 def write_json(args: argparse.Namespace, rows: list[dict]) -> None:
     out = {"args": {**vars(args), "json": str(args.json)}, "rows": rows}
     args.json.write_text(json.dumps(out, indent=2) + "\n")
@@ -102,8 +112,17 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager", "eager"])
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--engine", default="fsdp", choices=["fsdp", "single"],
+                   help="fsdp: torchtitan's order, float8 all-gather for tensorwise")
+    p.add_argument("--instruments", action="store_true",
+                   help="keep the recipe's stability instruments on (every step is a log step)")
     p.add_argument("--json", type=Path, help="also write the rows here")
+    p.add_argument("--from-json", type=Path, nargs="+", metavar="JSON",
+                   help="print the table of rows written before (by --json) and run nothing")
     args = p.parse_args()
+    if args.from_json:
+        print("\n".join(table(saved_rows(args.from_json))))
+        return
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
@@ -116,8 +135,9 @@ def main() -> None:
                       f"{r['tokens_per_s']:,.0f} tokens/s, {mfu}", flush=True)  # fmt: skip
                 if args.json:
                     write_json(args, rows)
-    print(f"bench_fp8: {args.device}, backend {args.backend}, {args.steps} steps after "
-          f"{args.warmup}; vs bf16: bf16's median step time over the arm's")  # fmt: skip
+    print(f"bench_fp8: {args.device}, engine {args.engine}, backend {args.backend}, instruments "
+          f"{'on' if args.instruments else 'off'}, {args.steps} steps after {args.warmup}; vs "
+          "bf16: bf16's median step time over the arm's")  # fmt: skip
     print("\n".join(table(rows)))
 
 

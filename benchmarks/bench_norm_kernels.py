@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch._functorch.config as functorch_config
 import torch.nn.functional as F
 
 
@@ -111,6 +112,9 @@ def make_impls(op: Op, w, b, names: list[str]) -> dict[str, Callable]:
         elif name == "eager":
             impls[name] = eager_fn(op, w, b)
         elif name == "compile":
+            # the backward is timed on a retained graph (time_impl); AOTAutograd's donated
+            # buffers refuse retain_graph=True (seen on torch 2.11 on an H200), so keep them
+            functorch_config.donated_buffer = False
             impls[name] = torch.compile(eager_fn(op, w, b))
         elif name == "liger" and (liger := liger_fn(op, w, b)) is not None:
             impls[name] = liger

@@ -49,6 +49,7 @@ def main() -> None:
         torch.manual_seed(0)
         model = Transformer(cfg).to(device)
         runs[name] = (model, build_optimizer(model, OptimSection()))
+        print(f"built {name}", flush=True)  # progress, for gpu_check.sh's time cap
     vocab = next(iter(runs.values()))[0].config.vocab_size
     tokens = torch.randint(0, vocab, (args.batch, args.seq + 1), device=device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
@@ -69,6 +70,7 @@ def main() -> None:
                 loss.backward()
                 opt.step()
             times[name].append((clock() - start) / args.steps)
+        print(" ".join(f"{k} {v[-1] * 1e3:.2f} ms" for k, v in times.items()), flush=True)
     base = statistics.median(times["sp"])
     for name, values in times.items():
         med = statistics.median(values)

@@ -213,3 +213,19 @@ def test_the_action_study_runs_the_tuned_levels_and_follows_its_twins() -> None:
         assert f"On {n_fired} of the {n_events} twin events" in page
         word = "Back-off" if action == "backoff" else "rollback"
         assert f"{word} saved {saved.replace('/', ' of the ')}" in page.replace("\n  ", " ")
+
+
+def test_fp8_guide_quotes_the_saved_gpu_rows() -> None:
+    """The H200 table in the FP8 guide is what bench_fp8.py --from-json prints from the saved
+    rows of that run (benchmarks/results/gpu_h200_2026-12-04)."""
+    saved = REPO / "benchmarks" / "results" / "gpu_h200_2026-12-04"
+    printed = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_fp8.py"), "--from-json",
+         str(saved / "fp8_125m.json"), str(saved / "fp8_1b.json")],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert printed.startswith("size  arm") and len(printed.splitlines()) == 6
+    page = (REPO / "docs" / "guides" / "fp8.md").read_text()
+    block = page.split("<!-- normlab:fp8-h200 -->\n```\n", 1)[1].split("\n```", 1)[0]
+    assert block == printed
+    assert printed in (saved / "README.md").read_text()
