@@ -475,6 +475,24 @@ TRANSFER_SHOWN = {
 }
 
 
+SIZE_UNITS = {"model.n_layers": " blocks", "model.d_model": " (d_model)"}
+
+
+def size_unit(study: str) -> str:
+    """What a study's sizes count (' blocks', ' (d_model)'), from its file's size axis (the first
+    grid key but the learning rate when `size:` is not given); '' for a study with no file."""
+    from normlab.launch.errors import ConfigError
+    from normlab.launch.study.spec import LR, find_study, load_study
+
+    try:
+        find_study(study)
+    except ConfigError:  # a committed report whose study file is gone
+        return ""
+    spec = load_study(study)
+    axis = spec.size or next((key for key in spec.grid if key != LR), "")
+    return SIZE_UNITS.get(axis, f" ({axis})" if axis else "")
+
+
 def transfer_section() -> tuple[list[str], list[str]]:
     """Per study with a size ladder: whether each recipe's best learning rate transfers from the
     smallest to the largest size (transfer.csv, launch/transfer/transfer_verdict.py: the
@@ -493,6 +511,7 @@ def transfer_section() -> tuple[list[str], list[str]]:
             rows = list(csv.DictReader(fh))
         if not rows:
             continue
+        unit = size_unit(path.parent.name)
         out += [
             f"### [`{_rel(path.parent)}`]({_rel(path.parent / 'study.md')})",
             "",
@@ -509,13 +528,13 @@ def transfer_section() -> tuple[list[str], list[str]]:
             verdict = TRANSFER_SHOWN.get(r["verdict"], r["verdict"])
             note = f" ({r['note']})" if r.get("note") and r["verdict"] != "inconclusive" else ""
             out.append(
-                f"| {r['recipe']} | {r['small']} to {r['large']} | {r['seeds']} | {shifts} "
+                f"| {r['recipe']} | {r['small']} to {r['large']}{unit} | {r['seeds']} | {shifts} "
                 f"| {mean}{interval} | {verdict}{note} | {r['seeds_needed'] or '-'} |"
             )
             if r["verdict"] not in TRANSFER_SHOWN:
                 undecided.append(
                     f"- the best learning rate of {r['recipe']} from {r['small']} to "
-                    f"{r['large']}: {r['verdict']}"
+                    f"{r['large']}{unit}: {r['verdict']}"
                     + (f" ({r['note']})" if r.get("note") else "")
                     + f" (`{_rel(path.parent)}`, seeds {r['seeds']})"
                 )
