@@ -3,8 +3,8 @@
 # unmeasured, each under a time cap sized from the first H200 run (2026-12-04, benchmarks/results/
 # gpu_h200_2026-12-04.md): FP8 125m 130 s (took 108), FP8 1b 200 s (bf16 76 s, tensorwise 61 s),
 # parametrization 50 s (20 s was too short), kernel tests 110 s (125 of 129 in 80 s), kernel
-# benchmark 60 s: 550 s plus start-up. `throughput` (compile, 80 s) and `stabilizers` (40 s) run
-# when PARTS names them. A part cut by its cap keeps what it printed so far (the benchmarks print
+# benchmark 60 s: 550 s plus start-up. `fp8wide` (the 7b preset's GEMM shapes in 4 blocks, 170 s),
+# `throughput` (compile, 80 s) and `stabilizers` (40 s) run when PARTS names them. A part cut by its cap keeps what it printed so far (the benchmarks print
 # rows as they end; pytest -v prints each test's result), and `timeout -k` kills a process that
 # handles SIGTERM (the trainer checkpoints on it and would run on).
 # FP8 (issue 33): bf16 against precision.fp8 tensorwise and rowwise (torchao, compiled, engine
@@ -19,7 +19,7 @@
 # (inductor, bf16, QK-Clip and the instruments on) with the MFU each reaches on the 125m preset.
 # Attention stabilizers (gate, sinks, caps) against Pre-LN in bf16: step-time ratios.
 # Usage: benchmarks/gpu_check.sh [OUT_DIR]   (default: $OUT if set, else gpu_check_out)
-#        PARTS="throughput" benchmarks/gpu_check.sh   runs only the named parts (fp8,
+#        PARTS="throughput" benchmarks/gpu_check.sh   runs only the named parts (fp8, fp8wide,
 #        parametrization, kernels, throughput, stabilizers)
 # Writes OUT_DIR/{env.txt,fp8_125m.txt,fp8_125m.json,fp8_1b.txt,fp8_1b.json,parametrization.txt,
 # tests.txt,bench.txt,bench.jsonl,table.txt,mfu.txt,compile.txt,compile.json,stabilizers.txt,
@@ -65,6 +65,16 @@ for sc in "125m 130" "1b 200"; do
     echo "fp8 benchmark $1: exit $? in $((SECONDS - start)) s (124 = timed out)" | tee -a "$summary"
     grep -E "^(done: |size |$1 )" "$out/fp8_$1.txt" | tee -a "$summary"
 done
+fi
+
+if [[ " $parts " == *" fp8wide "* ]]; then
+# the same on the 7b preset's GEMM shapes in 4 blocks (K, N up to 4096 x 11008), where
+# torchtitan's guide expects FP8 to pay; not in the default parts (about 150 s)
+start=$SECONDS
+timeout -k 5 170 "$py" benchmarks/bench_fp8.py --device cuda --sizes 7b-w4 --steps 6 --warmup 3 \
+    --json "$out/fp8_7b-w4.json" > "$out/fp8_7b-w4.txt" 2>&1
+echo "fp8 benchmark 7b-w4: exit $? in $((SECONDS - start)) s (124 = timed out)" | tee -a "$summary"
+grep -E "^(done: |size |7b-w4 )" "$out/fp8_7b-w4.txt" | tee -a "$summary"
 fi
 
 if [[ " $parts " == *" parametrization "* ]]; then
