@@ -20,6 +20,27 @@ if TYPE_CHECKING:
 META_BUILD_LAYERS = 1024  # deeper models are counted analytically (building is per layer)
 
 
+def fp8_note(cfg: RunConfig) -> str | None:
+    """On a GPU, whether precision.fp8's layers are large enough to gain speed (one block on the
+    meta device: the linear shapes do not depend on depth)."""
+    import dataclasses
+
+    import torch
+
+    fp8 = cfg.precision.fp8
+    device = cfg.training.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if fp8 is None or device == "cpu" or fp8.emulate in ("on", True):
+        return None
+    from normlab.launch.engines.fp8 import small_gemm_note
+    from normlab.model import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(dataclasses.replace(cfg.model_config(), n_layers=1))
+    return small_gemm_note(model, fp8)
+
+
 def count_model(cfg: RunConfig) -> tuple[int, int]:
     """(total, embedding-excluded) parameters of the built model, on the meta device (for a
     model deeper than META_BUILD_LAYERS, from the analytic count, so validate stays instant)."""
@@ -96,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     if cfg.training.device == "cuda" and not torch.cuda.is_available():
         print("note: training.device is cuda; this machine has no CUDA device (train elsewhere)")
     for note in cfg.model_config().notes():
+        print(f"note: {note}")
+    if (note := fp8_note(cfg)) is not None:
         print(f"note: {note}")
     analytic = count_params(cfg.model_config())
     print(

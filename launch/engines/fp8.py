@@ -44,6 +44,31 @@ def fp8_targets(module: nn.Module, keep: list[str]) -> tuple[list[str], dict[str
     return [n for n in linears if not any(matches(n, p) for p in keep)], hits
 
 
+# torchtitan's float8 guide: FP8 "only benefits large GEMMs", rule of thumb K, N > 4096 (layers
+# below it are filtered there); on one H200 the 125m and 1b presets (at most 768 x 2048 and
+# 2048 x 8192) trained at 0.44-0.78x of bf16's step rate (benchmarks/results/gpu_h200_2026-12-04)
+LARGE_GEMM = 4096
+
+
+def small_gemm_note(module: nn.Module, section: FP8Section) -> str | None:
+    """A note when no layer FP8 converts has both dimensions of at least LARGE_GEMM: FP8's casts
+    then cost more than its matmuls save (None when one has, or FP8 is off)."""
+    targets = set(fp8_targets(module, section.keep)[0])
+    shapes = [
+        (m.in_features, m.out_features)
+        for n, m in module.named_modules()
+        if n in targets and isinstance(m, nn.Linear)
+    ]
+    if not shapes or any(min(s) >= LARGE_GEMM for s in shapes):
+        return None
+    k, n = max(shapes, key=lambda s: (min(s), max(s)))
+    return (
+        f"precision.fp8: the largest converted layer is {k} x {n}; FP8 pays for GEMMs of about "
+        f"{LARGE_GEMM} x {LARGE_GEMM} and up (torchtitan's float8 guide), and on one H200 the "
+        "125m and 1b presets trained slower than in bf16 (0.44-0.78x): expect little or none"
+    )
+
+
 def emulated(section: FP8Section, device_type: str) -> bool:
     if section.emulate == "auto":
         return device_type != "cuda"

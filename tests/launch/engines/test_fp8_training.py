@@ -123,3 +123,23 @@ def test_a_gpu_below_sm89_is_refused_unless_emulated(
     cfg.model.d_ff = 200  # not a multiple of 16: FP8 matmuls refuse it
     with pytest.raises(ConfigError, match="divisible by 16"):
         check_fp8(cfg, "cuda")
+
+
+@pytest.mark.parametrize(
+    ("preset", "largest"), [("125m", "768 x 2048"), ("1b", "2048 x 8192"), ("7b", None)]
+)
+def test_validate_notes_gemms_too_small_for_fp8_speed(preset: str, largest: str | None) -> None:
+    """On a GPU, validate says when no converted layer reaches about 4096 x 4096 (torchtitan's
+    rule of thumb; the H200 run at 125m and 1b was slower than bf16); the 7b preset's q/k/v/o
+    (4096 x 4096) reach it. On a CPU (emulated) no note: FP8 there is for numerics."""
+    from normlab.launch.commands.validate import fp8_note
+
+    over = [f"model.preset={preset}", "precision.dtype=bf16", "precision.fp8={recipe: rowwise}"]
+    note = fp8_note(load_config(PRE, [*over, "training.device=cuda"]))
+    if largest is None:
+        assert note is None
+    else:
+        assert note is not None and f"the largest converted layer is {largest};" in note
+    assert fp8_note(load_config(PRE, [*over, "training.device=cpu"])) is None
+    on = load_config(PRE, [*over, "training.device=cuda", "precision.fp8={emulate: 'on'}"])
+    assert fp8_note(on) is None
