@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
         print("note: training.device is cuda; this machine has no CUDA device (train elsewhere)")
     for note in cfg.model_config().notes():
         print(f"note: {note}")
-    if (fp8 := fp8_fp8(cfg)) is not None:
-        print(f"fp8: {fp8}")
+    if (fp8 := fp8_note(cfg)) is not None:
+        print(f"note: {fp8}")
     analytic = count_params(cfg.model_config())
     print(
         f"{cfg.name}: valid; {total:,} parameters ({total / 1e6:,.1f} M; "
