@@ -52,7 +52,9 @@ FILES = (
 B = 2000
 # the studies whose tables are results.csv: aa (run with it), and those whose added seeds were
 # joined with `normlab study --report-only --merge` (2026-12-03)
-WITH_RESULTS = ("aa", "lr12", "stabilizers", "zloss", "wortsman", "fp8", "completep_placements")
+WITH_RESULTS = (
+    "aa", "lr12", "stabilizers", "zloss", "wortsman", "fp8", "completep_placements", "completep_depth"
+)
 
 
 def study_dir(name: str) -> Path:
@@ -197,7 +199,7 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
         "mup_width",
     ]
     assert [p.parent.name for p in ladders] == names
-    text = (DOCS / "transfer.md").read_text()
+    text = " ".join((DOCS / "transfer.md").read_text().split())  # line breaks as spaces
     for path in ladders:
         with path.open() as fh:
             rows = list(csv.DictReader(fh))
@@ -214,7 +216,7 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
     sens = {k: float(r["lr_sensitivity"]) for k, r in rows.items()}
     mup_best = best["mup", "d_model=64"], best["mup", "d_model=512"]
     assert f"from {mup_best[0]:.3f} at d 64 to {mup_best[1]:.3f}" in text
-    assert f"sp's\n  falls to {best['sp', 'd_model=512']:.3f}" in text
+    assert f"sp's falls to {best['sp', 'd_model=512']:.3f}" in text
     wide_sp = [sens["sp", f"d_model={d}"] for d in (128, 256, 512)]
     narrow = sens["sp", "d_model=64"]
     assert f"{narrow:.2f} at d 64 to {min(wide_sp):.2f}-{max(wide_sp):.2f}" in text
@@ -235,17 +237,35 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
         best = {(r["recipe"], r["size"]): float(r["best_loss"]) for r in csv.DictReader(fh)}
     sp_ends = best["sp", "n_layers=2"], best["sp", "n_layers=16"]
     assert f"from {sp_ends[0]:.3f} at 2 blocks to {sp_ends[1]:.3f}" in text
-    assert f"falls to {best['completep', 'n_layers=4']:.3f}" in text
-    deep = {f"{best['completep', f'n_layers={n}']:.3f}" for n in (8, 16)}
-    assert len(deep) == 1 and f"({deep.pop()} at 8 and 16)" in text
+    cp = [f"{best['completep', f'n_layers={n}']:.3f}" for n in (2, 4, 8, 16)]
+    assert f"falls from {cp[0]} at 2 blocks to {cp[1]} at 4" in text
+    assert f"({cp[2]} at 8, {cp[3]} at 16)" in text
+    assert min(cp) == cp[1] and max(cp) == cp[0]  # best at 4 blocks, every depth below 2 blocks
     with (study_dir("completep_depth") / "transfer.csv").open() as fh:
         verdicts = {r["recipe"]: r for r in csv.DictReader(fh)}
-    for recipe in ("sp", "completep"):
-        v = verdicts[recipe]
-        assert v["verdict"] == "inconclusive"
-        shifts = [f"{float(x):+.2f}" for x in v["shifts_log2"].split()]
-        assert f"{shifts[0]} and {shifts[1]}" in text, recipe
-        assert f"about **{v['seeds_needed']} seeds**" in text, recipe
+    sp = verdicts["sp"]
+    assert sp["verdict"] == "inconclusive" and sp["seeds"] == "0 1"
+    shifts = [f"{float(x):+.2f}" for x in sp["shifts_log2"].split()]
+    assert f"({shifts[0]} and {shifts[1]} octaves" in text
+    assert f"about **{sp['seeds_needed']} seeds** to decide at Holm's level {sp['level']}" in text
+    v = verdicts["completep"]
+    assert v["verdict"] == "transfers" and v["seeds"] == "0 1 2 3 4 5 6 7"
+    signed = [f"{float(x):+.2f}".replace("-", "−") for x in v["shifts_log2"].split()]
+    assert f"moved by {', '.join(signed[:-1])} and {signed[-1]} octaves" in text
+    mean, lo, hi = (f"{float(v[k]):+.2f}".replace("-", "−") for k in ("mean_log2", "lo", "hi"))
+    assert f"the mean shift is {mean} octaves and its interval at the Holm level {v['level']}" in (
+        text
+    )
+    assert f"is [{lo}, {hi}], inside ±0.5" in text and -0.5 < float(v["lo"]) < float(v["hi"]) < 0.5
+    assert f"(p {float(v['p']):.3f})" in text and f"(sd {float(v['sd_log2']):.2f} octaves)" in text
+    with (study_dir("completep_depth") / "ladder.csv").open() as fh:
+        ladder = {(r["recipe"], r["quantity"]): r for r in csv.DictReader(fh)}
+    moved = ladder["completep", "best_lr"]
+    quoted = [f"{float(moved[k]):+.2f}".replace("-", "−") for k in ("shift_log2", "shift_lo")]
+    assert f"by {quoted[0]} octaves [{quoted[1]}, " in text
+    held = [q for (r, q), row in ladder.items() if row["holdout_covered"] == "True"]
+    assert held == ["max_logit"] and ladder["completep", "max_logit"]["holdout_covered"] == "True"
+    assert "the forecast of 16 blocks held for **1 of 8** quantities" in text
 
 
 def test_transfer_page_quotes_the_placement_study() -> None:
