@@ -76,13 +76,31 @@ def check(eager: dict, compiled: dict, rtol: float) -> None:
     assert compiled["rows"][-1][CLIP_EVENTS] > 0  # the clip acted on the compiled model
 
 
-def test_mix_compiles_without_breaks_or_recompiles(tiny_data: Path, tmp_path: Path) -> None:
-    eager = train(tiny_data, tmp_path / "eager", "mix", None)
+@pytest.fixture(scope="module")
+def eager_mix(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The eager mix run both mix tests compare against (the same config: trained once)."""
+    run = tmp_path_factory.mktemp("mix") / "eager"
+    return run, train(tiny_data, run, "mix", None)
+
+
+def test_mix_compiles_without_breaks_or_recompiles(
+    tiny_data: Path, tmp_path: Path, eager_mix: tuple[Path, dict]
+) -> None:
     compiled = train(tiny_data, tmp_path / "compiled", "mix", "eager")
-    check(eager, compiled, rtol=1e-6)
+    check(eager_mix[1], compiled, rtol=1e-6)
 
 
-@pytest.mark.parametrize("placement", ["post", "pre", "peri", "olmo2", "deepnorm"])
+# the mix (1 Post-LN + 3 Pre-LN blocks) covers post and pre in every run of the default suite
+@pytest.mark.parametrize(
+    "placement",
+    [
+        pytest.param("post", marks=pytest.mark.slow),
+        pytest.param("pre", marks=pytest.mark.slow),
+        "peri",
+        "olmo2",
+        "deepnorm",
+    ],
+)
 def test_every_placement_compiles_without_breaks(
     tiny_data: Path, tmp_path: Path, placement: str
 ) -> None:
@@ -103,7 +121,9 @@ def test_lse_bound_mode_compiles_without_breaks(tiny_data: Path, tmp_path: Path)
     )
 
 
-def test_inductor_matches_eager_on_mix(tiny_data: Path, tmp_path: Path) -> None:
+def test_inductor_matches_eager_on_mix(
+    tiny_data: Path, tmp_path: Path, eager_mix: tuple[Path, dict]
+) -> None:
     """The backend engine.compile uses by default: generated kernels reorder float sums, so the
     losses agree to float tolerance rather than bit for bit (a cold CPU compile takes minutes).
 
@@ -111,7 +131,7 @@ def test_inductor_matches_eager_on_mix(tiny_data: Path, tmp_path: Path) -> None:
     of both runs (a step whose maxima all stay under tau clips none), the same heads per step;
     the final weights of the two runs agree to 1e-5 (measured 3e-7) while clipping moved the q/k
     projections by 27-41 % from an unclipped run's (measured under load, 2026-12-03)."""
-    eager = train(tiny_data, tmp_path / "eager", "mix", None)
+    eager_run, eager = eager_mix
     compiled = train(tiny_data, tmp_path / "compiled", "mix", "inductor")
     check(eager, compiled, rtol=1e-4)
     clips = [e[CLIPS] for e in eager["rows"]]
@@ -120,7 +140,8 @@ def test_inductor_matches_eager_on_mix(tiny_data: Path, tmp_path: Path) -> None:
     # the final weights: compiled equals eager, and the clipping is what made them (q/k moved
     # 27-41 % from an unclipped run's; the losses barely, at these small logits)
     train(tiny_data, tmp_path / "unclipped", "mix", None, **{"optim.qk_clip": "null"})
-    e, c, u = (_final_weights(tmp_path / n) for n in ("eager", "compiled", "unclipped"))
+    e = _final_weights(eager_run)
+    c, u = (_final_weights(tmp_path / n) for n in ("compiled", "unclipped"))
     assert max(_rel(c[k], e[k]) for k in e) < 1e-5
     qk = [k for k in e if k.endswith(("q_proj.weight", "k_proj.weight"))]
     assert qk and max(_rel(u[k], e[k]) for k in qk) > 0.1
