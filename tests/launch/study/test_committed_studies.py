@@ -53,7 +53,14 @@ B = 2000
 # the studies whose tables are results.csv: aa (run with it), and those whose added seeds were
 # joined with `normlab study --report-only --merge` (2026-12-03)
 WITH_RESULTS = (
-    "aa", "lr12", "stabilizers", "zloss", "wortsman", "fp8", "completep_placements", "completep_depth"
+    "aa",
+    "lr12",
+    "stabilizers",
+    "zloss",
+    "wortsman",
+    "fp8",
+    "completep_placements",
+    "completep_depth",
 )
 
 
