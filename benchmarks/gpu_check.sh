@@ -18,6 +18,14 @@
 # Throughput (issue 21): the MFU peak lookup of this GPU and compiled against eager step time
 # (inductor, bf16, QK-Clip and the instruments on) with the MFU each reaches on the 125m preset.
 # Attention stabilizers (gate, sinks, caps) against Pre-LN in bf16: step-time ratios.
+# On this workplace's device machine (its torch 2.11 image, no torchao), from the repo root:
+#   here:  echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps --only-binary=:all: \
+#            --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d .whl \
+#            torchao==0.17.0
+#   there (carry .whl): python3 -m pip install -q --no-index --no-deps --target /tmp/site \
+#            .whl/*.whl && export PYTHONPATH=/tmp/site PYTHON=python3 PYTHONUNBUFFERED=1;
+#          timeout 585 bash benchmarks/gpu_check.sh /tmp/gc; tar czf $OUT/gc.tgz -C /tmp gc
+#   (only 8 files come back from $OUT, hence the tarball; the outer timeout leaves time for it)
 # Usage: benchmarks/gpu_check.sh [OUT_DIR]   (default: $OUT if set, else gpu_check_out)
 #        PARTS="throughput" benchmarks/gpu_check.sh   runs only the named parts (fp8, fp8wide,
 #        parametrization, kernels, throughput, stabilizers)
