@@ -23,19 +23,21 @@ META_BUILD_LAYERS = 1024  # deeper models are counted analytically (building is 
 def fp8_note(cfg: RunConfig) -> str | None:
     """On a GPU, whether precision.fp8's layers are large enough to gain speed (one block on the
     meta device: the linear shapes do not depend on depth)."""
+    fp8 = cfg.precision.fp8
+    if fp8 is None:  # nothing to import for the recipes without FP8
+        return None
     import dataclasses
 
     import torch
-
-    fp8 = cfg.precision.fp8
-    device = cfg.training.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if fp8 is None or device == "cpu" or fp8.emulate in ("on", True):
-        return None
-    from normlab.launch.engines.fp8 import small_gemm_note
+    from normlab.launch.engines.fp8 import emulated, small_gemm_note
+    from normlab.launch.engines.single import resolve_device
     from normlab.model import Transformer
 
+    device: str = cfg.training.device
+    if device == "auto":  # a named cuda stays cuda: validate checks GPU recipes on a CPU machine
+        device = resolve_device(device).type
+    if emulated(fp8, device):
+        return None
     with torch.device("meta"):
         model = Transformer(dataclasses.replace(cfg.model_config(), n_layers=1))
     return small_gemm_note(model, fp8)

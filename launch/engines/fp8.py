@@ -53,11 +53,10 @@ LARGE_GEMM = 4096
 def small_gemm_note(module: nn.Module, section: FP8Section) -> str | None:
     """A note when no layer FP8 converts has both dimensions of at least LARGE_GEMM: FP8's casts
     then cost more than its matmuls save (None when one has, or FP8 is off)."""
-    targets = set(fp8_targets(module, section.keep)[0])
     shapes = [
         (m.in_features, m.out_features)
-        for n, m in module.named_modules()
-        if n in targets and isinstance(m, nn.Linear)
+        for m in map(module.get_submodule, fp8_targets(module, section.keep)[0])
+        if isinstance(m, nn.Linear)  # every one is (fp8_targets names linear layers): for typing
     ]
     if not shapes or any(min(s) >= LARGE_GEMM for s in shapes):
         return None
@@ -65,7 +64,8 @@ def small_gemm_note(module: nn.Module, section: FP8Section) -> str | None:
     return (
         f"precision.fp8: the largest converted layer is {k} x {n}; FP8 pays for GEMMs of about "
         f"{LARGE_GEMM} x {LARGE_GEMM} and up (torchtitan's float8 guide), and on one H200 the "
-        "125m and 1b presets trained slower than in bf16 (0.44-0.78x): expect little or none"
+        "125m and 1b presets trained slower than in bf16 (benchmarks/results/gpu_h200_2026-12-04):"
+        " expect little or none"
     )
 
 
