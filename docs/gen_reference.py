@@ -479,18 +479,16 @@ SIZE_UNITS = {"model.n_layers": " blocks", "model.d_model": " (d_model)"}
 
 
 def size_unit(study: str) -> str:
-    """What a study's sizes count (' blocks', ' (d_model)'), from its file's size axis (the first
-    grid key but the learning rate when `size:` is not given); '' for a study with no file."""
+    """What a study's sizes count (' blocks', ' (d_model)'), from its file's size axis (load_study
+    resolves the default); '' for a study whose file is gone."""
     from normlab.launch.errors import ConfigError
-    from normlab.launch.study.spec import LR, find_study, load_study
+    from normlab.launch.study.spec import load_study
 
     try:
-        find_study(study)
+        axis = load_study(study).size
     except ConfigError:  # a committed report whose study file is gone
         return ""
-    spec = load_study(study)
-    axis = spec.size or next((key for key in spec.grid if key != LR), "")
-    return SIZE_UNITS.get(axis, f" ({axis})" if axis else "")
+    return SIZE_UNITS.get(axis, f" ({axis})") if axis else ""
 
 
 def transfer_section() -> tuple[list[str], list[str]]:
