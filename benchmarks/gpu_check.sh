@@ -62,28 +62,21 @@ fi
 } > "$out/env.txt" 2>&1
 
 parts="${PARTS:-fp8 parametrization kernels}"
-if [[ " $parts " == *" fp8 "* ]]; then
 # FP8 training through torchao: the hardware path (SM 8.9+), compiled, against bf16; one process
-# per size so that a cap on the 1b preset keeps the 125m rows
-for sc in "125m 130" "1b 200"; do
-    set -- $sc
+# per size (size:cap) so that a cap on a larger size keeps the smaller one's rows. fp8wide: the
+# 7b preset's GEMM shapes in 4 blocks (K, N up to 4096 x 11008), where torchtitan's guide expects
+# FP8 to pay; not in the default parts
+fp8_sizes=""
+[[ " $parts " == *" fp8 "* ]] && fp8_sizes+=" 125m:130 1b:200"
+[[ " $parts " == *" fp8wide "* ]] && fp8_sizes+=" 7b-w4:170"
+for sc in $fp8_sizes; do
+    size="${sc%%:*}" cap="${sc##*:}"
     start=$SECONDS
-    timeout -k 5 "$2" "$py" benchmarks/bench_fp8.py --device cuda --sizes "$1" --steps 6 --warmup 3 \
-        --json "$out/fp8_$1.json" > "$out/fp8_$1.txt" 2>&1
-    echo "fp8 benchmark $1: exit $? in $((SECONDS - start)) s (124 = timed out)" | tee -a "$summary"
-    grep -E "^(done: |size |$1 )" "$out/fp8_$1.txt" | tee -a "$summary"
+    timeout -k 5 "$cap" "$py" benchmarks/bench_fp8.py --device cuda --sizes "$size" --steps 6 \
+        --warmup 3 --json "$out/fp8_$size.json" > "$out/fp8_$size.txt" 2>&1
+    echo "fp8 benchmark $size: exit $? in $((SECONDS - start)) s (124 = timed out)" | tee -a "$summary"
+    grep -E "^(done: |size |$size )" "$out/fp8_$size.txt" | tee -a "$summary"
 done
-fi
-
-if [[ " $parts " == *" fp8wide "* ]]; then
-# the same on the 7b preset's GEMM shapes in 4 blocks (K, N up to 4096 x 11008), where
-# torchtitan's guide expects FP8 to pay; not in the default parts (about 150 s)
-start=$SECONDS
-timeout -k 5 170 "$py" benchmarks/bench_fp8.py --device cuda --sizes 7b-w4 --steps 6 --warmup 3 \
-    --json "$out/fp8_7b-w4.json" > "$out/fp8_7b-w4.txt" 2>&1
-echo "fp8 benchmark 7b-w4: exit $? in $((SECONDS - start)) s (124 = timed out)" | tee -a "$summary"
-grep -E "^(done: |size |7b-w4 )" "$out/fp8_7b-w4.txt" | tee -a "$summary"
-fi
 
 if [[ " $parts " == *" parametrization "* ]]; then
 # µP and CompleteP against sp: the same matmuls, only multipliers, init and optimizer groups differ
