@@ -64,6 +64,11 @@ WITH_RESULTS = (
 )
 
 
+def signed(x: str | float) -> str:
+    """A number as the docs print it: two decimals, its sign, a typographic minus."""
+    return f"{float(x):+.2f}".replace("-", "−")
+
+
 def study_dir(name: str) -> Path:
     return DOCS / "study" if name == "default" else DOCS / "study" / name
 
@@ -214,7 +219,7 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
         assert f"**{decided.count('True')} of {len(decided)}**" in text, path.parent.name
         for r in rows:
             if r["quantity"] == "best_lr":
-                shift = f"{float(r['shift_log2']):+.2f}".replace("-", "−")
+                shift = signed(r["shift_log2"])
                 assert shift.lstrip("+") in text, (path.parent.name, r["recipe"])
     # mup_width's quoted best losses and LR-sensitivity ranges are its sensitivity.csv's
     with (study_dir("mup_width") / "sensitivity.csv").open() as fh:
@@ -257,9 +262,9 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
     assert f"about **{sp['seeds_needed']} seeds** to decide at Holm's level {sp['level']}" in text
     v = verdicts["completep"]
     assert v["verdict"] == "transfers" and v["seeds"] == "0 1 2 3 4 5 6 7"
-    signed = [f"{float(x):+.2f}".replace("-", "−") for x in v["shifts_log2"].split()]
-    assert f"moved by {', '.join(signed[:-1])} and {signed[-1]} octaves" in text
-    mean, lo, hi = (f"{float(v[k]):+.2f}".replace("-", "−") for k in ("mean_log2", "lo", "hi"))
+    shifts = [signed(x) for x in v["shifts_log2"].split()]
+    assert f"moved by {', '.join(shifts[:-1])} and {shifts[-1]} octaves" in text
+    mean, lo, hi = (signed(v[k]) for k in ("mean_log2", "lo", "hi"))
     assert f"the mean shift is {mean} octaves and its interval at the Holm level {v['level']}" in (
         text
     )
@@ -268,7 +273,7 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
     with (study_dir("completep_depth") / "ladder.csv").open() as fh:
         ladder = {(r["recipe"], r["quantity"]): r for r in csv.DictReader(fh)}
     moved = ladder["completep", "best_lr"]
-    quoted = [f"{float(moved[k]):+.2f}".replace("-", "−") for k in ("shift_log2", "shift_lo")]
+    quoted = [signed(moved[k]) for k in ("shift_log2", "shift_lo")]
     assert f"by {quoted[0]} octaves [{quoted[1]}, " in text
     held = [q for (r, q), row in ladder.items() if row["holdout_covered"] == "True"]
     assert held == ["max_logit"] and ladder["completep", "max_logit"]["holdout_covered"] == "True"
@@ -287,9 +292,6 @@ def test_transfer_page_quotes_the_placement_study() -> None:
     def table(name: str) -> list[dict[str, str]]:
         with (src / name).open() as fh:
             return list(csv.DictReader(fh))
-
-    def signed(x: str | float) -> str:
-        return f"{float(x):+.2f}".replace("-", "−")
 
     verdicts = {r["recipe"]: r for r in table("transfer.csv")}
     sens = {(r["recipe"], r["size"]): r for r in table("sensitivity.csv")}
