@@ -208,7 +208,11 @@ def test_fused_mixed_dtypes(op):
         out, h = fn.add_then_norm(x, f, w, b, 1e-5, False)
         out, ref = (out, h), (_ref_norm(x + f, w, b, 1e-5, False), x + f)
     else:
-        out, ref = fn.norm_add(x, f, w, b, 1e-5, False), x + _ref_norm(f, w, b, 1e-5, False)
+        # N(f) in fp32, rounded to f's dtype as the kernel does. Not _ref_norm(f, ...): eager CUDA
+        # layer_norm refuses a bf16 input with fp32 affine parameters ("expected scalar type
+        # BFloat16 but found Float"; the H200 run of 2026-12-04), CPU's mixed-type path accepts it.
+        out = fn.norm_add(x, f, w, b, 1e-5, False)
+        ref = x + _ref_norm(f.float(), w, b, 1e-5, False).to(f.dtype)
     outs, refs = (out, ref) if isinstance(out, tuple) else ((out,), (ref,))
     for o, r in zip(outs, refs, strict=True):
         assert o.dtype == torch.float32
