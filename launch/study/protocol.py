@@ -148,6 +148,33 @@ def ranking_lines(found: list[Curve]) -> list[str]:
     return lines
 
 
+def at_grid_edge(c: Curve) -> str | None:
+    """'smallest' or 'largest' when the curve's best lr is an end of its grid of >= 3 rates
+    (None otherwise, and for a curve that did not train). There the grid does not bracket the
+    optimum: the loss at the best lr bounds the tuned loss from above, and a comparison "at each
+    recipe's own best lr" holds on this grid only."""
+    if len(c.points) < 3 or c.trained is False:
+        return None
+    best = c.best.lr
+    return "smallest" if best == c.points[0].lr else "largest" if best == c.points[-1].lr else None
+
+
+def edge_lines(found: list[Curve]) -> list[str]:
+    """One line per size naming the curves whose best lr is an end of the grid."""
+    lines = []
+    for size in dict.fromkeys(c.size for c in found):
+        edged = [(c, at_grid_edge(c)) for c in found if c.size == size]
+        named = [f"{c.recipe} ({c.best.lr:g}, the {end})" for c, end in edged if end]
+        if named:
+            where = f"size {size}: " if size != "-" else ""
+            lines.append(
+                f"{where}best lr at an end of the grid, so the grid does not bracket the optimum "
+                "and the loss there bounds the tuned loss from above (extend optim.lr past it): "
+                + ", ".join(named)
+            )
+    return lines
+
+
 def _cells(c: Curve, rank: int | None = None) -> dict[str, str]:
     row: dict[str, Any] = summary_row(c)
     sd = row["lr_sensitivity_seed_sd"]
@@ -192,6 +219,11 @@ def notes_of(found: list[Curve], left_out: list[str] | None = None) -> list[str]
     ]
 
 
+def summary_lines(found: list[Curve], left_out: list[str] | None = None) -> list[str]:
+    """What follows the table: the ranking, the grid-edge curves, the notes."""
+    return [*ranking_lines(found), *edge_lines(found), *notes_of(found, left_out)]
+
+
 def print_sensitivity(
     found: list[Curve], console: Console, left_out: list[str] | None = None
 ) -> None:
@@ -202,7 +234,7 @@ def print_sensitivity(
     for c in found:
         table.add_row(*row_cells(c, order.get(id(c))))
     console.print(table)
-    for line in [*ranking_lines(found), *notes_of(found, left_out)]:
+    for line in summary_lines(found, left_out):
         console.print(line, highlight=False)
 
 
@@ -241,7 +273,7 @@ def sensitivity_markdown(
         "|" + "---|" * len(HEAD),
         *("| " + " | ".join(row_cells(c, order.get(id(c)))) + " |" for c in found),
         "",
-        *(f"- {line}" for line in [*ranking_lines(found), *notes_of(found, left_out)]),
+        *(f"- {line}" for line in summary_lines(found, left_out)),
         "",
         "![final loss against learning rate](lr_loss.png)",
         "",

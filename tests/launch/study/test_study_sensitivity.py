@@ -156,3 +156,28 @@ def test_logit_plots_without_attention_logits_measured(tmp_path: Path) -> None:
     paths = write_lr_plots(curves(pts), tmp_path)
     assert [p.name for p in paths] == ["lr_loss.png", "lr_logits.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_best_lr_at_an_end_of_the_grid_is_named() -> None:
+    """A minimum at the grid's largest (or smallest) rate is not bracketed: the report says so,
+    per size; an interior minimum, a curve that did not train and a 2-point grid are not named."""
+    from normlab.launch.study.protocol import at_grid_edge, edge_lines
+
+    rising = [5.9, 5.7, 5.5, 5.3, 5.2, 5.1, 5.0]  # best at 3e-1, the largest
+    falling = rising[::-1]  # best at 3e-4, the smallest
+    valley = [6.0, 5.2, 5.0, 5.05, 5.6, 7.0, 8.0]  # best at 3e-3
+    found = curves(
+        points({0: rising, 1: rising}, recipe="a", size="s1")
+        + points({0: valley, 1: valley}, recipe="b", size="s1")
+        + points({0: falling, 1: falling}, recipe="c", size="s2")
+        + points({0: [8.2] * 7, 1: [8.2] * 7}, recipe="d", size="s2"),
+        plateau=7.6,
+    )
+    assert [at_grid_edge(c) for c in found] == ["largest", None, "smallest", None]
+    lines = edge_lines(found)
+    assert len(lines) == 2
+    assert lines[0].startswith("size s1: best lr at an end of the grid")
+    assert lines[0].endswith(": a (0.3, the largest)")
+    assert lines[1].endswith(": c (0.0003, the smallest)")  # d did not train: not named
+    two = [p for p in points({0: rising}, recipe="e") if p.lr in PROTOCOL_LRS[-2:]]
+    assert at_grid_edge(curves(two)[0]) is None
