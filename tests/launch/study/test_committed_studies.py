@@ -448,3 +448,48 @@ def test_fp8_page_quotes_the_committed_study() -> None:
     assert f"That is {twice} of the {len(runs)} runs spent twice." in text
     over = [x for smooth in ("False", "True") for x in at("hybrid_fp8", "fp8_over", smooth)]
     assert f"{100 * min(over):.0f}-{100 * max(over):.0f} %" in text
+
+
+def test_fp8_page_quotes_the_lr_probe() -> None:
+    """docs/study_fp8.md's probe at lr 1e-1 (seeds 0-2, SwiGLU): the means, differences and
+    underflow ranges it quotes are docs/probes/fp8_lr01's runs, set against the study's 3e-2
+    runs."""
+    import json
+
+    text = " ".join((DOCS / "study_fp8.md").read_text().split())
+    probe, study = DOCS / "probes" / "fp8_lr01", study_dir("fp8")
+    assert f"seeds 0-2, {json.loads((probe / 'study.json').read_text())['total_s']:.0f} s" in text
+
+    def table(path: Path) -> dict[str, dict[str, str]]:
+        with (path / "compare.csv").open() as fh:
+            return {r["run"]: r for r in csv.DictReader(fh)}
+
+    new, old = table(probe), table(study)
+    assert len(new) == 18 and {r["status"] for r in new.values()} == {"completed"}
+    spec = load_study(str(DOCS / "probes" / "fp8_lr01.yaml"))  # the file the page says ran
+    assert {r.label for r in spec.recipes} == {r["recipe"] for r in new.values()}
+    assert {float(r["lr"]) for r in new.values()} == {0.1}
+
+    def loss(runs: dict, recipe: str, lr: str, key: str = "eval_loss") -> list[float]:
+        return [float(runs[f"{recipe}_smooth_swigluFalse_lr{lr}_s{s}"][key]) for s in (0, 1, 2)]
+
+    def mean(x: list[float]) -> float:
+        return sum(x) / len(x)
+
+    diffs, under = [], []
+    for base in ("olmo2_noqk", "peri_qknorm", "peri"):
+        hp, fp8 = mean(loss(new, base, "0.1")), mean(loss(new, f"{base}_fp8", "0.1"))
+        hp3, fp83 = mean(loss(old, base, "0.03")), mean(loss(old, f"{base}_fp8", "0.03"))
+        if base == "peri":
+            assert f"worse at 1e-1 ({hp:.3f}, against {hp3:.3f} at 3e-2)" in text
+            assert hp > hp3
+        else:
+            assert f"{hp:.3f}" in text and f"{fp8:.3f}" in text, base
+            assert f"against {hp3:.3f} and {fp83:.3f}" in text, base
+            assert hp < hp3 and fp8 < fp83, base
+        diffs.append(f"{fp8 - hp:+.3f}")
+        u = loss(new, f"{base}_fp8", "0.1", "fp8_under")
+        under.append(f"{min(u):.2f}-{max(u):.2f}")
+    assert f"differences are {diffs[0]}, {diffs[1]} and {diffs[2]} nats" in text
+    assert f"rises to {under[0]} (OLMo 2 without QK-norm), {under[1]} (Peri-LN with" in text
+    assert f"and {under[2]} (Peri-LN)" in text
