@@ -10,6 +10,7 @@ trained (a curve flat at the plateau is not insensitive)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from normlab.launch.instruments.output_logits import (
@@ -132,14 +133,19 @@ def ranks(found: list[Curve]) -> dict[int, int]:
     return out
 
 
+def by_size(found: list[Curve]) -> Iterator[tuple[str, list[Curve]]]:
+    """Per size, in first-seen order: the prefix a summary line starts with ('' for a study
+    without sizes) and that size's curves."""
+    for size in dict.fromkeys(c.size for c in found):
+        yield (f"size {size}: " if size != "-" else ""), [c for c in found if c.size == size]
+
+
 def ranking_lines(found: list[Curve]) -> list[str]:
     """One line per size: the curves that trained by LR sensitivity, then those left out."""
     lines = []
-    for size in dict.fromkeys(c.size for c in found):
-        mine = [c for c in found if c.size == size]
+    for where, mine in by_size(found):
         ranked = ranking(mine)
         out = [c.recipe for c in mine if c.trained is False]
-        where = f"size {size}: " if size != "-" else ""
         text = " < ".join(f"{c.recipe} ({c.sensitivity:.3f})" for c in ranked) or "none"
         lines.append(
             f"{where}ranked by LR sensitivity (curves that trained): {text}"
@@ -162,11 +168,10 @@ def at_grid_edge(c: Curve) -> str | None:
 def edge_lines(found: list[Curve]) -> list[str]:
     """One line per size naming the curves whose best lr is an end of the grid."""
     lines = []
-    for size in dict.fromkeys(c.size for c in found):
-        edged = [(c, at_grid_edge(c)) for c in found if c.size == size]
+    for where, mine in by_size(found):
+        edged = [(c, at_grid_edge(c)) for c in mine]
         named = [f"{c.recipe} ({c.best.lr:g}, the {end})" for c, end in edged if end]
         if named:
-            where = f"size {size}: " if size != "-" else ""
             lines.append(
                 f"{where}best lr at an end of the grid, so the grid does not bracket the optimum "
                 "and the loss there bounds the tuned loss from above (extend optim.lr past it): "
