@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import shutil
 from pathlib import Path
+from statistics import fmean
 
 import pytest
 from normlab.launch.study.aa_test import fpr_threshold
@@ -22,6 +23,7 @@ from normlab.launch.study.doc_blocks import stale
 from normlab.launch.study.plan import DEFAULT_LRS, DEFAULT_RECIPES, DEFAULT_SEEDS, spec_from_flags
 from normlab.launch.study.rebuild import rebuild
 from normlab.launch.study.spec import load_study
+from normlab.launch.study.statistics import holm
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -172,6 +174,12 @@ def test_generated_verdict_blocks_match_the_committed_verdicts(doc: str) -> None
 def _rows(name: str) -> list[dict[str, str]]:
     with (study_dir(name) / "compare.csv").open() as fh:
         return list(csv.DictReader(fh))
+
+
+def runs_of(directory: Path) -> dict[str, dict[str, str]]:
+    """A study or probe directory's compare.csv rows by run name."""
+    with (directory / "compare.csv").open() as fh:
+        return {r["run"]: r for r in csv.DictReader(fh)}
 
 
 def test_stabilizers_quoted_numbers_are_the_runs() -> None:
@@ -392,15 +400,13 @@ def test_fp8_page_quotes_the_committed_study() -> None:
     rest = sorted(v["seeds_needed"] for v in verdicts if v["n_a"] == 3)
     assert f"need {rest[0]}-{rest[1]} and {rest[2]}-{rest[3]} seeds per arm" in text
     # Holm at alpha/2 for the two looks (3 and 8 seeds): the count the page gives
-    ps = sorted(v["p"] for v in verdicts)
-    kept = next((i for i, p in enumerate(ps) if p > 0.025 / (len(ps) - i)), len(ps))
+    kept = int(holm([v["p"] for v in verdicts], 0.025)[0].sum())
     assert f"keeps {kept} of the {len(decided)}" in text
     # best rate at the grid's top in both arms on every seed, as the page says
     for a in ("peri_fp8", "peri_qknorm_fp8", "olmo2_noqk_fp8"):
         for v in (v for v in verdicts if v["a"] == a):
             assert v["pick_a"] == v["pick_b"] == [2] * 8, a
-    with (src / "compare.csv").open() as fh:
-        runs = {r["run"]: r for r in csv.DictReader(fh)}
+    runs = runs_of(src)
 
     def at(
         recipe: str, key: str, smooth: str = "False", lr: str = "0.03", seeds=(0, 1, 2)
@@ -429,7 +435,7 @@ def test_fp8_page_quotes_the_committed_study() -> None:
             for lr in ("0.001", "0.003"):
                 assert max(every(recipe, "fp8_under", smooth, lr)) < 0.01, (recipe, smooth, lr)
     # Peri-LN's mean worst underflow at 3e-2 over seeds 0-7 against Pre-LN's and OLMo 2's
-    mean = {r: sum(every(r, "fp8_under")) / len(every(r, "fp8_under")) for r in fp8_arms}
+    mean = {r: fmean(every(r, "fp8_under")) for r in fp8_arms}
     assert all(len(every(r, "fp8_under")) == 8 for r in ("peri_fp8", "pre_fp8", "olmo2_noqk_fp8"))
     assert (
         f"is {mean['peri_fp8']:.3f} ({mean['peri_qknorm_fp8']:.3f} with QK-norm), against "
@@ -460,11 +466,7 @@ def test_fp8_page_quotes_the_lr_probe() -> None:
     probe, study = DOCS / "probes" / "fp8_lr01", study_dir("fp8")
     assert f"seeds 0-2, {json.loads((probe / 'study.json').read_text())['total_s']:.0f} s" in text
 
-    def table(path: Path) -> dict[str, dict[str, str]]:
-        with (path / "compare.csv").open() as fh:
-            return {r["run"]: r for r in csv.DictReader(fh)}
-
-    new, old = table(probe), table(study)
+    new, old = runs_of(probe), runs_of(study)
     assert len(new) == 18 and {r["status"] for r in new.values()} == {"completed"}
     spec = load_study(str(DOCS / "probes" / "fp8_lr01.yaml"))  # the file the page says ran
     assert {r.label for r in spec.recipes} == {r["recipe"] for r in new.values()}
@@ -473,13 +475,10 @@ def test_fp8_page_quotes_the_lr_probe() -> None:
     def loss(runs: dict, recipe: str, lr: str, key: str = "eval_loss") -> list[float]:
         return [float(runs[f"{recipe}_smooth_swigluFalse_lr{lr}_s{s}"][key]) for s in (0, 1, 2)]
 
-    def mean(x: list[float]) -> float:
-        return sum(x) / len(x)
-
     diffs, under = [], []
     for base in ("olmo2_noqk", "peri_qknorm", "peri"):
-        hp, fp8 = mean(loss(new, base, "0.1")), mean(loss(new, f"{base}_fp8", "0.1"))
-        hp3, fp83 = mean(loss(old, base, "0.03")), mean(loss(old, f"{base}_fp8", "0.03"))
+        hp, fp8 = fmean(loss(new, base, "0.1")), fmean(loss(new, f"{base}_fp8", "0.1"))
+        hp3, fp83 = fmean(loss(old, base, "0.03")), fmean(loss(old, f"{base}_fp8", "0.03"))
         if base == "peri":
             assert f"worse at 1e-1 ({hp:.3f}, against {hp3:.3f} at 3e-2)" in text
             assert hp > hp3
