@@ -39,7 +39,7 @@ def read_runs(root: Path) -> dict[str, Any]:
     from normlab.launch.config import load_config
     from normlab.launch.report.runs import load_run
     from normlab.launch.report.table import summarize
-    from normlab.launch.study.separation import TRAINED_MARGIN
+    from normlab.launch.stats.separation import TRAINED_MARGIN
     from normlab.launch.study.unigram import dataset_unigram_loss
     from normlab.launch.training.datasets import resolve_dataset
 
@@ -75,8 +75,8 @@ def _f(x: float | None, digits: int = 3) -> str:
 
 
 def _trained(run: dict[str, Any], data: dict[str, Any]) -> bool:
-    """The study report's rule (launch.study.separation.trained) on the last evaluation."""
-    from normlab.launch.study.separation import trained
+    """The study report's rule (launch.stats.separation.trained) on the last evaluation."""
+    from normlab.launch.stats.separation import trained
 
     last = run["eval"][str(EVAL_STEPS[-1])]
     return last is not None and trained(last, data["plateau"], data["trained_margin"])

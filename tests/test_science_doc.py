@@ -1,7 +1,7 @@
 """docs/SCIENCE.md, the repository's copy of the project's science notes:
 
 - section 19 defines the trained margin, the stable and loss margins with the values the code
-  uses (the constants read from launch/study/separation.py and sensitivity.py, not retyped);
+  uses (the constants read from launch/stats/separation.py and sensitivity.py, not retyped);
 - Part III (sections 21-24) is there; where the shared master copy is on this machine
   (../shared/SCIENCE.md, outside the repository), Part III is its text verbatim."""
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from normlab.launch.stats.separation import LOSS_MARGIN, MIN_TEST_SEEDS, TOL, TRAINED_MARGIN
 from normlab.launch.study.sensitivity import STABLE_MARGIN
-from normlab.launch.study.separation import LOSS_MARGIN, MIN_TEST_SEEDS, TOL, TRAINED_MARGIN
 
 from tests.conftest import REPO
 
@@ -33,7 +33,7 @@ def test_section_19_states_the_margins_the_code_uses() -> None:
                         ("TOL", TOL)):  # fmt: skip
         found = re.findall(rf"`{name} = ([0-9.e-]+)`", s19)
         assert found and all(float(v) == value for v in found), (name, found)
-    for path in ("launch/study/separation.py", "launch/study/sensitivity.py"):
+    for path in ("launch/stats/separation.py", "launch/study/sensitivity.py"):
         assert f"`{path}`" in s19 and (REPO / path).is_file()
     for term in ("*trained margin*", "*trained range*", "*stable range*", "*loss margin*"):
         assert term in s19, term

@@ -27,8 +27,8 @@ from normlab.launch.metric_keys import (  # noqa: E402
 )
 from normlab.launch.report.runs import Run  # noqa: E402
 from normlab.launch.report.table import dataset_label  # noqa: E402
+from normlab.launch.stats.separation import TRAINED_MARGIN, trained  # noqa: E402
 from normlab.launch.study.sensitivity import DID_NOT_TRAIN  # noqa: E402
-from normlab.launch.study.separation import TRAINED_MARGIN, trained  # noqa: E402
 
 DEPTH_PANELS = 4
 PLATEAU_LABEL = "unigram plateau"  # the legend label draw_plateau starts its line's with

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from normlab.launch.study import statistics as st
+from normlab.launch.stats import statistics as st
 from normlab.launch.study import verdict_core as vc
 from normlab.launch.study.results_table import Cell
 

@@ -25,7 +25,7 @@ seed's value and the comparison's outcome). Words:
 - "reproduced" / "not reproduced" / "contradicted" (the opposite was found) / "inconclusive";
 - "not tested": a recipe the claim needs was not run, or not at a grid point the other ran at.
 
-Per grid point the two groups compare by launch.study.separation: a loss claim needs the group(s)
+Per grid point the two groups compare by launch.stats.separation: a loss claim needs the group(s)
 it rests on to have trained (every seed below the data's unigram plateau by TRAINED_MARGIN),
 "higher"/"lower" need every seed beyond every seed by the margin (or >= 3 seeds a side and a
 one-sided Mann-Whitney test at ALPHA), points where nothing trained are "untrained" and decide
@@ -49,8 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from normlab.launch.study.sensitivity import capped_loss, counts_as_l0
-from normlab.launch.study.separation import (
+from normlab.launch.stats.separation import (
     ALPHA,
     GROWTH_RATIO,
     HIGHER,
@@ -66,6 +65,7 @@ from normlab.launch.study.separation import (
     compare_ratio,
     trained,
 )
+from normlab.launch.study.sensitivity import capped_loss, counts_as_l0
 
 GROWS = 1.25  # "grows with depth": every seed's last-block RMS >= 1.25 x the first block's
 FLAT = 1.1  # "does not grow": mean last/first RMS below 1.1

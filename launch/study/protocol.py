@@ -23,6 +23,7 @@ from normlab.launch.instruments.output_logits import (
     LOGZ_MIN,
 )
 from normlab.launch.report.runs import Run, finite
+from normlab.launch.stats.separation import TRAINED_MARGIN
 from normlab.launch.study.sensitivity import (
     DID_NOT_TRAIN,
     PROTOCOL_LRS,
@@ -33,7 +34,6 @@ from normlab.launch.study.sensitivity import (
     ranking,
     summary_row,
 )
-from normlab.launch.study.separation import TRAINED_MARGIN
 from normlab.launch.training.metrics import JSONL, read_jsonl
 from rich.console import Console
 from rich.table import Table

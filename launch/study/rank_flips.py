@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np
-from normlab.launch.study import statistics as st
+from normlab.launch.stats import statistics as st
 from normlab.launch.study import verdict_core as vc
 from normlab.launch.study.results_table import FRACTIONS, Cell
 

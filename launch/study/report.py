@@ -19,6 +19,7 @@ from normlab.data.errors import DataError
 from normlab.launch.report.domains import domain_stats
 from normlab.launch.report.runs import Run, load_run
 from normlab.launch.report.table import summarize
+from normlab.launch.stats.separation import TRAINED_MARGIN, trained
 from normlab.launch.study.claims import (
     CLAIMS,
     Verdict,
@@ -39,7 +40,6 @@ from normlab.launch.study.protocol import (
     sensitivity_markdown,
 )
 from normlab.launch.study.sensitivity import counts_as_l0, write_csvs
-from normlab.launch.study.separation import TRAINED_MARGIN, trained
 from normlab.launch.study.setup import setup_of
 from normlab.launch.study.study_verdicts import (
     RESULTS_CSV,

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from normlab.launch.study.separation import TOL, TRAINED_MARGIN, trained
+from normlab.launch.stats.separation import TOL, TRAINED_MARGIN, trained
 
 STABLE_MARGIN = 0.1  # nats above l* that still count as stable (SCIENCE.md 19)
 PROTOCOL_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)  # normlab's grid (SCIENCE.md 19)

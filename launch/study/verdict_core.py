@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from normlab.launch.study import statistics as st
-from normlab.launch.study.permutation_counts import integer_tails, integer_valued
-from normlab.launch.study.separation import TRAINED_MARGIN
+from normlab.launch.stats import statistics as st
+from normlab.launch.stats.permutation_counts import integer_tails, integer_valued
+from normlab.launch.stats.separation import TRAINED_MARGIN
 
 LOSS, SENS, RANGE = "loss_at_best_lr", "lr_sensitivity", "trained_range"
 STATISTICS = (LOSS, SENS, RANGE)
@@ -140,7 +140,7 @@ def permutation_p3(a: np.ndarray, b: np.ndarray, margin: float) -> np.ndarray:
         [np.broadcast_to(a, (*batch_shape, na)), np.broadcast_to(b, (*batch_shape, nb))], axis=-1
     ).reshape(-1, na + nb)
     if math.comb(na + nb, na) > COUNT_FROM and integer_valued(pooled):
-        # many relabellings of integer seeds: counted exactly (launch.study.permutation_counts)
+        # many relabellings of integer seeds: counted exactly (launch.stats.permutation_counts)
         out = np.stack([integer_tails(r[:na], r[na:], margin, st.TOL) for r in pooled])
         return out[0] if single else out.reshape(*batch_shape, 3)
     choose = st.relabellings(na, nb)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from normlab.launch.errors import ConfigError
 from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
-from normlab.launch.study import statistics as st
+from normlab.launch.stats import statistics as st
 from normlab.launch.study import verdict_core as vc
 from normlab.launch.study.rank_flips import (
     PointDifference,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from normlab.launch.errors import ConfigError
-from normlab.launch.study import statistics as st
+from normlab.launch.stats import statistics as st
 from normlab.launch.study import verdict_core as vc
 from normlab.launch.study.results_table import Cell
 

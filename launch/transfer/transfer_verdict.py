@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from normlab.launch.study import statistics as st
+from normlab.launch.stats import statistics as st
 from normlab.launch.study import verdict_core as vc
 from normlab.launch.transfer.ladder import Rung, best_lrs
 from scipy import stats

@@ -8,6 +8,16 @@ import math
 from functools import cache
 
 import pytest
+from normlab.launch.stats.separation import (
+    HIGHER,
+    LOWER,
+    SAME,
+    UNCLEAR,
+    UNTRAINED,
+    compare_loss,
+    compare_ratio,
+    mann_whitney_p,
+)
 from normlab.launch.study.claims import (
     CLAIMS,
     CONTRADICTED,
@@ -20,16 +30,6 @@ from normlab.launch.study.claims import (
     decide_all,
     group_rows,
     loss_of,
-)
-from normlab.launch.study.separation import (
-    HIGHER,
-    LOWER,
-    SAME,
-    UNCLEAR,
-    UNTRAINED,
-    compare_loss,
-    compare_ratio,
-    mann_whitney_p,
 )
 
 PLATEAU = 6.25  # trained: <= 6.05

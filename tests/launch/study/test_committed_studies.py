@@ -18,12 +18,12 @@ from pathlib import Path
 from statistics import fmean
 
 import pytest
+from normlab.launch.stats.statistics import holm
 from normlab.launch.study.aa_test import fpr_threshold
 from normlab.launch.study.doc_blocks import stale
 from normlab.launch.study.plan import DEFAULT_LRS, DEFAULT_RECIPES, DEFAULT_SEEDS, spec_from_flags
 from normlab.launch.study.rebuild import rebuild
 from normlab.launch.study.spec import load_study
-from normlab.launch.study.statistics import holm
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[3]

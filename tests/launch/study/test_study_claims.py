@@ -168,7 +168,7 @@ def test_report_only_refuses_submit_and_a_study_never_run(
 def test_plan_a_study_from_a_stated_or_pilot_spread(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from normlab.launch.study import statistics as st
+    from normlab.launch.stats import statistics as st
 
     # SCIENCE.md 22.5's example: SD 0.03, true difference 0.2, margin 0.1, 3 claims
     assert main(["verdicts", "--plan", "0.2", "--sd", "0.03"]) == 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from normlab.launch.stats.separation import TRAINED_MARGIN
 from normlab.launch.study.lr_plots import write_lr_plots
 from normlab.launch.study.sensitivity import (
     PROTOCOL_LRS,
@@ -21,7 +22,6 @@ from normlab.launch.study.sensitivity import (
     summary_row,
     write_csvs,
 )
-from normlab.launch.study.separation import TRAINED_MARGIN
 
 L0 = 8.3
 

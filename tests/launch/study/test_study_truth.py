@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from normlab.launch.report.plots import PLATEAU_LABEL, loss_figure
 from normlab.launch.report.runs import Run
+from normlab.launch.stats.separation import TRAINED_MARGIN
 from normlab.launch.study import lr_plots
 from normlab.launch.study.claims import CLAIMS, decide_all, loss_of
 from normlab.launch.study.plots import LOSS, study_figure
@@ -38,7 +39,6 @@ from normlab.launch.study.sensitivity import (
     summary_row,
     write_csvs,
 )
-from normlab.launch.study.separation import TRAINED_MARGIN
 from rich.console import Console
 
 L0, PLATEAU = 8.3, 6.258

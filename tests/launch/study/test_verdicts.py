@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from normlab.launch.study import statistics as st
+from normlab.launch.stats import statistics as st
 from normlab.launch.study import verdict_core as vc
 from normlab.launch.study.rank_flips import rank_flips
 from normlab.launch.study.results_table import build_cells, read_results

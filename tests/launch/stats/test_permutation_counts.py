@@ -1,4 +1,4 @@
-"""The counted permutation tails (launch.study.permutation_counts) against enumeration: the same
+"""The counted permutation tails (launch.stats.permutation_counts) against enumeration: the same
 floats wherever every relabelling is enumerated, and the full enumeration beyond the random
 subset statistics.EXACT_LIMIT keeps (9 + 9 seeds: C(18, 9) = 48,620 relabellings)."""
 
@@ -8,9 +8,9 @@ from itertools import combinations
 
 import numpy as np
 import pytest
-from normlab.launch.study import statistics as st
+from normlab.launch.stats import statistics as st
+from normlab.launch.stats.permutation_counts import integer_tails
 from normlab.launch.study import verdict_core as vc
-from normlab.launch.study.permutation_counts import integer_tails
 
 
 def enumerated(a: np.ndarray, b: np.ndarray, margin: float, monkeypatch) -> np.ndarray:

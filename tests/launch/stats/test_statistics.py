@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from normlab.launch.study import statistics as st
+from normlab.launch.stats import statistics as st
 from scipy import stats
 
 SAMPLES = [
