@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter  # noqa: E402
+from normlab.launch.lr_sensitivity.curves import DID_NOT_TRAIN  # noqa: E402
 from normlab.launch.metric_keys import (  # noqa: E402
     MAX_LOGIT,
     PRE_NORM,
@@ -28,7 +29,6 @@ from normlab.launch.metric_keys import (  # noqa: E402
 from normlab.launch.report.runs import Run  # noqa: E402
 from normlab.launch.report.table import dataset_label  # noqa: E402
 from normlab.launch.stats.separation import TRAINED_MARGIN, trained  # noqa: E402
-from normlab.launch.study.sensitivity import DID_NOT_TRAIN  # noqa: E402
 
 DEPTH_PANELS = 4
 PLATEAU_LABEL = "unigram plateau"  # the legend label draw_plateau starts its line's with

@@ -13,7 +13,7 @@ hashable: n_layers, a preset name) and then groups are per (recipe, size, lr), a
 'init_loss' (l_0, the eval loss of the initialised model; launch.study.report fills it).
 
 Which loss a run counts at (`loss_of`; the same rule as the LR-sensitivity protocol,
-launch.study.sensitivity, and SCIENCE.md 19): min(final eval loss, l_0) when its status is
+launch.lr_sensitivity.curves, and SCIENCE.md 19): min(final eval loss, l_0) when its status is
 'completed' and that loss is finite; l_0 for every other run: diverged, failed, stopped
 (interrupted, preempted), never evaluated. A row without a finite l_0 takes the mean of the
 finite ones of its (recipe, size) (`fill_l0`); with none at all, such a run counts as +inf (it
@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from normlab.launch.lr_sensitivity.curves import capped_loss, counts_as_l0
 from normlab.launch.stats.separation import (
     ALPHA,
     GROWTH_RATIO,
@@ -65,7 +66,6 @@ from normlab.launch.stats.separation import (
     compare_ratio,
     trained,
 )
-from normlab.launch.study.sensitivity import capped_loss, counts_as_l0
 
 GROWS = 1.25  # "grows with depth": every seed's last-block RMS >= 1.25 x the first block's
 FLAT = 1.1  # "does not grow": mean last/first RMS below 1.1

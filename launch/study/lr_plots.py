@@ -4,7 +4,7 @@ lr_loss.png: final eval loss capped at l_0 (mean over seeds, bars: min..max); gr
 failed (diverged or stopped) seed are ringed in red; the grey dashed line is the measured l_0;
 where the plateau is known, the black dashed line is the unigram plateau and the dotted one the
 trained threshold below it, and a curve that did not train is labelled 'did not train' and drawn
-faded (launch.study.sensitivity: Curve.trained).
+faded (launch.lr_sensitivity.curves: Curve.trained).
 lr_logits.png: top row, the max attention logit over training (mean over seeds, log y); bottom
 row, the output logits' log Z = logsumexp(z): the mean over tokens at the last logged step
 (solid) and the minimum over training (dotted): the output-logit divergence signal.
@@ -20,13 +20,13 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from normlab.launch.lr_sensitivity.curves import DID_NOT_TRAIN, Curve  # noqa: E402
 from normlab.launch.report.plots import (  # noqa: E402
     curve_style,
     draw_plateau,
     readable_log,
     save,
 )
-from normlab.launch.study.sensitivity import DID_NOT_TRAIN, Curve  # noqa: E402
 
 
 def _sizes(found: list[Curve]) -> list[str]:

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from normlab.launch.errors import ConfigError
+from normlab.launch.lr_sensitivity.protocol import LOGITS_FIGURE
 from normlab.launch.study.aa_test import B_DEFAULT
 from normlab.launch.study.fp8_section import fp8_section, replace_fp8_section
 from normlab.launch.study.merge import read_json, setting_with_merges
-from normlab.launch.study.protocol import LOGITS_FIGURE
 from normlab.launch.study.study_verdicts import (
     RESULTS_CSV,
     carries_metrics,
@@ -112,7 +112,7 @@ def rebuild(
         if has_claims:
             text = replace_section(text, verdict_section(decided, growth))
         if curves:  # the protocol's table and the size ladder from the committed losses
-            from normlab.launch.study.protocol import sensitivity_markdown
+            from normlab.launch.lr_sensitivity.protocol import sensitivity_markdown
             from normlab.launch.transfer.ladder_report import write_ladder
 
             protocol = sensitivity_markdown(curves, spec)

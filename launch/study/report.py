@@ -1,7 +1,7 @@
 """The study's own report: mean and spread per (recipe, size, lr), the LR-sensitivity protocol,
 the verdicts (per size), study.md and figures.
 
-Every statistic counts a run by one rule (launch.study.sensitivity `counts_as_l0`): its final
+Every statistic counts a run by one rule (launch.lr_sensitivity.curves `counts_as_l0`): its final
 eval loss when it completed, l_0 (its measured init_loss) when it diverged, failed or stopped.
 The tables mark what did not train: per grid point the seeds that trained ('trained k/n', a
 seed's loss <= plateau - TRAINED_MARGIN), per curve 'did not train'; the figures draw the
@@ -16,6 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from normlab.data.errors import DataError
+from normlab.launch.lr_sensitivity.curves import counts_as_l0, write_csvs
+from normlab.launch.lr_sensitivity.protocol import (
+    init_loss_of,
+    print_sensitivity,
+    protocol_curves,
+    run_metrics,
+    sensitivity_markdown,
+)
 from normlab.launch.report.domains import domain_stats
 from normlab.launch.report.runs import Run, load_run
 from normlab.launch.report.table import summarize
@@ -32,14 +40,6 @@ from normlab.launch.study.claims import (
 from normlab.launch.study.fp8_section import fp8_section
 from normlab.launch.study.lr_plots import write_lr_plots
 from normlab.launch.study.plots import write_study_plots
-from normlab.launch.study.protocol import (
-    init_loss_of,
-    print_sensitivity,
-    protocol_curves,
-    run_metrics,
-    sensitivity_markdown,
-)
-from normlab.launch.study.sensitivity import counts_as_l0, write_csvs
 from normlab.launch.study.setup import setup_of
 from normlab.launch.study.study_verdicts import (
     RESULTS_CSV,

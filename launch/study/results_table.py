@@ -36,7 +36,7 @@ REQUIRED = ("recipe", "lr", "seed", "eval_loss", "status")
 STATUSES = ("completed", "diverged", "failed", "stopped")
 FRACTIONS = {0.25: "eval_loss_25", 0.5: "eval_loss_50", 0.75: "eval_loss_75"}
 NO_SIZE = "-"
-# per run, what the study's figures read besides the losses (launch/study/protocol.py:
+# per run, what the study's figures read besides the losses (launch/lr_sensitivity/protocol.py:
 # run_metrics); carried through results.csv so a merged study can redraw lr_logits.png
 METRICS = (
     "max_logit",  # over training

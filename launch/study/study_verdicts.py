@@ -332,7 +332,7 @@ def protocol_csv(
 ) -> list[Any] | None:
     """sensitivity.csv regenerated from the rows (l_0 known), and the loss columns of
     sensitivity_grid.csv (see `_regrid`). Returns the curves; None when l_0 is unknown."""
-    from normlab.launch.study.sensitivity import SUMMARY_COLUMNS, Point, curves, summary_row
+    from normlab.launch.lr_sensitivity.curves import SUMMARY_COLUMNS, Point, curves, summary_row
 
     if any(math.isnan(r["init_loss"]) for r in rows):
         return None
@@ -380,7 +380,7 @@ def _regrid(found: list[Any], path: Path) -> None:
     curves; the run metrics the results table does not carry (max logit, log Z, ...) are kept
     where a point's seeds are those they were measured on, and left empty where seeds were added
     (a merge), so no column mixes seeds."""
-    from normlab.launch.study.sensitivity import grid_rows
+    from normlab.launch.lr_sensitivity.curves import grid_rows
 
     old = {(r["recipe"], r["size"], r["lr"]): r for r in _read_csv(path)}
     with path.open(newline="") as fh:

@@ -25,7 +25,7 @@ from normlab.launch.transfer.transfer_verdict import (
 )
 
 if TYPE_CHECKING:
-    from normlab.launch.study.sensitivity import Curve
+    from normlab.launch.lr_sensitivity.curves import Curve
 
 LABELS = {
     "best_loss": "best loss",

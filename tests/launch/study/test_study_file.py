@@ -19,8 +19,8 @@ import pytest
 import yaml
 from normlab.launch.cli import main
 from normlab.launch.commands.study import spec_from_args
+from normlab.launch.lr_sensitivity.curves import lr_sensitivity
 from normlab.launch.study.plan import plan
-from normlab.launch.study.sensitivity import lr_sensitivity
 from normlab.launch.study.spec import STUDIES_DIR, load_study
 from normlab.launch.training.metrics import read_jsonl
 

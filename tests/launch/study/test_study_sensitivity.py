@@ -10,9 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from normlab.launch.stats.separation import TRAINED_MARGIN
-from normlab.launch.study.lr_plots import write_lr_plots
-from normlab.launch.study.sensitivity import (
+from normlab.launch.lr_sensitivity.curves import (
     PROTOCOL_LRS,
     Point,
     capped_loss,
@@ -22,6 +20,8 @@ from normlab.launch.study.sensitivity import (
     summary_row,
     write_csvs,
 )
+from normlab.launch.stats.separation import TRAINED_MARGIN
+from normlab.launch.study.lr_plots import write_lr_plots
 
 L0 = 8.3
 
@@ -161,7 +161,7 @@ def test_logit_plots_without_attention_logits_measured(tmp_path: Path) -> None:
 def test_best_lr_at_an_end_of_the_grid_is_named() -> None:
     """A minimum at the grid's largest (or smallest) rate is not bracketed: the report says so,
     per size; an interior minimum, a curve that did not train and a 2-point grid are not named."""
-    from normlab.launch.study.protocol import at_grid_edge, edge_lines
+    from normlab.launch.lr_sensitivity.protocol import at_grid_edge, edge_lines
 
     rising = [5.9, 5.7, 5.5, 5.3, 5.2, 5.1, 5.0]  # best at 3e-1, the largest
     falling = rising[::-1]  # best at 3e-4, the smallest

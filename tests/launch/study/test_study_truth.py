@@ -14,22 +14,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
-from normlab.launch.report.plots import PLATEAU_LABEL, loss_figure
-from normlab.launch.report.runs import Run
-from normlab.launch.stats.separation import TRAINED_MARGIN
-from normlab.launch.study import lr_plots
-from normlab.launch.study.claims import CLAIMS, decide_all, loss_of
-from normlab.launch.study.plots import LOSS, study_figure
-from normlab.launch.study.protocol import (
-    HEAD,
-    _cells,
-    print_sensitivity,
-    ranking_lines,
-    ranks,
-    row_cells,
-)
-from normlab.launch.study.report import group_table
-from normlab.launch.study.sensitivity import (
+from normlab.launch.lr_sensitivity.curves import (
     PROTOCOL_LRS,
     Point,
     capped_loss,
@@ -39,6 +24,21 @@ from normlab.launch.study.sensitivity import (
     summary_row,
     write_csvs,
 )
+from normlab.launch.lr_sensitivity.protocol import (
+    HEAD,
+    _cells,
+    print_sensitivity,
+    ranking_lines,
+    ranks,
+    row_cells,
+)
+from normlab.launch.report.plots import PLATEAU_LABEL, loss_figure
+from normlab.launch.report.runs import Run
+from normlab.launch.stats.separation import TRAINED_MARGIN
+from normlab.launch.study import lr_plots
+from normlab.launch.study.claims import CLAIMS, decide_all, loss_of
+from normlab.launch.study.plots import LOSS, study_figure
+from normlab.launch.study.report import group_table
 from rich.console import Console
 
 L0, PLATEAU = 8.3, 6.258

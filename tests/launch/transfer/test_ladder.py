@@ -84,7 +84,7 @@ def test_study_curves_become_ladder_csv_and_png(tmp_path) -> None:
     """The study glue: sensitivity Points -> curves -> ladder.csv/png with one row per quantity."""
     import csv
 
-    from normlab.launch.study.sensitivity import Point, curves
+    from normlab.launch.lr_sensitivity.curves import Point, curves
     from normlab.launch.transfer.ladder_report import write_ladder
 
     rng = np.random.default_rng(4)

@@ -1,10 +1,10 @@
 """The LR-sensitivity protocol over a study's runs: points read from the run directories, the
-per-curve table (terminal and study.md). The formula lives in launch.study.sensitivity.
+per-curve table (terminal and study.md). The formula lives in launch.lr_sensitivity.curves.
 
-A run counts at its final eval loss only when its status is 'completed' (launch.study.sensitivity
-`counts_as_l0`; the verdicts of launch.study.claims use the same rule). A curve that did not train
-(its best loss not <= plateau - TRAINED_MARGIN) is marked 'did not train', its stable range is
-empty with the reason, and it has no rank: the ranking by LR sensitivity holds only curves that
+A run counts at its final eval loss only when its status is 'completed'
+(launch.lr_sensitivity.curves `counts_as_l0`; the verdicts of launch.study.claims use the same
+rule). A curve that did not train (its best loss not <= plateau - TRAINED_MARGIN) is marked 'did
+not train', its stable range is empty with the reason, and it has no rank: the ranking by LR sensitivity holds only curves that
 trained (a curve flat at the plateau is not insensitive)."""
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from normlab.launch.instruments.output_logits import (
     LOGZ_MEAN,
     LOGZ_MIN,
 )
-from normlab.launch.report.runs import Run, finite
-from normlab.launch.stats.separation import TRAINED_MARGIN
-from normlab.launch.study.sensitivity import (
+from normlab.launch.lr_sensitivity.curves import (
     DID_NOT_TRAIN,
     PROTOCOL_LRS,
     Curve,
@@ -34,6 +32,8 @@ from normlab.launch.study.sensitivity import (
     ranking,
     summary_row,
 )
+from normlab.launch.report.runs import Run, finite
+from normlab.launch.stats.separation import TRAINED_MARGIN
 from normlab.launch.training.metrics import JSONL, read_jsonl
 from rich.console import Console
 from rich.table import Table
