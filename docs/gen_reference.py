@@ -436,7 +436,7 @@ def findings_page() -> str:
 def verdicts_table(path: Path) -> list[str]:
     """One verdicts.json of `normlab verdicts`: each claim with its seeds, interval, and the
     seeds it would need (80% power); those still inconclusive or not tested are listed after."""
-    from normlab.launch.study.verdict_report import SHOWN
+    from normlab.launch.verdicts.report import SHOWN
 
     rows = json.loads(path.read_text())
     out = [

@@ -123,7 +123,7 @@ def test_findings_show_each_verdict_with_its_seeds(tmp_path: Path, monkeypatch) 
     every claim with its seeds, and the undecided ones with the seeds they would need."""
     import json
 
-    from normlab.launch.study.verdict_report import run_verdicts
+    from normlab.launch.verdicts.report import run_verdicts
 
     gen = generator()
     docs = tmp_path / "docs"

@@ -2,7 +2,7 @@
 
 Prints one line per verdict (numbers, interval, level, rule) and writes verdicts.md and
 verdicts.json into --out. The table needs the columns recipe, lr, seed, eval_loss, status (and
-optionally size, l0/init_loss, eval_loss_25/50/75); see normlab.launch.study.results_table.
+optionally size, l0/init_loss, eval_loss_25/50/75); see normlab.launch.verdicts.results_table.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from normlab.launch.errors import ConfigError
-    from normlab.launch.study.verdict_report import plan_lines, run_verdicts
+    from normlab.launch.verdicts.report import plan_lines, run_verdicts
 
     if args.plan is not None:
         for text in plan_lines(

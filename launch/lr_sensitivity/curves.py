@@ -23,8 +23,8 @@ For one curve (a recipe at one size) over a log-spaced learning-rate grid {eta_i
                       trained nowhere too. A curve that did not train is marked in every table
                       and figure and left out of the ranking by LR sensitivity (`ranking`).
 
-Which runs count as l_0 (the same rule in launch.study.claims): a run counts at its final eval
-loss only when its status is 'completed' and that loss is finite; a diverged, failed or stopped
+Which runs count as l_0 (the same rule in launch.verdicts.growth_claims): a run counts at its final
+eval loss only when its status is 'completed' and that loss is finite; a diverged, failed or stopped
 (interrupted, preempted) run, or one that never evaluated, counts as l_0. A run's own l_0 that
 is missing or non-finite (NaN: the init_loss instrument measured a broken model) is replaced by
 the mean of the curve's finite ones, and the curve says so in `Curve.notes`; a curve with no

@@ -2,9 +2,9 @@
 per-curve table (terminal and study.md). The formula lives in launch.lr_sensitivity.curves.
 
 A run counts at its final eval loss only when its status is 'completed'
-(launch.lr_sensitivity.curves `counts_as_l0`; the verdicts of launch.study.claims use the same
-rule). A curve that did not train (its best loss not <= plateau - TRAINED_MARGIN) is marked 'did
-not train', its stable range is empty with the reason, and it has no rank: the ranking by LR
+(launch.lr_sensitivity.curves `counts_as_l0`; the verdicts of launch.verdicts.growth_claims use the
+same rule). A curve that did not train (its best loss not <= plateau - TRAINED_MARGIN) is marked
+'did not train', its stable range is empty with the reason, and it has no rank: the ranking by LR
 sensitivity holds only curves that trained (a curve flat at the plateau is not insensitive)."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from normlab.launch.report.fp8_columns import FP8_COLUMNS
-from normlab.launch.study.claims import point_label, point_of
+from normlab.launch.verdicts.growth_claims import point_label, point_of
 
 if TYPE_CHECKING:
     from normlab.launch.study.plan import Planned

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING
 
 from normlab.launch.errors import ConfigError
 from normlab.launch.study.merge_checks import check_compare_setups, check_setups
-from normlab.launch.study.results_table import Run, read_results
 from normlab.launch.study.run import is_number
 from normlab.launch.study.study_verdicts import (
     RESULTS_CSV,
@@ -42,6 +41,7 @@ from normlab.launch.study.study_verdicts import (
     results_of,
     write_runs,
 )
+from normlab.launch.verdicts.results_table import Run, read_results
 
 if TYPE_CHECKING:
     from normlab.launch.study.spec import StudySpec

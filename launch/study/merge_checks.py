@@ -22,8 +22,8 @@ from typing import Any
 from normlab.launch.errors import ConfigError
 from normlab.launch.report.runfiles import DamagedFile, read_config
 from normlab.launch.rundir.directory import CONFIG, shown_diff
-from normlab.launch.study.results_table import Run
 from normlab.launch.study.setup import setup_diff
+from normlab.launch.verdicts.results_table import Run
 
 SETUP_COLUMNS = ("placement", "dataset", "tokenizer", "optimizer", "global_batch", "warmup")
 Point = tuple[str, str, float]  # recipe, size, lr

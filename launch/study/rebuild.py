@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from normlab.launch.errors import ConfigError
 from normlab.launch.lr_sensitivity.protocol import LOGITS_FIGURE
-from normlab.launch.study.aa_test import B_DEFAULT
 from normlab.launch.study.fp8_section import fp8_section, replace_fp8_section
 from normlab.launch.study.merge import read_json, setting_with_merges
 from normlab.launch.study.study_verdicts import (
@@ -29,6 +28,7 @@ from normlab.launch.study.study_verdicts import (
     verdict_section,
     write_verdicts,
 )
+from normlab.launch.verdicts.aa_simulation import B_DEFAULT
 
 STALE_LOGITS = (
     "lr_logits.png not redrawn after the merge: {} of the {} runs have no log Z in {} (a table "
@@ -104,7 +104,7 @@ def rebuild(
                 decided.notes.append(stale)
     growth = None
     if spec.claims is None and spec.protocol["claims"] and plateau is not None:
-        from normlab.launch.study.claims import CLAIMS, decide_all
+        from normlab.launch.verdicts.growth_claims import CLAIMS, decide_all
 
         growth = decide_all(rows, plateau, [c for c in CLAIMS if c.metric == "growth"])
     if (out / "study.md").is_file():

@@ -28,15 +28,6 @@ from normlab.launch.report.domains import domain_stats
 from normlab.launch.report.runs import Run, load_run
 from normlab.launch.report.table import summarize
 from normlab.launch.stats.separation import TRAINED_MARGIN, trained
-from normlab.launch.study.claims import (
-    CLAIMS,
-    Verdict,
-    decide_all,
-    group_rows,
-    growth_of,
-    loss_of,
-    point_label,
-)
 from normlab.launch.study.fp8_section import fp8_section
 from normlab.launch.study.lr_plots import write_lr_plots
 from normlab.launch.study.plots import write_study_plots
@@ -51,6 +42,15 @@ from normlab.launch.study.study_verdicts import (
     write_verdicts,
 )
 from normlab.launch.study.unigram import runs_plateau
+from normlab.launch.verdicts.growth_claims import (
+    CLAIMS,
+    Verdict,
+    decide_all,
+    group_rows,
+    growth_of,
+    loss_of,
+    point_label,
+)
 from normlab.launch.warning.events import CODES
 from rich.console import Console
 from rich.table import Table
@@ -210,8 +210,8 @@ def markdown(
             "|---|---|---|---|---|",
             *(f"| {v.claim} | {v.word} | {v.why} | {v.numbers} | {v.rule} |" for v in found),
             "",
-            "Rules: launch/study/claims.py (growth of groups that trained; 'not tested': its "
-            "recipes were not run).",
+            "Rules: launch/verdicts/growth_claims.py (growth of groups that trained; 'not tested': "
+            "its recipes were not run).",
             "",
         ]
     if len({r.get("size") for r in rows}) == 1:

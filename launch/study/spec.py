@@ -15,7 +15,7 @@
     steps: 200
     jobs: 2
     protocol: {lr_sensitivity: true, margin: 0.1, claims: true}
-    claims:                             # decided by SCIENCE.md 22 (launch.study.verdicts)
+    claims:                             # decided by SCIENCE.md 22 (launch.verdicts.decide)
       - {name: "z-loss lowers LR sensitivity", a: pre_zloss, b: pre,
          statistic: lr_sensitivity, expect: a_lower}
 
@@ -199,7 +199,7 @@ def load_study(name: str) -> StudySpec:
 
 
 def _claims(data: dict[str, Any], protocol: dict[str, Any], where: str) -> list[Any] | None:
-    from normlab.launch.study.verdicts import claims_from_data
+    from normlab.launch.verdicts.decide import claims_from_data
 
     if "claims" not in data:
         return None

@@ -26,10 +26,10 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from normlab.launch.study.aa_test import B_DEFAULT
-from normlab.launch.study.results_table import FRACTIONS, METRICS, NO_SIZE, Run
-from normlab.launch.study.verdict_report import SHOWN, Decided, aa_line, decide_table
-from normlab.launch.study.verdicts import NOT_TESTED
+from normlab.launch.verdicts.aa_simulation import B_DEFAULT
+from normlab.launch.verdicts.decide import NOT_TESTED
+from normlab.launch.verdicts.report import SHOWN, Decided, aa_line, decide_table
+from normlab.launch.verdicts.results_table import FRACTIONS, METRICS, NO_SIZE, Run
 
 if TYPE_CHECKING:
     from normlab.launch.study.plan import Planned
@@ -162,12 +162,12 @@ def _num(x: float) -> str:
 
 def verdict_section(decided: Decided, growth: list[Any] | None = None) -> list[str]:
     """study.md's section: the verdict table, rank flips, the A/A self-test, where the rest is;
-    `growth`: the descriptive growth claims (launch.study.claims Verdicts) of a study without
-    claims of its own, when the report has no section of its own for them."""
+    `growth`: the descriptive growth claims (launch.verdicts.growth_claims Verdicts) of a study
+    without claims of its own, when the report has no section of its own for them."""
     lines = [
         SECTION,
         "",
-        "Each claim decided by SCIENCE.md 22 (launch/study/verdicts.py): Welch (jackknife SE for "
+        "Each claim decided by SCIENCE.md 22 (launch/verdicts/decide.py): Welch (jackknife SE for "
         "loss_at_best_lr) or the exact permutation test (trained_range), Holm at alpha 0.05 over "
         "the claims that can be tested, margins 0.1 nats and 1 grid step; 'A lower' means A's "
         "statistic is lower. Every number, the rule and the exploratory per-point differences: "
@@ -202,7 +202,7 @@ def verdict_section(decided: Decided, growth: list[Any] | None = None) -> list[s
     if growth:
         lines += [
             "Growth claims (descriptive: a per-grid-point rule, not a SCIENCE.md 22 verdict; "
-            "launch/study/claims.py):",
+            "launch/verdicts/growth_claims.py):",
             "",
             "| claim | outcome | why | numbers |",
             "|---|---|---|---|",
@@ -274,7 +274,7 @@ def results_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, Any]
     """The planned runs' rows from DIR/results.csv (written by the study's report), with each
     run's activation growth and max attention logit from DIR/compare.csv where it has the run
     (results.csv holds the losses only; the ladder fits the max logit)."""
-    from normlab.launch.study.results_table import read_results
+    from normlab.launch.verdicts.results_table import read_results
 
     runs = {(r.recipe, r.size, r.lr, r.seed): r for r in read_results(out / RESULTS_CSV)}
     compare = out / "compare.csv"

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 from normlab.launch.stats import statistics as st
-from normlab.launch.study import verdict_core as vc
 from normlab.launch.transfer.ladder import Rung, best_lrs
+from normlab.launch.verdicts import family as vc
 from scipy import stats
 
 MARGIN = 0.5  # octaves (SCIENCE.md 21.6)

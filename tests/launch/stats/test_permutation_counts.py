@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from normlab.launch.stats import statistics as st
 from normlab.launch.stats.permutation_counts import integer_tails
-from normlab.launch.study import verdict_core as vc
+from normlab.launch.verdicts import family as vc
 
 
 def enumerated(a: np.ndarray, b: np.ndarray, margin: float, monkeypatch) -> np.ndarray:

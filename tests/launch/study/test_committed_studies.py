@@ -19,11 +19,11 @@ from statistics import fmean
 
 import pytest
 from normlab.launch.stats.statistics import holm
-from normlab.launch.study.aa_test import fpr_threshold
-from normlab.launch.study.doc_blocks import stale
 from normlab.launch.study.plan import DEFAULT_LRS, DEFAULT_RECIPES, DEFAULT_SEEDS, spec_from_flags
 from normlab.launch.study.rebuild import rebuild
 from normlab.launch.study.spec import load_study
+from normlab.launch.verdicts.aa_simulation import fpr_threshold
+from normlab.launch.verdicts.doc_blocks import stale
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -167,7 +167,7 @@ def test_no_directional_verdict_from_one_seed_or_on_the_aa_study(rebuilt: dict) 
 )
 def test_generated_verdict_blocks_match_the_committed_verdicts(doc: str) -> None:
     assert stale(ROOT / doc, ROOT) == [], (
-        f"{doc}: regenerate with `python -m normlab.launch.study.doc_blocks {doc}`"
+        f"{doc}: regenerate with `python -m normlab.launch.verdicts.doc_blocks {doc}`"
     )
 
 

@@ -17,9 +17,9 @@ from normlab.launch.lr_sensitivity.protocol import run_metrics
 from normlab.launch.report.runs import load_run
 from normlab.launch.study.merge import merge_runs
 from normlab.launch.study.plan import plan
-from normlab.launch.study.results_table import read_results
 from normlab.launch.study.spec import load_study
 from normlab.launch.study.study_verdicts import results_rows, write_runs
+from normlab.launch.verdicts.results_table import read_results
 
 from tests.conftest import REPO
 

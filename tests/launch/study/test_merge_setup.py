@@ -15,8 +15,8 @@ from normlab.launch.cli import main
 from normlab.launch.config import load_config
 from normlab.launch.config.loader import find_recipe
 from normlab.launch.study.merge_checks import _cell_of
-from normlab.launch.study.results_table import read_results
 from normlab.launch.study.setup import setup_diff, setup_of
+from normlab.launch.verdicts.results_table import read_results
 
 from tests.launch.study.test_merge import _rows, _seed_0_and_seed_1
 

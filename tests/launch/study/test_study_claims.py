@@ -20,7 +20,7 @@ from normlab.launch.study.study_verdicts import (
     status_of,
     verdict_section,
 )
-from normlab.launch.study.verdicts import Claim
+from normlab.launch.verdicts.decide import Claim
 
 BASE = {"recipes": ["pre", "pre_nowarmup"], "grid": {"optim.lr": [1e-3, 3e-3]}, "seeds": [0, 1]}
 CLAIM = {"a": "pre", "b": "pre_nowarmup", "statistic": "lr_sensitivity", "expect": "a_lower"}

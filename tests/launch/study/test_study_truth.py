@@ -36,9 +36,9 @@ from normlab.launch.report.plots import PLATEAU_LABEL, loss_figure
 from normlab.launch.report.runs import Run
 from normlab.launch.stats.separation import TRAINED_MARGIN
 from normlab.launch.study import lr_plots
-from normlab.launch.study.claims import CLAIMS, decide_all, loss_of
 from normlab.launch.study.plots import LOSS, study_figure
 from normlab.launch.study.report import group_table
+from normlab.launch.verdicts.growth_claims import CLAIMS, decide_all, loss_of
 from rich.console import Console
 
 L0, PLATEAU = 8.3, 6.258

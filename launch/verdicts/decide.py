@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 from normlab.launch.errors import ConfigError
 from normlab.launch.stats import statistics as st
-from normlab.launch.study import verdict_core as vc
-from normlab.launch.study.results_table import Cell
+from normlab.launch.verdicts import family as vc
+from normlab.launch.verdicts.results_table import Cell
 
 EXPECTS = (st.A_LOWER, st.B_LOWER, st.EQUIVALENT, "any")
 NOT_TESTED = "not_tested"

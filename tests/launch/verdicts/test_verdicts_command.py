@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from normlab.launch.cli import main
 
-from tests.launch.study.tables import LRS, rows_of, write_table
+from tests.launch.verdicts.tables import LRS, rows_of, write_table
 
 MU = np.array([6.0, 5.2, 4.6, 4.3, 4.5, 5.5, 7.0])
 

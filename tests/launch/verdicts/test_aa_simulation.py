@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from normlab.launch.stats import statistics as st
-from normlab.launch.study.aa_test import aa_study, fpr_threshold, power_check
-from normlab.launch.study.results_table import build_cells, read_results
+from normlab.launch.verdicts.aa_simulation import aa_study, fpr_threshold, power_check
+from normlab.launch.verdicts.results_table import build_cells, read_results
 
 from tests.conftest import REPO
-from tests.launch.study.tables import rows_of, write_table
+from tests.launch.verdicts.tables import rows_of, write_table
 
 MU = np.array([6.1, 5.3, 4.7, 4.4, 4.5, 5.4, 6.9])  # a 7-point LR curve, l_0 = 8.3
 L0 = 8.3

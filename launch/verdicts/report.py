@@ -17,19 +17,19 @@ from typing import TYPE_CHECKING
 from normlab.launch.errors import ConfigError
 from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
 from normlab.launch.stats import statistics as st
-from normlab.launch.study import verdict_core as vc
-from normlab.launch.study.rank_flips import (
+from normlab.launch.verdicts import family as vc
+from normlab.launch.verdicts.decide import NOT_TESTED, Verdict, decide, load_claims
+from normlab.launch.verdicts.rank_flips import (
     PointDifference,
     RankFlip,
     exploratory,
     pairs_of,
     rank_flips,
 )
-from normlab.launch.study.results_table import build_cells, read_results
-from normlab.launch.study.verdicts import NOT_TESTED, Verdict, decide, load_claims
+from normlab.launch.verdicts.results_table import build_cells, read_results
 
 if TYPE_CHECKING:
-    from normlab.launch.study.aa_test import AAResult
+    from normlab.launch.verdicts.aa_simulation import AAResult
 
 OUR_FILES = {"verdicts.md", "verdicts.json"}
 SHOWN = {
@@ -262,7 +262,7 @@ def decide_table(
     mid = time.perf_counter()
     found = []
     if aa:
-        from normlab.launch.study.aa_test import aa_study
+        from normlab.launch.verdicts.aa_simulation import aa_study
 
         found = aa_study(cells, aa, plateau, margin)
         if not found:
@@ -300,7 +300,7 @@ def plan_lines(
     """`normlab verdicts --plan DELTA`: seeds per arm for 80 % power at a true difference DELTA,
     from a stated SD (--sd, one statistic) or from each cell of a pilot table (every statistic
     the pilot can give; trained_range needs --plateau), at Holm's first level alpha / family."""
-    from normlab.launch.study.verdicts import pilot_sd, seeds_plan
+    from normlab.launch.verdicts.decide import pilot_sd, seeds_plan
 
     if not (math.isfinite(delta) and delta > 0):
         raise ConfigError(f"--plan must be a positive difference, got {delta}")

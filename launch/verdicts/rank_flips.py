@@ -15,8 +15,8 @@ from itertools import combinations
 
 import numpy as np
 from normlab.launch.stats import statistics as st
-from normlab.launch.study import verdict_core as vc
-from normlab.launch.study.results_table import FRACTIONS, Cell
+from normlab.launch.verdicts import family as vc
+from normlab.launch.verdicts.results_table import FRACTIONS, Cell
 
 
 @dataclass

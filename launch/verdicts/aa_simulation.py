@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from normlab.launch.stats import statistics as st
-from normlab.launch.study import verdict_core as vc
-from normlab.launch.study.results_table import Cell
+from normlab.launch.verdicts import family as vc
+from normlab.launch.verdicts.results_table import Cell
 
 B_DEFAULT = 2000
 

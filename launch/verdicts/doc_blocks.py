@@ -3,7 +3,7 @@
 A block in any Markdown file:
 
     <!-- normlab:verdicts docs/study/lr12 -->
-    ... (generated: do not edit; `python -m normlab.launch.study.doc_blocks FILE...`)
+    ... (generated: do not edit; `python -m normlab.launch.verdicts.doc_blocks FILE...`)
     <!-- /normlab:verdicts -->
 
 holds the verdict table of the study directory named (relative to the repository root), built

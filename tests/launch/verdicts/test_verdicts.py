@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from normlab.launch.stats import statistics as st
-from normlab.launch.study import verdict_core as vc
-from normlab.launch.study.rank_flips import rank_flips
-from normlab.launch.study.results_table import build_cells, read_results
-from normlab.launch.study.verdicts import Claim, decide
+from normlab.launch.verdicts import family as vc
+from normlab.launch.verdicts.decide import Claim, decide
+from normlab.launch.verdicts.rank_flips import rank_flips
+from normlab.launch.verdicts.results_table import build_cells, read_results
 from scipy import stats
 
-from tests.launch.study.tables import rows_of, write_table
+from tests.launch.verdicts.tables import rows_of, write_table
 
 # recipe A, 3 seeds x 3 lrs; seed 2 diverged at the first lr (counts as l_0 = 10)
 A = np.array([[3.0, 2.0, 2.5], [2.8, 2.4, 1.8], [np.nan, 2.1, 2.6]])
@@ -175,7 +175,7 @@ def test_unmeasured_fractions_skip_the_rank_flips(tmp_path: Path) -> None:
 
 
 def test_seeds_plan_stated_and_pilot(tmp_path: Path) -> None:
-    from normlab.launch.study.verdicts import pilot_sd, seeds_plan
+    from normlab.launch.verdicts.decide import pilot_sd, seeds_plan
 
     # SCIENCE.md 22.5's example: SD 0.03, true 0.2, margin 0.1, 3 claims: d = 3.33 at .0167
     n, text = seeds_plan(vc.LOSS, 0.03, 0.2)

@@ -18,7 +18,7 @@ from normlab.launch.stats.separation import (
     compare_ratio,
     mann_whitney_p,
 )
-from normlab.launch.study.claims import (
+from normlab.launch.verdicts.growth_claims import (
     CLAIMS,
     CONTRADICTED,
     INCONCLUSIVE,
