@@ -1,5 +1,6 @@
 """The coordinate-check figure, as the mup package draws it: one panel per step t, mean |x| per
-coordinate against width (or depth) on log-log axes, one line per layer class."""
+coordinate against width (or depth) on log-log axes, one line per layer class; the last panel is
+the change since t = 1 at t = k (the quantity the training checks decide)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from normlab.launch.transfer.coordcheck import CoordResult  # noqa: E402
+from normlab.launch.transfer.coordcheck import CoordResult, slope  # noqa: E402
 
 MAX_PANELS = 5
 
@@ -24,20 +25,26 @@ def shown_steps(steps: int) -> list[int]:
 
 def plot_coords(res: CoordResult, path: Path, title: str) -> Path:
     steps = shown_steps(res.setup.steps)
-    fig, axes = plt.subplots(1, len(steps), figsize=(3.2 * len(steps), 3.2), sharey=True)
+    panels = [("level", t) for t in steps] + [("change", res.setup.steps)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2), sharey=True)
     sizes = res.setup.sizes
-    for ax, t in zip(axes, steps, strict=True):
+    for ax, (quantity, t) in zip(axes, panels, strict=True):
+        store = res.level if quantity == "level" else res.change
         for klass in res.classes:
-            s = res.slope[klass][t - 1]
-            ax.plot(sizes, res.l1[klass][t - 1], marker="o", label=f"{klass} ({s:+.2f})")
+            row = store[klass][t - 1]
+            s = slope(sizes, row)
+            ax.plot(sizes, row, marker="o", label=f"{klass} ({s:+.2f})")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_title(f"t = {t}")
+        ax.set_title(f"t = {t}" if quantity == "level" else f"|x_t - x_1| at t = {t}")
         ax.set_xlabel(res.setup.axis)
         ax.legend(fontsize=6, title="class (slope)", title_fontsize=6)
     axes[0].set_ylabel("mean |x| per coordinate")
-    verdict = "pass" if res.passed else "FAIL: " + "; ".join(res.failed[:3])
-    fig.suptitle(f"{title}: coordinate check over {res.setup.axis} ({verdict})", fontsize=9)
+    reason = res.reason()
+    fig.suptitle(
+        f"{title}: coordinate check over {res.setup.axis}: {res.outcome}\n{reason[:160]}",
+        fontsize=8,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
