@@ -41,7 +41,7 @@ from normlab.model.parametrization import depth_alpha, width_mult
 
 BAND = 0.25  # half the smallest exponent mistake, 0.5 per doubling (docs/SCIENCE.md 21.5)
 LEVEL_95 = 0.975  # two-sided 95 % t interval: each one-sided error at most 2.5 %
-WIDTH_CLASSES = ("embed", "attn", "mlp", "last_layer", "logits")
+WIDTH_CLASSES = ("embed", "attn", "mlp", "last_layer", "logits", "head_update")
 DEPTH_CLASSES = ("blocks", "last_layer")
 LOGITS_INIT_EXPONENT = -0.5  # µP: logits at t = 1 ∝ sqrt(d) / m_N
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
@@ -100,10 +100,10 @@ def checks_for(setup: CoordSetup, cfg: ModelConfig) -> list[Check]:
     k = setup.steps
     if setup.axis == "depth":
         return [Check("blocks", "level", 1, depth_exponent(cfg))]
-    init = [
-        Check(c, "level", 1, LOGITS_INIT_EXPONENT if c == "logits" else 0.0) for c in WIDTH_CLASSES
-    ]
-    return init + [Check(c, "change", k, 0.0) for c in WIDTH_CLASSES]
+    at_init = ("embed", "attn", "mlp", "last_layer", "logits")
+    init = [Check(c, "level", 1, LOGITS_INIT_EXPONENT if c == "logits" else 0.0) for c in at_init]
+    trained = [Check(c, "change", k, 0.0) for c in ("embed", "attn", "mlp", "last_layer")]
+    return init + trained + [Check("head_update", "level", k, 0.0)]
 
 
 @dataclass
@@ -190,8 +190,16 @@ class Control:
 
 def as_sp(cfg: ModelConfig) -> ModelConfig:
     """The same model under the standard parametrization (same init scheme)."""
-    keys = ("base_d_model", "base_n_layers", "completep_alpha", "input_mult", "output_mult")
-    return replace(cfg, parametrization="sp", attn_mult=None, **dict.fromkeys(keys))
+    return replace(
+        cfg,
+        parametrization="sp",
+        base_d_model=None,
+        base_n_layers=None,
+        completep_alpha=None,
+        input_mult=None,
+        output_mult=None,
+        attn_mult=None,
+    )
 
 
 def unscale_hidden_lr(opt: torch.optim.Optimizer, cfg: ModelConfig) -> None:
@@ -251,6 +259,13 @@ def _hooks(model: Transformer, record: Callable[[str, torch.Tensor], None]) -> l
     for block in model.blocks:
         taps += [(block.attn.branch, "attn"), (block.mlp.branch, "mlp")]  # type: ignore[union-attr]
     handles = [m.register_forward_hook(lambda _m, _i, out, k=k: record(k, out)) for m, k in taps]
+    # "head_update": (W_t - W_1) h_t, the logits' change that the head's own update makes
+    w1 = model.head.weight.detach().clone()
+
+    def head_update(m: Any, inputs: tuple, _out: Any) -> None:
+        record("head_update", torch.nn.functional.linear(inputs[0], m.weight - w1))
+
+    handles.append(model.head.register_forward_hook(head_update))
     # "blocks": x_L - x_0, what the blocks add to the stream they are given
     stream: list[torch.Tensor] = []
 
@@ -429,8 +444,7 @@ def coord_check(
         [statistics.fmean(runs[n][s]["loss"][t] for s in seeds) for n in setup.sizes]
         for t in range(k)
     ]
-    checked = base if control is None else control.model(base)
-    for check in checks_for(setup, checked):
+    for check in checks_for(setup, base):  # a control is judged by the recipe's exponents
         per_seed = [
             [runs[n][s][check.quantity][check.klass][check.t - 1] for n in setup.sizes]
             for s in seeds
