@@ -47,7 +47,7 @@ BLOCK = re.compile(r"(<!-- normlab:warnings (\S+) -->\n)(.*?)(<!-- /normlab:warn
 def pack(root: Path) -> list[dict[str, Any]]:
     """One record per run below `root`: its directory name, config, summary and metric rows."""
     import yaml
-    from normlab.launch.report.runfiles import read_metrics
+    from normlab.launch.rundir.runfiles import read_metrics
     from normlab.launch.warning.evaluate import find_run_dirs
 
     records = []

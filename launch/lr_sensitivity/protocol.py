@@ -32,9 +32,9 @@ from normlab.launch.lr_sensitivity.curves import (
     ranking,
     summary_row,
 )
-from normlab.launch.report.runs import Run, finite
+from normlab.launch.rundir.metrics import JSONL, read_jsonl
+from normlab.launch.rundir.runs import Run, finite
 from normlab.launch.stats.separation import TRAINED_MARGIN
-from normlab.launch.training.metrics import JSONL, read_jsonl
 from rich.console import Console
 from rich.table import Table
 

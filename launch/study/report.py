@@ -25,8 +25,8 @@ from normlab.launch.lr_sensitivity.protocol import (
     sensitivity_markdown,
 )
 from normlab.launch.report.domains import domain_stats
-from normlab.launch.report.runs import Run, load_run
 from normlab.launch.report.table import summarize
+from normlab.launch.rundir.runs import Run, load_run
 from normlab.launch.stats.separation import TRAINED_MARGIN, trained
 from normlab.launch.study.fp8_section import fp8_section
 from normlab.launch.study.lr_plots import write_lr_plots

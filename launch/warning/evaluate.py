@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 from normlab.launch.metric_keys import block_keys
-from normlab.launch.report.runs import Run, load_run
+from normlab.launch.rundir.runs import Run, load_run
 from normlab.launch.warning.detector import alarms, zscores
 from normlab.launch.warning.events import events_from_summary, run_events
 from normlab.launch.warning.scoring import RECALL_AT, RunAlarms, Score, score, wilson
