@@ -19,7 +19,8 @@ import torch
 from normlab.launch.callbacks import Callback, StopRun, build_callbacks, overrides_skip
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
-from normlab.launch.optim import optim_callbacks, set_lr
+from normlab.launch.instruments.qk_clip import optim_callbacks
+from normlab.launch.optim import set_lr
 from normlab.launch.rundir.directory import (
     RunDirLock,
     check_run_dir,
