@@ -327,7 +327,7 @@ def write_study_report(
         write_csvs(curves, out)
         write_lr_plots(curves, out)
         print_sensitivity(curves, console, left_out)
-        protocol_md = sensitivity_markdown(curves, spec, left_out)
+        protocol_md = sensitivity_markdown(curves, spec.protocol["margin"], left_out)
         from normlab.launch.transfer.ladder_report import write_ladder
 
         protocol_md += write_ladder(curves, out, spec.protocol.get("ladder_target"))
