@@ -87,7 +87,7 @@ def outcome(
     return Outcome(
         lr=float(config["optim"]["lr"]),
         seed=int(config["training"]["seed"]),
-        action=str(ew.get("action", "checkpoint")),
+        action=("placebo_" if ew.get("placebo_step") else "") + str(ew.get("action", "checkpoint")),
         first_alarm=alarmed[0] if alarmed else None,
         alarms=int(_last(rows, EW_ALARMS, 0.0)),
         restores=int(_last(rows, EW_ROLLBACKS, 0.0)),
