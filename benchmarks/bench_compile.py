@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from normlab.launch.config import load_config  # noqa: E402
-from normlab.launch.training.metrics import read_jsonl  # noqa: E402
+from normlab.launch.rundir.metrics import read_jsonl  # noqa: E402
 from normlab.launch.training.trainer import Trainer  # noqa: E402
 
 # the bundled corpus's default validation share (0.005: 4 sequences of 2049 tokens) is smaller

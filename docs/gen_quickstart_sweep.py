@@ -37,8 +37,8 @@ BLOCK = re.compile(
 def read_runs(root: Path) -> dict[str, Any]:
     """results.json's content from RUNS/s<seed>/<recipe>/ (compare's reader and row)."""
     from normlab.launch.config import load_config
-    from normlab.launch.report.runs import load_run
     from normlab.launch.report.table import summarize
+    from normlab.launch.rundir.runs import load_run
     from normlab.launch.stats.separation import TRAINED_MARGIN
     from normlab.launch.study.unigram import dataset_unigram_loss
     from normlab.launch.training.datasets import resolve_dataset

@@ -39,6 +39,7 @@ META = OUT / "sweep.json"
 ACTIONS = DOCS / "warnings" / "divergence_actions"
 ACTIONS_BUNDLE, ACTIONS_META = ACTIONS / "runs.jsonl.gz", ACTIONS / "sweep.json"
 PAGE = DOCS / "early_warning.md"
+README = DOCS.parent / "README.md"
 TEXT_FILES = ("warnings.md", "warnings.json")
 SPEED = ("step_time", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
 BLOCK = re.compile(r"(<!-- normlab:warnings (\S+) -->\n)(.*?)(<!-- /normlab:warnings -->)", re.S)
@@ -47,7 +48,7 @@ BLOCK = re.compile(r"(<!-- normlab:warnings (\S+) -->\n)(.*?)(<!-- /normlab:warn
 def pack(root: Path) -> list[dict[str, Any]]:
     """One record per run below `root`: its directory name, config, summary and metric rows."""
     import yaml
-    from normlab.launch.report.runfiles import read_metrics
+    from normlab.launch.rundir.runfiles import read_metrics
     from normlab.launch.warning.evaluate import find_run_dirs
 
     records = []
@@ -126,9 +127,7 @@ def event_table(records: list[dict[str, Any]]) -> str:
             if not r["summary"].get("events")
         )
         seeds = ", ".join(str(r["config"]["training"]["seed"]) for r in runs)
-        span = (
-            f"{statistics.median(steps):g} [{min(steps)}, {max(steps)}]" if steps else "-"
-        )
+        span = f"{statistics.median(steps):g} [{min(steps)}, {max(steps)}]" if steps else "-"
         lines.append(
             f"| {lr:g} | {len(runs)} ({seeds}) | {len(firsts)} | {', '.join(kinds) or '-'} | "
             f"{span} | {healthy} |"
@@ -175,9 +174,13 @@ def level_table(records: list[dict[str, Any]]) -> str:
 
 def action_block(records: list[dict[str, Any]]) -> str:
     """The action study's runs, each against its twin in the sweep (same lr and seed)."""
-    from normlab.launch.warning.actions import outcome, table
+    from normlab.launch.warning.actions import outcome, split_refusal, table
 
     meta = json.loads(ACTIONS_META.read_text())
+    # the signals were tuned (seeds 0-1) and chosen (the held-out seeds) on the whole sweep
+    selection = meta.get("selection_seeds") or sorted(
+        {int(r["config"]["training"]["seed"]) for r in records}
+    )
     twins = {
         (float(r["config"]["optim"]["lr"]), int(r["config"]["training"]["seed"])): r
         for r in records
@@ -190,10 +193,58 @@ def action_block(records: list[dict[str, Any]]) -> str:
         twin_rows = [m for m in twin["metrics"] if "loss" in m]
         outcomes.append(outcome(r["config"], r["summary"], rows, (twin["summary"], twin_rows)))
     seeds = sorted({o.seed for o in outcomes})
-    return (
+    recorded = meta.get("evaluation_seeds")
+    if recorded is not None and sorted(recorded) != seeds:
+        raise SystemExit(f"{ACTIONS_META}: evaluation_seeds {recorded} but the runs' are {seeds}")
+    head = (
         f"{len(outcomes)} runs, seeds {seeds[0]}-{seeds[-1]}; measured `{meta['command']}`: "
-        f"{meta['time_s'] / 60:.0f} min on {meta['machine']}.\n\n" + table(outcomes)
+        f"{meta['time_s'] / 60:.0f} min on {meta['machine']}.\n\n"
     )
+    placebo = (
+        ""
+        if any(o.action.startswith("placebo") for o in outcomes)
+        else (
+            "No placebo arm (the same back-off at a fixed step, not triggered by the alarm): "
+            '"the alarm\'s timing saved it" is not separated from "a lower lr saved it".\n\n'
+        )
+    )
+    refusal = split_refusal(selection, seeds)
+    if refusal is not None:
+        return head + refusal + "\n\n" + placebo + "Recorded, not a finding:\n\n" + table(outcomes)
+    return head + placebo + table(outcomes)
+
+
+def headline(texts: dict[str, str], actions: str) -> str:
+    """The one sentence the README and the page open with, from the tool's warnings.json (Holm
+    over every signal compared) and the action block's own refusal or placebo lines."""
+    data = json.loads(texts["warnings.json"])
+    rows = [r for r in data["signals"] if r.get("holm_p") is not None and r["signal"] != "loss"]
+    rows = [r for r in rows if not math.isnan(float(r["holm_p"]))]
+    winners = [r["signal"] for r in rows if r["beats_loss"]]
+    raw = sorted((r for r in rows if r["mcnemar_p"] < 0.05), key=lambda r: r["mcnemar_p"])
+    ps = "; ".join(f"{r['signal']} p {r['mcnemar_p']:.3g}, Holm {r['holm_p']:.3g}" for r in raw)
+    events = rows[0]["events"] if rows else 0
+    if winners:
+        first = (
+            f"On {events} held-out fp16 overflows on CPU, {', '.join(winners)} warn earlier than "
+            f"the loss after Holm over the {len(rows)} signals compared"
+        )
+    else:
+        first = (
+            f"On {events} held-out fp16 overflows on CPU, no signal warns earlier than the loss "
+            f"once Holm corrects over the {len(rows)} signals compared"
+        )
+    first += f" ({ps}: uncorrected only)." if raw and not winners else "."
+    caveats = []
+    if "Refused:" in actions:
+        caveats.append("its signals were chosen on the same seeds")
+    if "No placebo arm" in actions:
+        caveats.append("it has no placebo arm (the same back-off not triggered by the alarm)")
+    if caveats:
+        first += (
+            " The online action study is recorded but not a finding: " + " and ".join(caveats) + "."
+        )
+    return first + "\n"
 
 
 def blocks(records: list[dict[str, Any]], texts: dict[str, str]) -> dict[str, str]:
@@ -203,7 +254,9 @@ def blocks(records: list[dict[str, Any]], texts: dict[str, str]) -> dict[str, st
     table = texts["warnings.md"].split("\n", 1)[1].strip()  # the tool's page without its title
     table = table.replace("](recall_vs_false_alarms.png)", "](warnings/divergence/"
                           "recall_vs_false_alarms.png)")  # fmt: skip
+    actions = action_block(records)
     return {
+        "headline": headline(texts, actions),
         "sweep": (
             f"{len(records)} runs, {n_events} with an event, seeds {seeds[0]}-{seeds[-1]}; "
             f"measured `{meta['command']}`: {meta['time_s'] / 60:.0f} min on {meta['machine']}.\n\n"
@@ -211,13 +264,13 @@ def blocks(records: list[dict[str, Any]], texts: dict[str, str]) -> dict[str, st
         ),
         "evaluation": table + "\n",
         "levels": level_table(records),
-        "actions": action_block(records),
+        "actions": actions,
     }
 
 
 def render(page: str, found: dict[str, str]) -> str:
     def fill(m: re.Match[str]) -> str:
-        return m.group(1) + found[m.group(2)] + m.group(4)
+        return m.group(1) + found[m.group(2)] + m.group(4)  # a name not found: a KeyError
 
     return BLOCK.sub(fill, page)
 
@@ -232,11 +285,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
     if args.action_runs:
-        write_bundle([r for root in args.action_runs for r in pack(root)], ACTIONS_BUNDLE)
+        packed = [r for root in args.action_runs for r in pack(root)]
+        write_bundle(packed, ACTIONS_BUNDLE)
         ACTIONS_META.write_text(json.dumps({
             "command": "normlab study divergence_actions --jobs 2",
             "time_s": args.action_time_s,
             "machine": args.machine,
+            # the seeds the watched signals were tuned and chosen on (the sweep's), and those
+            # the actions are evaluated on; action_block refuses an overlap
+            "selection_seeds": sorted({r["config"]["training"]["seed"] for r in read_bundle()}),
+            "evaluation_seeds": sorted({r["config"]["training"]["seed"] for r in packed}),
         }, indent=1) + "\n")  # fmt: skip
     if args.runs:
         write_bundle([r for root in args.runs for r in pack(root)])
@@ -250,13 +308,18 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             texts = evaluate(records, Path(tmp))
         stale = [f for f in TEXT_FILES if (OUT / f).read_text() != texts[f]]
-        if PAGE.read_text() != render(PAGE.read_text(), blocks(records, texts)):
+        found = blocks(records, texts)
+        if PAGE.read_text() != render(PAGE.read_text(), found):
             stale.append(str(PAGE.relative_to(DOCS)))
+        if README.read_text() != render(README.read_text(), found):
+            stale.append("../README.md")
         for f in stale:
             print(f"stale: {f} (run python docs/gen_warnings.py)", file=sys.stderr)
         return 1 if stale else 0
     texts = evaluate(records, OUT)
-    PAGE.write_text(render(PAGE.read_text(), blocks(records, texts)))
+    found = blocks(records, texts)
+    PAGE.write_text(render(PAGE.read_text(), found))
+    README.write_text(render(README.read_text(), found))
     return 0
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from normlab.launch.config import RunConfig
     from normlab.launch.engines.base import Engine
     from normlab.launch.rundir.checkpoint import CheckpointManager
-    from normlab.launch.training.metrics import MetricsWriter
+    from normlab.launch.rundir.metrics import MetricsWriter
     from rich.console import Console
 
 

@@ -2,7 +2,7 @@
 
 The exact and the lse-bounded max-logit kernels QK-Clip reads live in attention_lse.py; they run
 from hooks on `Attention.qk_tap` and `Attention.core` (launch/instruments/attention.py,
-launch/optim/qk_clip.py), never from the model itself.
+launch/instruments/qk_clip.py), never from the model itself.
 """
 
 from __future__ import annotations

@@ -234,7 +234,8 @@ class ModelConfig:
             )
 
     def notes(self) -> list[str]:
-        """What a user should know about a valid combination (printed by `normlab validate`)."""
+        """What a user should know about a valid combination (printed by `normlab validate`
+        through parametrization.config_notes, which adds the transfer factors)."""
         out = []
         if self.residual_scale != "none" and self.init in ("gpt2", "megatron_small"):
             out.append(
@@ -242,10 +243,6 @@ class ModelConfig:
                 f"and init {self.init}'s 1/sqrt(2L) output projections both shrink the branch "
                 "(SCIENCE.md 15); init: normal keeps only the scale"
             )
-        if self.parametrization != "sp":
-            from .parametrization import describe
-
-            out.append(describe(self))
         return out
 
     @property

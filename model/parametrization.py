@@ -152,3 +152,9 @@ def describe(cfg: ModelConfig) -> str:
         f"attention scale {attn_scale(cfg):g}",
     ]
     return "; ".join(parts) + " (SCIENCE.md 21)"
+
+
+def config_notes(cfg: ModelConfig) -> list[str]:
+    """What `normlab validate` prints about a valid model config: its own notes, then the
+    parametrization's factors (`describe`) when it is not sp."""
+    return [*cfg.notes(), *([describe(cfg)] if cfg.parametrization != "sp" else [])]

@@ -34,7 +34,7 @@ from normlab.launch.engines.deepspeed_engine import DeepSpeedEngine, ds_config, 
 from normlab.launch.engines.deepspeed_storage import DeepSpeedStorage
 from normlab.launch.engines.fsdp import FSDPEngine, device_mesh
 from normlab.launch.optim import build_optimizer
-from normlab.launch.optim.selfcheck import SelfCheckError, check_orthogonalised
+from normlab.launch.training.muon_selfcheck import SelfCheckError, check_orthogonalised
 from torch.distributed.tensor import DTensor
 
 

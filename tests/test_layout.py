@@ -155,3 +155,69 @@ def test_type_checker_debt_only_shrinks() -> None:
     for module in skipped:
         path = REPO / module.removeprefix("normlab.").replace(".", "/")
         assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), module
+
+
+# --- the house: rooms and floors ------------------------------------------------------------------
+# A room is what a picture of the package draws as one box: a top-level package (model/, data/),
+# a folder of launch/ (launch/study/), or a module directly in launch/ (launch/slurm.py). Every
+# import counts (module level, inside functions, under TYPE_CHECKING). On an acyclic room graph a
+# floor is the longest chain of rooms below a room; an arrow back up is an import from a room to
+# one on a higher floor, so it can only exist where rooms import each other in a circle.
+MAX_ROOM_SHARE = 0.13  # of the package's lines (issue 48)
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")[1:]  # without 'normlab'
+    if parts[0] != "launch" or len(parts) == 1:
+        return parts[0]
+    return "launch/" + parts[1] + ("/" if (REPO / "launch" / parts[1]).is_dir() else ".py")
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {room_of(m): set() for m in graph}
+    for module, deps in graph.items():
+        rooms[room_of(module)] |= {room_of(d) for d in deps} - {room_of(module)}
+    return rooms
+
+
+def floors(rooms: dict[str, set[str]]) -> dict[str, int]:
+    """Floor 1: rooms that import no room; otherwise one above the highest room imported."""
+    out: dict[str, int] = {}
+
+    def floor(room: str) -> int:
+        if room not in out:
+            out[room] = 1 + max((floor(d) for d in rooms[room]), default=0)
+        return out[room]
+
+    for room in rooms:
+        floor(room)
+    return out
+
+
+def test_rooms_import_no_circle_and_no_arrow_runs_back_up() -> None:
+    rooms = room_graph(import_graph())
+    circle = find_cycle(rooms)
+    assert circle is None, "rooms in a circle: " + " -> ".join(circle or [])
+    level = floors(rooms)
+    back = [(a, b) for a, deps in rooms.items() for b in deps if level[b] >= level[a]]
+    assert back == [], back
+
+
+def test_no_room_holds_more_than_its_share_of_the_lines() -> None:
+    lines: dict[str, int] = {}
+    for path in (f for pkg in PACKAGES for f in (REPO / pkg).rglob("*.py")):
+        room = room_of(module_name(path))
+        lines[room] = lines.get(room, 0) + len(path.read_text().splitlines())
+    total = sum(lines.values())
+    biggest = max(lines, key=lambda r: lines[r])
+    assert lines[biggest] <= MAX_ROOM_SHARE * total, (biggest, lines[biggest], total)
+
+
+def test_rooms_and_floors_are_measured_as_drawn() -> None:
+    """The measure itself: a deferred import counts, a room circle is found, floors stack."""
+    rooms = {"a/": {"b/"}, "b/": {"c.py"}, "c.py": set()}
+    assert floors(rooms) == {"a/": 3, "b/": 2, "c.py": 1}
+    assert find_cycle({**rooms, "c.py": {"a/"}}) is not None
+    assert room_of("normlab.launch.study.report") == "launch/study/"
+    assert room_of("normlab.launch.slurm") == "launch/slurm.py"
+    assert room_of("normlab.model.kernels.functions") == "model"

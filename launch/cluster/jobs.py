@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from normlab.launch.cluster import slurm
+from normlab.launch import slurm
 from normlab.launch.cluster.script import SCRIPT_NAME, render_script
 from normlab.launch.cluster.spec import ClusterSpec, resource_warning
 from normlab.launch.errors import RunDirError

@@ -57,10 +57,10 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def run_status(run_dir: Path) -> dict[str, Any]:
     """Everything `normlab status` prints about one run, as a dict."""
-    from normlab.launch.cluster.slurm import job_state
-    from normlab.launch.report.runfiles import read_config, read_summary
     from normlab.launch.rundir.directory import CONFIG, SUMMARY
     from normlab.launch.rundir.owner import last_job_id
+    from normlab.launch.rundir.runfiles import read_config, read_summary
+    from normlab.launch.slurm import job_state
 
     if not (run_dir / CONFIG).is_file():
         raise RunDirError(f"{run_dir} is not a run directory (no {CONFIG})")
@@ -71,7 +71,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     info["job_state"] = job_state(info["job_id"]) if info["job_id"] else None
     summary = read_summary(run_dir / SUMMARY)
     info["status"] = summary.get("status", "not started")
-    from normlab.launch.report.runfiles import read_metrics
+    from normlab.launch.rundir.runfiles import read_metrics
     from normlab.launch.warning.events import events_from_summary, events_text, run_events
 
     every = read_metrics(run_dir / "metrics.jsonl")  # damage is one line, not skipped

@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
     from normlab.launch.training.preflight import preflight
     from normlab.model import count_params
+    from normlab.model.parametrization import config_notes
 
     preflight(cfg, local=False)  # GPU recipes validate on a CPU machine (the README's 7b)
     total, non_embed = count_model(cfg)
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(resolved_dict(cfg), sort_keys=False), end="")
     if cfg.training.device == "cuda" and not torch.cuda.is_available():
         print("note: training.device is cuda; this machine has no CUDA device (train elsewhere)")
-    for note in cfg.model_config().notes():
+    for note in config_notes(cfg.model_config()):
         print(f"note: {note}")
     if (fp8 := fp8_note(cfg)) is not None:
         print(f"note: {fp8}")

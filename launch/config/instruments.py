@@ -120,6 +120,9 @@ class EarlyWarningSettings:
     skip_batches: int = 200
     clip_sigma: float = 3.0  # clip_update (Levanter): clip at mean + sigma * std of past norms
     clip_window: int = 128  # clip_update: past update norms kept
+    # backoff only, the placebo arm (SCIENCE.md 23.3, multiplicity and selection): > 0 takes the
+    # same back-off once at this step, whatever the alarm says; alarms are counted, not acted on
+    placebo_step: int = 0
 
     def __post_init__(self) -> None:
         where = "instruments.early_warning"
@@ -146,6 +149,11 @@ class EarlyWarningSettings:
                 raise ConfigError(
                     f"{where}.{key} must be a positive number, got {getattr(self, key)!r}"
                 )
+        if self.placebo_step < 0 or (self.placebo_step and self.action != "backoff"):
+            raise ConfigError(
+                f"{where}.placebo_step is a step > 0 of action backoff only, got "
+                f"{self.placebo_step!r} with action {self.action!r}"
+            )
         if not 0 < self.backoff < 1:
             raise ConfigError(f"{where}.backoff must lie in (0, 1), got {self.backoff!r}")
         for key, low in (

@@ -28,14 +28,13 @@ from normlab.launch.engines.deepspeed_muon import check_muon_config
 from normlab.launch.engines.deepspeed_storage import DeepSpeedStorage
 from normlab.launch.engines.deepspeed_universal import universal_dir, universal_load
 from normlab.launch.engines.dist import DistributedEngine
-from normlab.launch.engines.fp8 import convert_fp8
 from normlab.launch.engines.fsdp import (
     META_FILE,
-    apply_activation_checkpointing,
     read_extra,
     read_meta,
     trainer_file,
 )
+from normlab.launch.engines.transforms import apply_transforms
 from normlab.launch.errors import CheckpointError, ConfigError
 from normlab.model import ModelConfig, Transformer
 
@@ -133,13 +132,10 @@ class DeepSpeedEngine(DistributedEngine):
         self.storage = storage
         module = self._build(model_cfg, config)
         # precision.fp8 swaps the linear layers, keeping their (partitioned) parameters
-        fp8, smooth = self.precision.fp8, model_cfg.smooth_swiglu
-        convert_fp8(module, fp8, self._device.type, smooth=smooth)
-        if self.section.activation_checkpointing:
-            apply_activation_checkpointing(module, compiled=self.section.compile)
-        if self.section.compile:
-            for block in module.blocks:
-                block.compile(backend=self.section.compile_backend)
+        apply_transforms(
+            module, self.section, self.precision.fp8, self._device.type,
+            smooth=model_cfg.smooth_swiglu,
+        )  # fmt: skip
         self._module = module
         self._optimizer = build_optimizer(module)
         self._gate_optimizer(self._optimizer)

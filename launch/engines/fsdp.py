@@ -25,9 +25,8 @@ import torch.distributed.checkpoint as dcp
 from normlab.launch.engines.base import OptimizerFactory, StepVeto
 from normlab.launch.engines.construct import build_on_meta, materialize
 from normlab.launch.engines.dist import DistributedEngine
-from normlab.launch.engines.fp8 import convert_fp8
-from normlab.launch.engines.recompute import apply_activation_checkpointing
 from normlab.launch.engines.single import read_file
+from normlab.launch.engines.transforms import apply_transforms
 from normlab.launch.errors import CheckpointError, ConfigError
 from normlab.model import ModelConfig, Transformer
 from torch import nn
@@ -82,13 +81,10 @@ class FSDPEngine(DistributedEngine):
         self._mesh = device_mesh(self._device.type, self._world, self.section.replicate)
         module, plan = build_on_meta(model_cfg)
         # torchtitan's order: FP8 conversion, activation checkpointing, compile, sharding
-        fp8, smooth = self.precision.fp8, model_cfg.smooth_swiglu
-        convert_fp8(module, fp8, self._device.type, fsdp=True, smooth=smooth)
-        if self.section.activation_checkpointing:
-            apply_activation_checkpointing(module, compiled=self.section.compile)
-        if self.section.compile:
-            for block in module.blocks:
-                block.compile(backend=self.section.compile_backend)
+        apply_transforms(
+            module, self.section, self.precision.fp8, self._device.type,
+            smooth=model_cfg.smooth_swiglu, fsdp=True,
+        )  # fmt: skip
         self._shard(module)
         materialize(module, plan, self.run.seed, self._device)
         # asynchronous saves talk over their own CPU group (a collective call on every rank)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from normlab.launch.engines.base import Engine, OptimizerFactory, StepVeto
 from normlab.launch.engines.construct import build_on_meta, materialize
-from normlab.launch.engines.fp8 import convert_fp8
+from normlab.launch.engines.transforms import apply_transforms
 from normlab.launch.errors import CheckpointError
 from normlab.model import ModelConfig
 from torch import nn
@@ -41,14 +41,12 @@ class SingleEngine(Engine):
     def setup(self, model_cfg: ModelConfig, build_optimizer: OptimizerFactory) -> None:
         self._device = resolve_device(self.run.device)
         module, plan = build_on_meta(model_cfg)  # allocated once, on the device
-        fp8, smooth = self.precision.fp8, model_cfg.smooth_swiglu  # torchao's Float8Linear
-        convert_fp8(module, fp8, self._device.type, smooth=smooth)
+        self._model: nn.Module = apply_transforms(
+            module, self.section, self.precision.fp8, self._device.type,
+            smooth=model_cfg.smooth_swiglu, whole_model=True,
+        )  # fmt: skip
         materialize(module, plan, self.run.seed, self._device)
         self._module = module
-        e = self.section
-        self._model: nn.Module = (
-            torch.compile(module, backend=e.compile_backend) if e.compile else module
-        )
         self._optimizer = build_optimizer(module)
         prec = self.precision
         self._amp_dtype = AMP_DTYPES.get(prec.dtype)

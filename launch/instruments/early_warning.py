@@ -170,9 +170,13 @@ class EarlyWarning(Callback):
             if self.last_alarm is None or step - self.last_alarm >= MERGE:
                 self.alarms += 1
             self.last_alarm = step
-            if self.last_action is None or step - self.last_action >= MERGE:
+            placebo = self.settings.placebo_step > 0  # alarms counted, not acted on
+            if not placebo and (self.last_action is None or step - self.last_action >= MERGE):
                 self.last_action = step
                 self._alarm(trainer, step, hits)
+        if step == self.settings.placebo_step > 0:
+            self.last_action = step
+            self._alarm(trainer, step, [])
         if is_log_step(trainer, step):
             metrics[ALARMS] = float(self.alarms)
             metrics[LR_SCALE] = self.scale_at(step)
@@ -190,6 +194,7 @@ class EarlyWarning(Callback):
 
     def _alarm(self, trainer: TrainerView, step: int, hits: list[tuple[str, float]]) -> None:
         what = ", ".join(f"{k} {v:.4g} (z {self.detectors[k].last_z:.1f})" for k, v in hits)
+        what = what or "placebo: at a fixed step, not on an alarm"
         if self.action == "checkpoint":
             self._checkpoint_due = True
             self._say(trainer, f"early warning at step {step} ({what}): checkpoint")

@@ -10,8 +10,8 @@ sensitivity holds only curves that trained (a curve flat at the plateau is not i
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 from normlab.launch.instruments.output_logits import (
     GRAD_RMS,
@@ -32,15 +32,20 @@ from normlab.launch.lr_sensitivity.curves import (
     ranking,
     summary_row,
 )
-from normlab.launch.report.runs import Run, finite
+from normlab.launch.rundir.metrics import JSONL, read_jsonl
+from normlab.launch.rundir.runs import Run, finite
 from normlab.launch.stats.separation import TRAINED_MARGIN
-from normlab.launch.training.metrics import JSONL, read_jsonl
 from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from normlab.launch.study.plan import Planned
-    from normlab.launch.study.spec import StudySpec
+
+class GridRun(Protocol):
+    """Where a run sits on the grid (a study's planned run has these)."""
+
+    recipe: str
+    size: Any
+    lr: float
+    seed: int
 
 
 LOGITS_FIGURE = "![max attention logit and output log Z against learning rate](lr_logits.png)"
@@ -81,7 +86,7 @@ def run_metrics(run: Run) -> dict[str, float]:
     }
 
 
-def run_point(p: Planned, run: Run) -> Point:
+def run_point(p: GridRun, run: Run) -> Point:
     status = run.summary.get("status")
     last = run.evals[-1]["eval_loss"] if run.evals else None
     return Point(
@@ -97,7 +102,7 @@ def run_point(p: Planned, run: Run) -> Point:
 
 
 def protocol_curves(
-    planned: list[Planned],
+    planned: Sequence[GridRun],
     runs: list[Run],
     margin: float,
     plateau: float | None = None,
@@ -244,8 +249,9 @@ def print_sensitivity(
 
 
 def sensitivity_markdown(
-    found: list[Curve], spec: StudySpec, left_out: list[str] | None = None
+    found: list[Curve], margin: float, left_out: list[str] | None = None
 ) -> list[str]:
+    """study.md's section; `margin`: the protocol's stable-range margin (nats)."""
     lrs = sorted({p.lr for c in found for p in c.points})
     order = ranks(found)
     grid = ", ".join(f"{v:g}" for v in lrs)
@@ -266,7 +272,7 @@ def sensitivity_markdown(
         "or stopped run counts as l_0, in the verdicts too); the curve is the mean over seeds. "
         "LR sensitivity = mean "
         "over the grid - l* (the curve's minimum); 'per seed': the same from each seed's own "
-        f"curve. Stable range: the widest run of grid points within {spec.protocol['margin']} "
+        f"curve. Stable range: the widest run of grid points within {margin} "
         "nats of l* (none for a curve that trained nowhere). Trains at: the widest run of grid "
         f"points where every seed ended {TRAINED_MARGIN} nats below the data's unigram plateau"
         + (f" ({found[0].plateau:.3f})" if found and found[0].plateau is not None else "")

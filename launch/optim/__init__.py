@@ -2,7 +2,8 @@
 
 `adamw`: torch.optim.AdamW. `muon` (SCIENCE.md 6): Muon on the hidden matrices and AdamW on the
 rest in one optimizer (launch.optim.muon), proved to orthogonalise by a start-up self-check
-(launch.optim.selfcheck). `optim.qk_clip` adds QK-Clip after every step (launch.optim.qk_clip).
+(launch.training.muon_selfcheck, run from the training build). `optim.qk_clip` adds QK-Clip after
+every step (launch.instruments.qk_clip, a callback beside the instruments).
 
 The learning rate has one source, `optim.lr`: the schedule (launch.training.schedule) turns it into
 the rate of each step, and `set_lr` writes that rate times the group's `lr_mult` (µP/CompleteP's
@@ -12,17 +13,10 @@ holds no absolute rate of its own, so a resume with a new optim.lr needs nothing
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
 import torch
 from normlab.launch.config import OptimSection
 from normlab.launch.registry import OPTIMIZERS, resolve
 from torch import nn
-
-if TYPE_CHECKING:
-    from normlab.launch.callbacks import Callback
-    from normlab.launch.engines.base import Engine
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -105,25 +99,6 @@ def transfer_groups(model: nn.Module, groups: list[dict], cfg: OptimSection) -> 
                 }
             )
     return out
-
-
-def optim_callbacks(cfg: OptimSection) -> list[Callback]:
-    """Per-step work of the optimizer section beyond the step itself: QK-Clip when configured."""
-    if cfg.qk_clip is None:
-        return []
-    from normlab.launch.optim.qk_clip import QKClip
-
-    return [QKClip(cfg.qk_clip.tau, cfg.qk_clip.alpha)]
-
-
-def check_optimizer(
-    engine: Engine, cfg: OptimSection, factory: Callable[[nn.Module], torch.optim.Optimizer]
-) -> None:
-    """Start-up self-check (before step 1): Muon must really orthogonalise on this engine."""
-    if cfg.name == "muon":
-        from normlab.launch.optim.selfcheck import check_orthogonalised
-
-        check_orthogonalised(engine, factory, cfg.muon_scale)
 
 
 def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:

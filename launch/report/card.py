@@ -33,7 +33,7 @@ from normlab.launch.metric_keys import (
     UPDATE_SPIKES,
     parse_block_key,
 )
-from normlab.launch.report.runs import Run
+from normlab.launch.rundir.runs import Run
 from rich.console import Console
 from rich.table import Table
 

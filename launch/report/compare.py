@@ -11,8 +11,8 @@ from normlab.launch.report.card import card_markdown, print_card, report_card
 from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
 from normlab.launch.report.plots import untrained_note, write_plots
 from normlab.launch.report.provenance import mixed_warnings
-from normlab.launch.report.runs import NotARunError, Run, load_run
 from normlab.launch.report.table import csv_text, depth_markdown, markdown, print_table, summarize
+from normlab.launch.rundir.runs import NotARunError, Run, load_run
 from rich.console import Console
 
 

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from normlab.launch.report.runs import Run
+from normlab.launch.rundir.runs import Run
 
 PREFIX = "eval/"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from normlab.launch.report.runs import Run, last_logged
+from normlab.launch.rundir.runs import Run, last_logged
 
 # key kind -> (column label, format); every column is the max over layers or blocks
 FP8_COLUMNS = {

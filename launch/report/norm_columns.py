@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from normlab.launch.report.runs import Run, last_logged
+from normlab.launch.rundir.runs import Run, last_logged
 
 # key kind -> (column label, format)
 NORM_COLUMNS = {

@@ -26,8 +26,8 @@ from normlab.launch.metric_keys import (  # noqa: E402
     S_MAX,  # noqa: E402
     parse_block_key,
 )
-from normlab.launch.report.runs import Run  # noqa: E402
 from normlab.launch.report.table import dataset_label  # noqa: E402
+from normlab.launch.rundir.runs import Run  # noqa: E402
 from normlab.launch.stats.separation import TRAINED_MARGIN, trained  # noqa: E402
 
 DEPTH_PANELS = 4

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 from normlab.launch.metric_keys import parse_block_key
-from normlab.launch.report.runs import Run, last_logged
+from normlab.launch.rundir.runs import Run, last_logged
 
 # key -> (column label, format, reduction over blocks)
 STABILIZER_COLUMNS = {

@@ -26,12 +26,12 @@ from normlab.launch.report.domains import domain_columns, domain_values
 from normlab.launch.report.fp8_columns import FP8_COLUMNS, fp8_columns, fp8_label
 from normlab.launch.report.norm_columns import NORM_COLUMNS, norm_columns, norm_label
 from normlab.launch.report.provenance import tokenizer_id
-from normlab.launch.report.runs import Run, finite
 from normlab.launch.report.stabilizer_columns import (
     STABILIZER_COLUMNS,
     stabilizer_columns,
     stabilizer_label,
 )
+from normlab.launch.rundir.runs import Run, finite
 from normlab.launch.warning.events import Event, events_from_summary, events_text, run_events
 from rich.console import Console
 from rich.table import Table

@@ -1,6 +1,6 @@
 """The SLURM job record a run directory keeps (slurm.json) and whether a live job owns it.
 
-A leaf beside cluster.slurm: the run-directory lock (training/rundir.py) asks it before a local
+A leaf beside launch.slurm: the run-directory lock (rundir/directory.py) asks it before a local
 trainer takes a directory, and submission (cluster/jobs.py) before a job does.
 """
 
@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from normlab.launch.cluster import slurm
+from normlab.launch import slurm
 from normlab.launch.errors import RunDirError
 
 RECORD = "slurm.json"

@@ -12,7 +12,7 @@ when both TOST p-values are (Schuirmann 1987). The functions take batches along 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import combinations
@@ -251,6 +251,21 @@ def holm(pvalues: np.ndarray, alpha: float = ALPHA) -> tuple[np.ndarray, np.ndar
     np.put_along_axis(rejected, order, passes, axis=-1)
     np.put_along_axis(level, order, sorted_level, axis=-1)
     return rejected, level
+
+
+def holm_adjusted(pvalues: Sequence[float]) -> list[float]:
+    """Holm (1979) adjusted p-values: sorted p_(j) becomes max over i <= j of
+    min(1, (m - i + 1) p_(i)); a claim is rejected at level alpha exactly when its adjusted p is
+    <= alpha, the same decisions as `holm`. NaN entries (no test) are left NaN and not counted
+    in m."""
+    idx = [i for i, v in enumerate(pvalues) if not math.isnan(float(v))]
+    out = [math.nan] * len(pvalues)
+    m = len(idx)
+    running = 0.0
+    for j, i in enumerate(sorted(idx, key=lambda i: float(pvalues[i]))):
+        running = max(running, min(1.0, (m - j) * float(pvalues[i])))
+        out[i] = running
+    return out
 
 
 def benjamini_hochberg(pvalues: np.ndarray, q: float = ALPHA) -> np.ndarray:

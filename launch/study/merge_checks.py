@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from normlab.launch.errors import ConfigError
-from normlab.launch.report.runfiles import DamagedFile, read_config
 from normlab.launch.rundir.directory import CONFIG, shown_diff
+from normlab.launch.rundir.runfiles import DamagedFile, read_config
 from normlab.launch.study.setup import setup_diff
 from normlab.launch.verdicts.results_table import Run
 
@@ -69,7 +69,7 @@ def _named_difference(name: str | None, old: Run, run: Run, out: Path, src: Path
 
 
 def _config(run_dir: Path) -> dict | None:
-    """The run's config.yaml (launch/report/runfiles.py), None where it is missing or damaged."""
+    """The run's config.yaml (launch/rundir/runfiles.py), None where it is missing or damaged."""
     if not (run_dir / CONFIG).is_file():
         return None
     try:

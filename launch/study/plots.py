@@ -29,8 +29,8 @@ from normlab.launch.report.plots import (  # noqa: E402
     run_trained,
     save,
 )
-from normlab.launch.report.runs import Run  # noqa: E402
 from normlab.launch.report.table import dataset_label  # noqa: E402
+from normlab.launch.rundir.runs import Run  # noqa: E402
 
 
 def _key(run: Run) -> tuple[str, float]:

@@ -115,7 +115,7 @@ def rebuild(
             from normlab.launch.lr_sensitivity.protocol import sensitivity_markdown
             from normlab.launch.transfer.ladder_report import write_ladder
 
-            protocol = sensitivity_markdown(curves, spec)
+            protocol = sensitivity_markdown(curves, spec.protocol["margin"])
             protocol += write_ladder(curves, out, spec.protocol.get("ladder_target"))
             text = replace_protocol(text, protocol)
             if stale:  # say so under the figure, which still shows the runs it was drawn from

@@ -25,8 +25,8 @@ from normlab.launch.lr_sensitivity.protocol import (
     sensitivity_markdown,
 )
 from normlab.launch.report.domains import domain_stats
-from normlab.launch.report.runs import Run, load_run
 from normlab.launch.report.table import summarize
+from normlab.launch.rundir.runs import Run, load_run
 from normlab.launch.stats.separation import TRAINED_MARGIN, trained
 from normlab.launch.study.fp8_section import fp8_section
 from normlab.launch.study.lr_plots import write_lr_plots
@@ -327,7 +327,7 @@ def write_study_report(
         write_csvs(curves, out)
         write_lr_plots(curves, out)
         print_sensitivity(curves, console, left_out)
-        protocol_md = sensitivity_markdown(curves, spec, left_out)
+        protocol_md = sensitivity_markdown(curves, spec.protocol["margin"], left_out)
         from normlab.launch.transfer.ladder_report import write_ladder
 
         protocol_md += write_ladder(curves, out, spec.protocol.get("ladder_target"))

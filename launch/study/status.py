@@ -38,10 +38,10 @@ def _plan(study: Path) -> dict[str, Any]:
 
 def run_state(run_dir: Path) -> tuple[str, int, int]:
     """(state, step, total) of one planned run."""
-    from normlab.launch.cluster.slurm import job_state
     from normlab.launch.rundir.directory import read_lock, read_summary, stale_reason
+    from normlab.launch.rundir.metrics import last_rows
     from normlab.launch.rundir.owner import last_job_id
-    from normlab.launch.training.metrics import last_rows
+    from normlab.launch.slurm import job_state
 
     step = 0
     rows = last_rows(run_dir / "metrics.jsonl", 1)

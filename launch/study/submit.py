@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from normlab.launch.cluster import jobs, slurm
+from normlab.launch import slurm
+from normlab.launch.cluster import jobs
 from normlab.launch.errors import NormlabError
 from normlab.launch.rundir import owner
 

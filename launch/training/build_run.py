@@ -20,12 +20,13 @@ from normlab.launch.callbacks import Callback
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
 from normlab.launch.errors import ConfigError
-from normlab.launch.optim import build_optimizer, check_optimizer
+from normlab.launch.optim import build_optimizer
 from normlab.launch.registry import ENGINES, resolve
 from normlab.launch.rundir.checkpoint import CheckpointManager
 from normlab.launch.rundir.resume import check_data_identity, check_global_batch, global_batch
 from normlab.launch.rundir.rng import rng_state, seed_everything, set_rng_state
 from normlab.launch.training.datasets import resolve_sources
+from normlab.launch.training.muon_selfcheck import check_optimizer
 from normlab.launch.training.schedule import lr_change, lr_plan, stable_end
 
 

@@ -74,7 +74,7 @@ def run_summary(trainer: SummarisedRun, status: str, **extra: Any) -> dict[str, 
 def logged_events(trainer: Any) -> list[Any] | None:
     """The run's events so far (SCIENCE.md 23.1) from its metrics.jsonl, on the rank that writes
     it; None where no file is written (logging.jsonl off, other ranks)."""
-    from normlab.launch.training.metrics import JSONL, read_jsonl
+    from normlab.launch.rundir.metrics import JSONL, read_jsonl
     from normlab.launch.warning.events import run_events
 
     path = Path(getattr(trainer, "run_dir", "")) / JSONL

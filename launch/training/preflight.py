@@ -15,7 +15,7 @@ from normlab.launch.config.instruments import check_instruments
 from normlab.launch.errors import ConfigError
 from normlab.launch.extras import require
 from normlab.launch.rundir.directory import check_lock_settings
-from normlab.launch.training.wandb_setup import check_wandb
+from normlab.launch.rundir.wandb_setup import check_wandb
 
 
 def preflight(cfg: RunConfig, world_size: int = 1, local: bool = True) -> None:

@@ -19,7 +19,8 @@ import torch
 from normlab.launch.callbacks import Callback, StopRun, build_callbacks, overrides_skip
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
-from normlab.launch.optim import optim_callbacks, set_lr
+from normlab.launch.instruments.qk_clip import optim_callbacks
+from normlab.launch.optim import set_lr
 from normlab.launch.rundir.directory import (
     RunDirLock,
     check_run_dir,
@@ -27,6 +28,7 @@ from normlab.launch.rundir.directory import (
     write_config,
     write_summary,
 )
+from normlab.launch.rundir.metrics import MetricsWriter
 from normlab.launch.rundir.signals import (
     GracefulStop,
     resume_command,
@@ -36,7 +38,6 @@ from normlab.launch.rundir.signals import (
 from normlab.launch.training.build_run import build_parts, extra_state, rank_world, restore
 from normlab.launch.training.evaluation import evaluate, measure_eval, small_val_warnings
 from normlab.launch.training.host_rows import boundaries, host_rows, is_finite, log_row
-from normlab.launch.training.metrics import MetricsWriter
 from normlab.launch.training.mfu import run_throughput
 from normlab.launch.training.outcome import divergence_message, fresh_stats, run_summary
 from normlab.launch.training.preflight import preflight

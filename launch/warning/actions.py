@@ -14,6 +14,8 @@ twins how many alarm episodes fired (each a false alarm). No torch.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -40,6 +42,7 @@ class Outcome:
     twin_event: tuple[str, int] | None  # the unprotected run's first event
     final_loss: float | None  # smoothed, at its last finite step
     twin_final_loss: float | None
+    curve: str = ""  # content hash of (lr, seed, its loss curve): equal runs count once
 
     @property
     def fired_first(self) -> bool:
@@ -84,7 +87,7 @@ def outcome(
     return Outcome(
         lr=float(config["optim"]["lr"]),
         seed=int(config["training"]["seed"]),
-        action=str(ew.get("action", "checkpoint")),
+        action=("placebo_" if ew.get("placebo_step") else "") + str(ew.get("action", "checkpoint")),
         first_alarm=alarmed[0] if alarmed else None,
         alarms=int(_last(rows, EW_ALARMS, 0.0)),
         restores=int(_last(rows, EW_ROLLBACKS, 0.0)),
@@ -93,6 +96,34 @@ def outcome(
         twin_event=first_event(twin[0]),
         final_loss=final_loss(rows),
         twin_final_loss=final_loss(twin[1]),
+        curve=curve_hash(config, rows),
+    )
+
+
+def curve_hash(config: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """sha256 of the run's lr, seed and logged (step, loss) pairs: a run whose alarm never fired
+    trains exactly as under another action, and the two are one run, not two."""
+    key: list[Any] = [float(config["optim"]["lr"]), int(config["training"]["seed"])]
+    key += [[int(r["step"]), repr(float(r["loss"]))] for r in rows if "loss" in r]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()
+
+
+def distinct(outcomes: Sequence[Outcome]) -> int:
+    """How many distinct runs (by `curve_hash`) the outcomes are."""
+    return len({o.curve or id(o) for o in outcomes})
+
+
+def split_refusal(selection: Sequence[int], evaluation: Sequence[int]) -> str | None:
+    """One line when the seeds the signals were chosen on (`selection`) and the seeds the
+    actions are evaluated on overlap (SCIENCE.md 23.3, multiplicity and selection); None when
+    they are disjoint."""
+    both = sorted(set(selection) & set(evaluation))
+    if not both:
+        return None
+    return (
+        f"Refused: the action study's seeds {sorted(set(evaluation))} overlap the seeds its "
+        f"signals were chosen on {sorted(set(selection))} (both: {both}); its actions are not "
+        "evaluated out of sample."
     )
 
 
@@ -116,6 +147,14 @@ def table(outcomes: Sequence[Outcome]) -> str:
         lines.append(_row(f"{lr:g}", action, runs))
     for action in sorted({o.action for o in outcomes}):
         lines.append(_row("all", action, [o for o in outcomes if o.action == action]))
+    healthy = [o for o in outcomes if o.twin_event is None]
+    if healthy:
+        lines += [
+            "",
+            f"Healthy twins: {len(healthy)} protected runs, {distinct(healthy)} distinct "
+            "(counted by a hash of lr, seed and loss curve: where no alarm fired, the actions "
+            "train identically).",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -135,7 +174,7 @@ def _row(lr: str, action: str, runs: Sequence[Outcome]) -> str:
         f"{len(ev)}, {_median([o.twin_event[1] for o in ev])}" if ev else "0",  # type: ignore[index]
         f"{len(first)}/{len(ev)} ({_median(leads)})" if ev else "-",
         f"{saved}/{len(ev)} [{lo:.2f}, {hi:.2f}]" if ev else "-",
-        f"{sum(o.alarms for o in healthy)} in {len(healthy)} runs" if healthy else "-",
+        f"{sum(o.alarms for o in healthy)} in {distinct(healthy)} runs" if healthy else "-",
         f"{_median([o.restores for o in runs])}, {_median([o.lr_scale for o in runs])}",
         f"{_median([o.final_loss for o in runs if o.final_loss is not None])} "
         f"({_median([o.twin_final_loss for o in runs if o.twin_final_loss is not None])})",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 from normlab.launch.metric_keys import block_keys
-from normlab.launch.report.runs import Run, load_run
+from normlab.launch.rundir.runs import Run, load_run
 from normlab.launch.warning.detector import alarms, zscores
 from normlab.launch.warning.events import events_from_summary, run_events
 from normlab.launch.warning.scoring import RECALL_AT, RunAlarms, Score, score, wilson
@@ -160,6 +160,7 @@ class Result:
     curve: list[tuple[float, float, float]]  # (k, false alarms / 1000, recall@10) held out
     mcnemar_p: float = math.nan
     wilcoxon_p: float = math.nan
+    holm_p: float = math.nan  # McNemar p, Holm-adjusted over every signal compared with the loss
     beats_loss: bool = False
 
     def row(self) -> dict[str, Any]:
@@ -179,6 +180,7 @@ class Result:
             "episodes": s.true_episodes + s.false_episodes,
             "mcnemar_p": self.mcnemar_p,
             "wilcoxon_p": self.wilcoxon_p,
+            "holm_p": self.holm_p,
             "beats_loss": self.beats_loss,
         }
         for k in RECALL_AT:
@@ -204,10 +206,21 @@ def evaluate(runs: Sequence[RunData]) -> tuple[list[Result], list[RunData], list
         results.append(Result(signal, tuned, _score(signal, held, tuned.k, tuned.level), curve))
     base = next((r for r in results if r.signal.name == BASELINE), None)
     if base is not None:
-        for r in results:
-            if r is not base:
-                _paired(r, base)
+        compared = [r for r in results if r is not base]
+        for r in compared:
+            _paired(r, base)
+        _holm(compared)
     return results, tuning, held
+
+
+def _holm(compared: Sequence[Result]) -> None:
+    """Holm over every signal compared with the loss (SCIENCE.md 23.3, multiplicity): only a
+    signal whose adjusted McNemar p stays under ALPHA keeps `beats_loss`."""
+    from normlab.launch.stats.statistics import holm_adjusted
+
+    for r, adj in zip(compared, holm_adjusted([r.mcnemar_p for r in compared]), strict=True):
+        r.holm_p = adj
+        r.beats_loss = bool(r.beats_loss and adj < ALPHA)
 
 
 def _paired(r: Result, base: Result) -> None:

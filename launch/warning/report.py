@@ -24,7 +24,8 @@ from normlab.launch.warning.signals import BASELINE
 FIGURE = "recall_vs_false_alarms.png"
 HEAD = [
     "signal", "k", "level", "events", "lead median [IQR]", "recall@1", "recall@10 [Wilson 95%]",
-    "recall@50", "false / 1k healthy", "precision", "McNemar p", "Wilcoxon p", "beats loss",
+    "recall@50", "false / 1k healthy", "precision", "McNemar p", "McNemar p, Holm", "Wilcoxon p",
+    "beats loss (Holm)",
 ]  # fmt: skip
 
 
@@ -47,6 +48,7 @@ def cells(row: dict[str, Any]) -> list[str]:
         f"{_f(row['recall@10'])} [{_f(lo)}, {_f(hi)}]", _f(row["recall@50"]),
         _f(row["false_per_1000"]), _f(row["precision"]),
         "baseline" if base else _f(row["mcnemar_p"], ".3g"),
+        "baseline" if base else _f(row["holm_p"], ".3g"),
         "baseline" if base else _f(row["wilcoxon_p"], ".3g"),
         "baseline" if base else ("yes" if row["beats_loss"] else "no"),
     ]  # fmt: skip
@@ -60,15 +62,29 @@ def conclusion(results: Sequence[Result], held: Sequence[RunData]) -> str:
         return "No held-out run had an event: recall cannot be measured, only false alarms."
     if not any(r.signal.name == BASELINE for r in results):
         return "The loss was not logged by every run: no baseline, no verdict."
+    compared = [r for r in results if r.signal.name != BASELINE and not math.isnan(r.holm_p)]
+    m = len(compared)
+    raw = [r.signal.name for r in compared if r.mcnemar_p < ALPHA]
     winners = [r.signal.name for r in results if r.beats_loss]
+    rule = (
+        f"recall@10 higher with McNemar p < {ALPHA} after Holm over the {m} signals compared, "
+        "false alarms no higher"
+    )
     if not winners:
-        return (
-            f"No signal warns earlier than the loss itself on these {events} held-out events: "
-            f"none has a higher recall@10 with McNemar p < {ALPHA} at no more false alarms."
+        text = (
+            f"No signal warns earlier than the loss itself on these {events} held-out events "
+            f"({rule})."
         )
+        if raw:
+            ps = ", ".join(
+                f"{r.signal.name} p {r.mcnemar_p:.3g} (Holm {r.holm_p:.3g})"
+                for r in compared
+                if r.mcnemar_p < ALPHA
+            )
+            text += f" Uncorrected only, not a finding: {ps}."
+        return text
     return (
-        f"Warns earlier than the loss on {events} held-out events (recall@10 higher, McNemar "
-        f"p < {ALPHA}, false alarms no higher): {', '.join(winners)}."
+        f"Warns earlier than the loss on {events} held-out events ({rule}): {', '.join(winners)}."
     )
 
 

@@ -13,6 +13,7 @@ from normlab.launch.optim import build_optimizer, param_groups
 from normlab.model import ModelConfig, Transformer, lm_loss
 from normlab.model.attention import causal_max_logits
 from normlab.model.init import canonical_name, init_plan
+from normlab.model.parametrization import config_notes
 from normlab.model.placements import ConstScale
 
 SHAPE = dict(n_heads=2, vocab_size=61, max_seq_len=16, init="normal")
@@ -301,7 +302,8 @@ def test_validate_note_and_compare_label_name_the_parametrization() -> None:
         n_layers=8, d_model=128, n_heads=4, parametrization="completep", base_d_model=32,
         base_n_layers=2,
     )  # fmt: skip
-    (note,) = cfg.notes()
+    assert cfg.notes() == []  # the placement's own notes: none here
+    (note,) = config_notes(cfg)
     assert "m_N = 4" in note and "m_L = 4" in note and "residual branches x 0.25" in note
     assert "hidden AdamW lr x 0.25" in note and "head input x 0.25" in note
     assert placement_label({"model": cfg.to_dict()}) == "pre+completep"

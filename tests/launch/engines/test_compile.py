@@ -14,8 +14,8 @@ import pytest
 import torch
 from normlab.launch.config import load_config
 from normlab.launch.instruments.common import MAX_LOGIT_UPPER
-from normlab.launch.optim.qk_clip import CLIP_EVENTS, CLIPS, S_MAX
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.instruments.qk_clip import CLIP_EVENTS, CLIPS, S_MAX
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 from torch._dynamo.utils import counters
 

@@ -13,7 +13,7 @@ from normlab.launch.cli import main
 from normlab.launch.config import load_config
 from normlab.launch.engines.fp8 import check_fp8, float8_linears
 from normlab.launch.errors import ConfigError
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 from safetensors.torch import load_file
 

@@ -126,7 +126,7 @@ def test_trainer_logs_mfu_against_the_given_peak(tiny_data, tmp_path, capsys) ->
     from normlab.launch.cli import main
     from normlab.launch.config import load_config
     from normlab.launch.report.compare import compare
-    from normlab.launch.training.metrics import read_jsonl
+    from normlab.launch.rundir.metrics import read_jsonl
     from normlab.launch.training.trainer import Trainer
 
     from tests.conftest import REPO, tiny_overrides

@@ -133,6 +133,21 @@ def test_backoff_halves_and_rewarms():
     assert [cb.scale_at(s) for s in (11, 12, 13, 14, 15, 40)] == [0.125, 0.25, 0.375, 0.5, 0.5, 0.5]
 
 
+def test_placebo_backs_off_at_its_step_and_not_on_the_alarm():
+    """The placebo arm (issue 49 item 4): the same back-off at a fixed step; the jump at 150 is
+    counted as an alarm but changes nothing."""
+    with pytest.raises(ConfigError, match="placebo_step"):
+        EarlyWarning({"action": "rollback", "placebo_step": 5})
+    g = torch.Generator().manual_seed(0)
+    values = (torch.randn(200, generator=g) * 0.05).exp().tolist()
+    values[150] *= 50.0
+    cb = EarlyWarning({"action": "backoff", "backoff_from": "alarm", "placebo_step": 60})
+    _sim(cb, values[:100])
+    assert cb.lr_scale == 0.5 and cb.rewarm_from == 61 and cb.alarms == 0
+    _sim(cb, values[100:], start=101)
+    assert cb.alarms == 1 and cb.lr_scale == 0.5  # the alarm: counted, not acted on
+
+
 def _sim(cb: EarlyWarning, values: list[float], start: int = 1):
     trainer = SimpleNamespace(
         cfg=SimpleNamespace(training=SimpleNamespace(log_every=1000, steps=10**6)),

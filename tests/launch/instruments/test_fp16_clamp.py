@@ -13,7 +13,7 @@ from normlab.launch.config import load_config
 from normlab.launch.errors import ConfigError
 from normlab.launch.instruments import ClampHooks, FP16Clamp, clamp_fp16
 from normlab.launch.instruments.common import FP16_CLAMPS, block_key
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 
 from tests.conftest import REPO, tiny_overrides

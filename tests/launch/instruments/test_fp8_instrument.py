@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from normlab.launch.config import load_config
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 
 from tests.conftest import REPO, tiny_overrides
@@ -71,7 +71,7 @@ def test_kurtosis_formula() -> None:
 
 def test_compare_shows_the_worst_layer_and_the_fp8_label() -> None:
     from normlab.launch.report.fp8_columns import fp8_columns, fp8_label
-    from normlab.launch.report.runs import Run
+    from normlab.launch.rundir.runs import Run
 
     rows = [
         {"step": 1, "loss": 5.0, "fp8_under": 0.5},

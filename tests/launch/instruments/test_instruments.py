@@ -12,7 +12,7 @@ from normlab.launch.config import load_config
 from normlab.launch.errors import ConfigError
 from normlab.launch.instruments import ActivationStats, AttentionLogits, GradientStats, QKGains
 from normlab.launch.instruments.common import block_key, parse_block_key
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 from normlab.model.rope import apply_rope
 

@@ -16,7 +16,7 @@ from normlab.launch.callbacks import Callback
 from normlab.launch.config import load_config
 from normlab.launch.instruments import SpikePolicy
 from normlab.launch.instruments.policy import last_checkpoint_before
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 from rich.console import Console
 

@@ -18,7 +18,11 @@ from normlab.launch.engines.single import SingleEngine
 from normlab.launch.optim import build_optimizer, set_lr
 from normlab.launch.optim import muon as muon_mod
 from normlab.launch.optim.muon import newton_schulz5
-from normlab.launch.optim.selfcheck import SelfCheckError, check_orthogonalised, probe_gradient
+from normlab.launch.training.muon_selfcheck import (
+    SelfCheckError,
+    check_orthogonalised,
+    probe_gradient,
+)
 from normlab.model import ModelConfig, Transformer
 
 from tests.conftest import TESTS

@@ -201,7 +201,7 @@ def test_single_sigkill_then_resume_is_bit_identical(runs: dict) -> None:
 def test_compare_shows_clip_events_next_to_max_logit(runs: dict) -> None:
     from normlab.launch.report.compare import compare
     from normlab.launch.report.plots import max_logit_figure
-    from normlab.launch.report.runs import load_run
+    from normlab.launch.rundir.runs import load_run
 
     table = compare([runs["single"], runs["fsdp"]], None)["rows"]
     for row, run in zip(table, (runs["single"], runs["fsdp"]), strict=True):

@@ -10,8 +10,8 @@ import pytest
 from normlab.launch.config import load_config
 from normlab.launch.report.card import report_card
 from normlab.launch.report.compare import compare
-from normlab.launch.report.runs import load_run
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
+from normlab.launch.rundir.runs import load_run
 from normlab.launch.training.trainer import Trainer
 from rich.console import Console
 

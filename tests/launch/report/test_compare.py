@@ -14,7 +14,7 @@ import pytest
 from normlab.launch.cli import main
 from normlab.launch.config import load_config
 from normlab.launch.report.compare import compare
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 from rich.console import Console
 
@@ -131,8 +131,8 @@ def test_growth_reads_the_stream_before_a_closing_norm(tmp_path: Path) -> None:
     """Post-norm blocks log their output (~1 by construction) and the sum before the norm; the
     growth column takes the sum there and the output elsewhere (a Mix-LN-like row: block 0 post,
     block 2 pre)."""
-    from normlab.launch.report.runs import Run
     from normlab.launch.report.table import summarize
+    from normlab.launch.rundir.runs import Run
 
     row = {"step": 5, "loss": 4.0, "grad_norm": 1.0, "resid_rms/00": 1.0, "pre_norm_rms/00": 2.5}
     row |= {"resid_rms/01": 1.0, "pre_norm_rms/01": 4.0, "resid_rms/02": 7.5}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 from normlab.launch.report.plots import _pre_norm_line
-from normlab.launch.report.runs import Run
 from normlab.launch.report.table import fmt, summarize
+from normlab.launch.rundir.runs import Run
 
 
 def run_of(rows: list[dict], dtype: str = "fp32") -> Run:

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.ticker import FormatStrFormatter
 from normlab.launch.report.plots import depth_figure, grad_norm_figure, loss_figure, save
-from normlab.launch.report.runs import Run
+from normlab.launch.rundir.runs import Run
 from normlab.launch.study.plots import DEPTH, LOSS, study_figure
 
 

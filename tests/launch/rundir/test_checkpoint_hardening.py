@@ -14,7 +14,7 @@ import pytest
 import torch
 from normlab.launch.cli import main
 from normlab.launch.config import load_config
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.schedule import build_schedule, lr_change
 from normlab.launch.training.trainer import Trainer
 

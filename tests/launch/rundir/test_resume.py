@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 
 from tests.conftest import REPO, tiny_overrides
 

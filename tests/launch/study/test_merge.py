@@ -14,7 +14,7 @@ import pytest
 from normlab.launch.cli import main
 from normlab.launch.errors import ConfigError
 from normlab.launch.lr_sensitivity.protocol import run_metrics
-from normlab.launch.report.runs import load_run
+from normlab.launch.rundir.runs import load_run
 from normlab.launch.study.merge import merge_runs
 from normlab.launch.study.plan import plan
 from normlab.launch.study.spec import load_study

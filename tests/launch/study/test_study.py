@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from normlab.launch.cli import main
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.study.plan import DEFAULT_RECIPES, spike_window, study_configs
 from normlab.launch.study.run import run_study
-from normlab.launch.training.metrics import read_jsonl
 from rich.console import Console
 
 from tests.conftest import tiny_overrides

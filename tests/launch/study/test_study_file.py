@@ -20,9 +20,9 @@ import yaml
 from normlab.launch.cli import main
 from normlab.launch.commands.study import spec_from_args
 from normlab.launch.lr_sensitivity.curves import lr_sensitivity
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.study.plan import plan
 from normlab.launch.study.spec import STUDIES_DIR, load_study
-from normlab.launch.training.metrics import read_jsonl
 
 from tests.conftest import tiny_overrides
 

@@ -33,7 +33,7 @@ from normlab.launch.lr_sensitivity.protocol import (
     row_cells,
 )
 from normlab.launch.report.plots import PLATEAU_LABEL, loss_figure
-from normlab.launch.report.runs import Run
+from normlab.launch.rundir.runs import Run
 from normlab.launch.stats.separation import TRAINED_MARGIN
 from normlab.launch.study import lr_plots
 from normlab.launch.study.plots import LOSS, study_figure

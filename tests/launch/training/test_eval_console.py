@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 from normlab.data.loader import PackedSource
 from normlab.launch.config import load_config
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.evaluation import eval_text, small_val_warnings
-from normlab.launch.training.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 from rich.console import Console
 

@@ -15,7 +15,7 @@ import torch
 from normlab.launch.config import load_config
 from normlab.launch.instruments import ClampHooks, SpikeScore
 from normlab.launch.instruments.common import FP16_CLAMPS, NONFINITE, SCALER_SKIPS
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 
 from tests.conftest import REPO, tiny_overrides

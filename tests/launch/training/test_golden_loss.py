@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from normlab.launch.config import load_config
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 
 from tests.conftest import REPO, tiny_overrides

@@ -14,7 +14,7 @@ from normlab.launch.config import load_config
 from normlab.launch.engines.single import SingleEngine
 from normlab.launch.instruments import spike_score
 from normlab.launch.optim import build_optimizer
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 
 from tests.conftest import REPO, tiny_overrides

@@ -16,7 +16,7 @@ from normlab.data.mixture import MixtureLoader, SourceSpec
 from normlab.launch.cli import main
 from normlab.launch.config import load_config
 from normlab.launch.errors import CheckpointError
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.trainer import Trainer
 
 from tests.conftest import REPO, tiny_overrides

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from normlab.launch.config import RunConfig, ScheduleSection, load_config
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.schedule import build_schedule, lr_change, stable_end
 from normlab.launch.training.trainer import Trainer
 from rich.console import Console

@@ -13,7 +13,7 @@ import torch
 from normlab.launch.callbacks import Callback
 from normlab.launch.cli import main
 from normlab.launch.config import load_config
-from normlab.launch.training.metrics import read_jsonl
+from normlab.launch.rundir.metrics import read_jsonl
 from normlab.launch.training.schedule import build_schedule
 from normlab.launch.training.trainer import Trainer
 
@@ -112,8 +112,8 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(
     assert summary["status"] == "diverged" and summary["diverged_step"] == 6
     assert summary["events"] == [{"kind": "nonfinite", "step": 6}]  # SCIENCE.md 23.1 E1
     from normlab.launch.commands.status import format_status, run_status
-    from normlab.launch.report.runs import load_run
     from normlab.launch.report.table import summarize
+    from normlab.launch.rundir.runs import load_run
 
     assert "events (SCIENCE.md 23.1): E1 nonfinite@6" in format_status(run_status(run))
     assert summarize(load_run(run))["events"] == "E1 nonfinite@6"

@@ -141,7 +141,7 @@ def test_a_new_process_sends_only_steps_it_has_not_sent(tmp_path: Path) -> None:
     """A run killed after its checkpoint at step 4 had logged up to 6: the resumed process
     replays 5 and 6 (with the same values) and W&B receives them once."""
     from normlab.launch.config import WandbSection
-    from normlab.launch.training.wandb_logger import WandbLogger
+    from normlab.launch.rundir.wandb_logger import WandbLogger
 
     section = WandbSection(mode="offline", project="normlab-test")
     first = WandbLogger(tmp_path, section, {"a": 1}, "run")
@@ -174,7 +174,7 @@ def test_a_new_process_sends_only_steps_it_has_not_sent(tmp_path: Path) -> None:
 
 def test_wandb_dir_moves_the_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from normlab.launch.config import WandbSection
-    from normlab.launch.training.wandb_logger import WandbLogger
+    from normlab.launch.rundir.wandb_logger import WandbLogger
 
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))
     (tmp_path / "elsewhere").mkdir()

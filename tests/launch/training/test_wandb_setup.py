@@ -96,7 +96,7 @@ def test_a_damaged_wandb_json_is_refused_by_name(
 
 
 def test_read_state_of_a_sound_file(tmp_path: Path) -> None:
-    from normlab.launch.training.wandb_setup import read_state
+    from normlab.launch.rundir.wandb_setup import read_state
 
     assert read_state(tmp_path / "wandb.json") == {}
     (tmp_path / "wandb.json").write_text('{"run_id": "ab12cd34", "last_step": 12}\n')

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+from normlab.launch.config import OptimSection
 from normlab.launch.errors import NormlabError
 from normlab.launch.optim.muon import update_scale
 from torch import nn
@@ -76,3 +77,11 @@ def check_orthogonalised(
             "orthogonalised shards instead of whole matrices); refusing to train"
         )
     return sv
+
+
+def check_optimizer(
+    engine: Engine, cfg: OptimSection, factory: Callable[[nn.Module], torch.optim.Optimizer]
+) -> None:
+    """Start-up self-check (before step 1): Muon must really orthogonalise on this engine."""
+    if cfg.name == "muon":
+        check_orthogonalised(engine, factory, cfg.muon_scale)

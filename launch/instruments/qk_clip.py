@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
+from normlab.launch.config import OptimSection
 from normlab.launch.engines.storage import scale_rows_
 from normlab.launch.instruments.common import attention_of, block_key, fold_max_logits, unwrap
 from normlab.launch.metric_keys import CLIP_EVENTS, CLIPS, S_MAX  # noqa: F401 (re-exported)
@@ -126,3 +127,10 @@ class QKClip(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.events = float(state.get("events", 0.0))
+
+
+def optim_callbacks(cfg: OptimSection) -> list[Callback]:
+    """Per-step work of the optimizer section beyond the step itself: QK-Clip when configured."""
+    if cfg.qk_clip is None:
+        return []
+    return [QKClip(cfg.qk_clip.tau, cfg.qk_clip.alpha)]

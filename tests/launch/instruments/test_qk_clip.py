@@ -15,7 +15,7 @@ from normlab.data.loader import PackedLoader
 from normlab.data.prepare import prepare
 from normlab.launch.cli import main
 from normlab.launch.instruments.common import fold_max_logits
-from normlab.launch.optim.qk_clip import clip_factors, qk_clip_
+from normlab.launch.instruments.qk_clip import clip_factors, qk_clip_
 from normlab.model import ModelConfig, Transformer
 
 from tests.dist_helpers import prepare_tiny, write_recipe

@@ -1,5 +1,5 @@
 """Per-run metrics: metrics.jsonl (one object per log step), TensorBoard event files and,
-with logging.wandb, a Weights & Biases run (launch/training/wandb_logger.py)."""
+with logging.wandb, a Weights & Biases run (launch/rundir/wandb_logger.py)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class MetricsWriter:
         self._tb = None
         self.wandb = None
         if cfg.wandb is not None and cfg.wandb.mode != "disabled":
-            from normlab.launch.training.wandb_logger import WandbLogger
+            from normlab.launch.rundir.wandb_logger import WandbLogger
 
             self.wandb = WandbLogger(run_dir, cfg.wandb, run_config or {}, name)
         if cfg.jsonl:

@@ -12,9 +12,9 @@ from typing import Any
 
 from normlab.launch.errors import NormlabError
 from normlab.launch.metric_keys import PRE_NORM, RESID, parse_block_key
-from normlab.launch.report.runfiles import read_config, read_metrics, read_summary
 from normlab.launch.rundir.directory import CONFIG, SUMMARY
-from normlab.launch.training.metrics import JSONL
+from normlab.launch.rundir.metrics import JSONL
+from normlab.launch.rundir.runfiles import read_config, read_metrics, read_summary
 
 
 class NotARunError(NormlabError):

@@ -21,7 +21,7 @@ from typing import Any
 
 from normlab.launch.errors import ConfigError
 from normlab.launch.extras import require
-from normlab.launch.training.wandb_setup import STATE, read_state
+from normlab.launch.rundir.wandb_setup import STATE, read_state
 
 FILES = ("config.yaml", "summary.json")  # uploaded as files when the run ends (wandb.save)
 

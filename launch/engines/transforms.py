@@ -1,0 +1,45 @@
+"""The model transforms every engine applies, in one order (torchtitan's): FP8 conversion, then
+activation checkpointing, then compile; sharding (FSDP2, ZeRO) wraps the result afterwards.
+
+Each engine calls `apply_transforms` once on the model it built (on the meta device or
+partitioned), before its weights are drawn: torch.compile traces lazily at the first forward, so
+compiling before materialisation compiles the materialised weights."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+from normlab.launch.config import EngineSection, FP8Section
+from normlab.launch.engines.fp8 import convert_fp8
+from normlab.launch.engines.recompute import apply_activation_checkpointing
+from normlab.model import Transformer
+from torch import nn
+
+
+def apply_transforms(
+    module: Transformer,
+    section: EngineSection,
+    fp8: FP8Section | None,
+    device_type: str,
+    *,
+    smooth: bool = False,
+    fsdp: bool = False,
+    whole_model: bool = False,
+) -> nn.Module:
+    """FP8 (precision.fp8: torchao's Float8Linear; `smooth`: Smooth-SwiGLU; `fsdp`: its float8
+    all-gather), then engine.activation_checkpointing (each block recomputed in the backward),
+    then engine.compile: of each block (sharded engines: one graph per block, as FSDP2 wraps
+    them), or of the whole model (`whole_model`, one process). Returns the module to call:
+    `module` itself, or its compiled wrapper."""
+    convert_fp8(module, fp8, device_type, fsdp=fsdp, smooth=smooth)
+    if section.activation_checkpointing:
+        apply_activation_checkpointing(module, compiled=section.compile)
+    if not section.compile:
+        return module
+    if whole_model:
+        # torch.compile of a Module returns an OptimizedModule (a Module); its stub says Callable
+        return cast(nn.Module, torch.compile(module, backend=section.compile_backend))
+    for block in module.blocks:
+        block.compile(backend=section.compile_backend)
+    return module

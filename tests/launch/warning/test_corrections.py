@@ -1,0 +1,78 @@
+"""Issue 49 item 4: the early warning's claims corrected and out of sample. Holm-adjusted p
+against the step-down decisions; the committed sweep recomputed (the first study's two winners
+do not survive Holm over the 16 signals); the action study's seed split refused on overlap; its
+healthy runs counted as distinct runs."""
+
+import importlib.util
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from normlab.launch.stats.statistics import holm, holm_adjusted
+from normlab.launch.warning.actions import Outcome, distinct, split_refusal
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def gen():
+    spec = importlib.util.spec_from_file_location("gen_warnings", REPO / "docs" / "gen_warnings.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def test_holm_adjusted_p_by_hand_and_the_same_decisions_as_the_step_down():
+    p = [0.01, 0.04, 0.03, 0.005]
+    # sorted 0.005, 0.01, 0.03, 0.04 -> 4*0.005, 3*0.01, 2*0.03, 1*0.04, running max
+    assert holm_adjusted(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        q = rng.uniform(0, 0.1, size=int(rng.integers(1, 20)))
+        rejected, _ = holm(q)
+        assert list(np.asarray(holm_adjusted(q)) <= 0.05) == list(rejected)
+    assert math.isnan(holm_adjusted([0.01, math.nan])[1])
+    assert holm_adjusted([0.01, math.nan])[0] == pytest.approx(0.01)  # m counts tests only
+
+
+def test_the_committed_sweep_has_no_signal_that_survives_holm():
+    """Recomputed from docs/warnings/divergence/runs.jsonl.gz, not read from the page."""
+    g = gen()
+    with tempfile.TemporaryDirectory() as tmp:
+        texts = g.evaluate(g.read_bundle(), Path(tmp))
+    import json
+
+    rows = {r["signal"]: r for r in json.loads(texts["warnings.json"])["signals"]}
+    compared = [r for n, r in rows.items() if n != "loss"]
+    assert len(compared) == 16
+    assert rows["resid_rms"]["mcnemar_p"] == pytest.approx(0.00635, abs=5e-6)
+    assert rows["max_logit"]["mcnemar_p"] == pytest.approx(0.0215, abs=5e-5)
+    assert rows["resid_rms"]["holm_p"] == pytest.approx(16 * rows["resid_rms"]["mcnemar_p"])
+    assert rows["resid_rms"]["holm_p"] > 0.05 and rows["max_logit"]["holm_p"] > 0.05
+    assert not any(r["beats_loss"] for r in compared)
+    assert "No signal warns earlier than the loss" in texts["warnings.md"]
+    headline = g.headline(texts, g.action_block(g.read_bundle()))
+    assert "no signal warns earlier than the loss" in headline
+    assert "Holm 0.102" in headline and "not a finding" in headline
+    assert headline in (REPO / "README.md").read_text()
+    assert headline in g.PAGE.read_text()
+
+
+def test_the_action_study_refuses_seeds_its_signals_were_chosen_on():
+    line = split_refusal([0, 1, 2, 3, 4, 5], [2, 3, 4, 5])
+    assert line is not None and "\n" not in line and "[2, 3, 4, 5]" in line
+    assert split_refusal([0, 1, 2, 3, 4, 5], [6, 7, 8, 9]) is None
+    g = gen()
+    block = g.action_block(g.read_bundle())
+    assert "Refused:" in block and "No placebo arm" in block and "not a finding" in block
+
+
+def test_healthy_runs_count_distinct_runs():
+    def o(action: str, curve: str) -> Outcome:
+        return Outcome(0.02, 2, action, None, 0, 0, 1.0, None, None, 5.6, 5.6, curve)
+
+    assert distinct([o("backoff", "a"), o("rollback", "a"), o("backoff", "b")]) == 2
+    g = gen()
+    block = g.action_block(g.read_bundle())
+    assert "Healthy twins: 8 protected runs, 4 distinct" in block  # 4 bit-identical pairs
