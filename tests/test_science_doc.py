@@ -11,7 +11,8 @@ import re
 
 import pytest
 from normlab.launch.lr_sensitivity.curves import STABLE_MARGIN
-from normlab.launch.stats.separation import LOSS_MARGIN, MIN_TEST_SEEDS, TOL, TRAINED_MARGIN
+from normlab.launch.stats.separation import MIN_TEST_SEEDS, TOL, TRAINED_MARGIN
+from normlab.launch.verdicts.family import LOSS_MARGIN
 
 from tests.conftest import REPO
 
@@ -33,7 +34,9 @@ def test_section_19_states_the_margins_the_code_uses() -> None:
                         ("TOL", TOL)):  # fmt: skip
         found = re.findall(rf"`{name} = ([0-9.e-]+)`", s19)
         assert found and all(float(v) == value for v in found), (name, found)
-    for path in ("launch/stats/separation.py", "launch/lr_sensitivity/curves.py"):
+    for path in (
+        "launch/stats/separation.py", "launch/lr_sensitivity/curves.py", "launch/verdicts/family.py"
+    ):
         assert f"`{path}`" in s19 and (REPO / path).is_file()
     for term in ("*trained margin*", "*trained range*", "*stable range*", "*loss margin*"):
         assert term in s19, term

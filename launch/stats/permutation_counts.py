@@ -1,4 +1,4 @@
-"""The exact Fisher-Pitman tails of `verdict_core.permutation_p3` for integer-valued seeds (the
+"""The exact Fisher-Pitman tails of `verdicts.family.permutation_p3` for integer-valued seeds (the
 trained range's grid-point widths), counted instead of enumerated.
 
 A relabelling puts `k` of the original A seeds and `n_a - k` of the B seeds into the A arm; its

@@ -1,23 +1,21 @@
-"""Two groups of seeds compared by a margin: the rules the study's verdicts are built from.
+"""Two groups of seeds compared by a ratio: the rule the study's descriptive growth claims use,
+and what "trained" means.
 
-A group is the values of one recipe at one grid point, one per seed. For losses, a seed that did
-not train (diverged, never evaluated, or not below the data's unigram plateau by TRAINED_MARGIN)
-fails; a group trained when every seed did. A comparison of group A with group B comes out
+A group is the values of one recipe at one grid point, one per seed. A seed trained when its loss
+is finite and below the data's unigram plateau by TRAINED_MARGIN (`trained`). Ratios (activation
+growth) compare on log values; group A against group B comes out
 
-- "higher": B trained, and A lies above B by at least the margin: every seed of A >= every seed
-  of B + margin, or (with >= MIN_TEST_SEEDS seeds on each side) the one-sided exact Mann-Whitney
-  U test of A - margin against B gives p <= ALPHA. A's seeds may have failed (that is the claim);
-- "lower": the mirror image (A trained);
-- "same": both trained and |mean(A) - mean(B)| < margin;
-- "untrained": no seed of either group trained (nothing to compare: every run diverged or sat
-  on the plateau);
-- "unclear": anything else (the seeds do not separate, or the side that must have trained has a
-  failed seed).
+- "higher": every seed of A >= every seed of B x ratio, or (with >= MIN_TEST_SEEDS seeds on each
+  side) the one-sided exact Mann-Whitney U test of log A - log ratio against log B gives
+  p <= ALPHA;
+- "lower": the mirror image;
+- "same": the geometric means lie within the ratio either way;
+- "unclear": anything else (a value missing, or the seeds do not separate).
 
-Gaps are compared with a tolerance of TOL nats, so a gap equal to the margin in decimal
-arithmetic (5.2 - 5.1) counts as meeting it. Ratios (activation growth) compare the same way on
-log values: "higher" when A >= B x ratio seed by seed (or by the test), "same" when the means
-lie within the ratio either way; both groups must have trained.
+Gaps are compared with a tolerance of TOL, so a gap equal to the margin in decimal arithmetic
+counts as meeting it. (The loss rule that once compared eval losses point by point here is
+retired: loss claims are decided over seeds at each recipe's own best learning rate, SCIENCE.md
+22, launch/verdicts.)
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LOSS_MARGIN = 0.1  # nats of eval loss: the smallest gap that counts as a difference
 # nats below the unigram plateau a seed must reach to count as trained: on the bundled corpus
 # (plateau 6.258 at vocab 4096) stalled Post-LN runs ended at 6.16-6.24, trained ones near 5.1
 TRAINED_MARGIN = 0.2
@@ -113,33 +110,6 @@ def _above(a: list[float], b: list[float], gap: float, label: str) -> tuple[bool
         if p <= ALPHA + TOL:
             return True, f"Mann-Whitney p {p:.3g} <= {ALPHA:g}"
     return False, ""
-
-
-def compare_loss(
-    a: list[float], b: list[float], plateau: float, margin: float = LOSS_MARGIN
-) -> Comparison:
-    """A's losses against B's (module docstring); inf for a seed that diverged."""
-    ta = [trained(x, plateau) for x in a]
-    tb = [trained(x, plateau) for x in b]
-    values = (tuple(a), tuple(b))
-    if not any(ta) and not any(tb):
-        why = f"no seed below the plateau {plateau:.3g} - {TRAINED_MARGIN:g}"
-        return Comparison(UNTRAINED, *values, why)
-    if all(tb):
-        up, how = _above(a, b, margin, f"{margin:g}")
-        if up:
-            return Comparison(HIGHER, *values, how)
-    if all(ta):
-        down, how = _above(b, a, margin, f"{margin:g}")
-        if down:
-            return Comparison(LOWER, *values, how)
-    if all(ta) and all(tb):
-        gap = float(np.mean(a) - np.mean(b))
-        if abs(gap) < margin - TOL:
-            return Comparison(SAME, *values, f"|mean gap| {abs(gap):.3g} < {margin:g}")
-        return Comparison(UNCLEAR, *values, f"mean gap {gap:+.3g} but seeds overlap")
-    failed = "A" if not all(ta) else "B"
-    return Comparison(UNCLEAR, *values, f"{failed} has a seed that did not train")
 
 
 def compare_ratio(a: list[float], b: list[float], ratio: float = GROWTH_RATIO) -> Comparison:

@@ -6,7 +6,7 @@ means "A lower than B by more than the margin m". A two-sided `(1 - 2 alpha)` in
 `[lo, hi]` and the one-sided level-alpha tests agree: `hi < -m` exactly when the one-sided p of
 `H0: delta >= -m` is below alpha, `lo > m` when that of `H0: delta <= m` is, and `-m < lo, hi < m`
 when both TOST p-values are (Schuirmann 1987). The functions take batches along the leading axis
-(`(..., n)` arrays) so the simulated A/A test (aa_test.py) runs thousands of studies at once.
+(`(..., n)` arrays) so the simulated A/A test (aa_simulation.py) runs thousands of studies at once.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def rebuild(
     if spec.claims is None and spec.protocol["claims"] and plateau is not None:
         from normlab.launch.verdicts.growth_claims import CLAIMS, decide_all
 
-        growth = decide_all(rows, plateau, [c for c in CLAIMS if c.metric == "growth"])
+        growth = decide_all(rows, plateau, CLAIMS)
     if (out / "study.md").is_file():
         text = (out / "study.md").read_text()
         if has_claims:

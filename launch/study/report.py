@@ -316,7 +316,7 @@ def write_study_report(
         write_verdicts(decided, out)
         section = verdict_section(decided)
         if spec.claims is None:  # the seed articles' claims: their growth claims, descriptive
-            found = decide_all(rows, plateau, [c for c in CLAIMS if c.metric == "growth"])
+            found = decide_all(rows, plateau, CLAIMS)
     print_verdicts(rows, found, console, plateau)
     if decided is not None:
         print_decided(decided, console, seconds)

@@ -4,7 +4,7 @@ A/A: from a finished cell (recipe, size) take the mean curve mu(eta) and the see
 vectors r_s = (l(eta, s) - mu(eta)) sqrt(n / (n - 1)), whole (the across-lr correlation within a
 seed kept; a diverged point stays l_0 in every draw of its vector). For b = 1..B draw n_a + n_b
 vectors with replacement, form the A and B curves mu + r and run the entire pipeline (selection,
-cross-fitting, the three claims, Holm: verdict_core, the code `normlab verdicts` runs). The FPR is
+cross-fitting, the three claims, Holm: launch.verdicts.family, as `normlab verdicts`). The FPR is
 the share of replicates with any directional verdict; it passes when FPR <= alpha +
 2 sqrt(alpha (1 - alpha) / B) (0.0597 at B = 2000). Repeated with Gaussian residuals at the pooled
 SD (independent per grid point), so that a pass is not owed to the residuals' shape.

@@ -1,6 +1,6 @@
 """The per-seed statistics of the pre-registered family (SCIENCE.md 22.2) and the decision of a
 family (22.3-22.4), on batches of studies: the verdict pipeline and the simulated A/A test
-(aa_test.py) run this same code.
+(aa_simulation.py) run this same code.
 
 Arrays: `X` is (..., n seeds, G lrs) of capped losses by increasing lr, `min(l, l_0)`, a diverged,
 failed or stopped run being `l_0` (so every statistic counts it the same way).

@@ -1,5 +1,7 @@
 """The study's verdicts: each literature claim decided over seeds and grid points by a stated rule.
 
+The descriptive growth claims of a study without claims of its own.
+
 API (what `normlab study` calls):
 
     plateau = dataset_unigram_loss(data_dir)          # launch.study.unigram
@@ -25,21 +27,21 @@ seed's value and the comparison's outcome). Words:
 - "reproduced" / "not reproduced" / "contradicted" (the opposite was found) / "inconclusive";
 - "not tested": a recipe the claim needs was not run, or not at a grid point the other ran at.
 
-Per grid point the two groups compare by launch.stats.separation: a loss claim needs the group(s)
-it rests on to have trained (every seed below the data's unigram plateau by TRAINED_MARGIN),
-"higher"/"lower" need every seed beyond every seed by the margin (or >= 3 seeds a side and a
-one-sided Mann-Whitney test at ALPHA), points where nothing trained are "untrained" and decide
-nothing. Growth claims compare the last block's residual RMS over the first's (act_growth) of
-groups that trained. Then, over the points that trained:
+Per grid point the two groups compare by launch.stats.separation's ratio rule on the last
+block's residual RMS over the first's (act_growth), and only groups that trained (every seed
+below the data's unigram plateau by TRAINED_MARGIN) take part: "higher"/"lower" need every seed
+beyond every seed by the ratio (or >= 3 seeds a side and a one-sided Mann-Whitney test at
+ALPHA), points where nothing trained are "untrained" and decide nothing. Then, over the points
+that trained:
 
-- worse somewhere (A worse than B): reproduced when "higher" at some point and "lower" at none;
-  contradicted when "lower" somewhere and "higher" nowhere; not reproduced when all "same";
-- never worse: contradicted when "higher" anywhere; reproduced when all "same" or "lower";
-- lower everywhere: contradicted when "higher" anywhere; reproduced when all "lower"; not
-  reproduced when all "same";
+- lower everywhere (A below B): contradicted when "higher" anywhere; reproduced when all
+  "lower"; not reproduced when all "same";
 - grows (one recipe): reproduced when every seed at every point has growth >= GROWS; not
   reproduced when every point's mean is below FLAT;
 - anything else, or no point that trained: inconclusive.
+
+The loss claims these rules once also decided (warm-up, DeepNorm) are decided by SCIENCE.md 22
+(launch/verdicts/decide.py): each recipe at its own best learning rate, over seeds, with Holm.
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ from normlab.launch.stats.separation import (
     ALPHA,
     GROWTH_RATIO,
     HIGHER,
-    LOSS_MARGIN,
     LOWER,
     MIN_TEST_SEEDS,
     SAME,
@@ -62,7 +63,6 @@ from normlab.launch.stats.separation import (
     UNCLEAR,
     UNTRAINED,
     Comparison,
-    compare_loss,
     compare_ratio,
     trained,
 )
@@ -81,32 +81,19 @@ Groups = dict[tuple[str, Point], list[dict[str, Any]]]
 @dataclass(frozen=True)
 class Claim:
     name: str
-    kind: str  # "worse_somewhere" | "never_worse" | "lower_everywhere" | "grows"
-    metric: str  # "loss" | "growth"
+    kind: str  # "lower_everywhere" | "grows"
     a: str
     b: str | None = None
-    if_all_same: str | None = None  # not reproduced means nothing was there to test: say why
 
 
 CLAIMS = [
-    Claim("Warm-up matters for Post-LN (Xiong et al. 2020)", "worse_somewhere", "loss",
-          "post_nowarmup", "post_warmup"),
-    Claim("Pre-LN trains without warm-up (Xiong et al. 2020)", "never_worse", "loss",
-          "pre_nowarmup", "pre"),
-    Claim("DeepNorm stabilises Post-LN (Wang et al. 2022)", "worse_somewhere", "loss",
-          "post_warmup", "deepnorm",
-          if_all_same="Post-LN trained as well as DeepNorm everywhere: nothing to stabilise"),
-    Claim("Pre-LN activations grow with depth (Sun et al. 2025; Kim et al. 2025)", "grows",
-          "growth", "pre"),
-    Claim("LayerNorm Scaling bounds that growth (Sun et al. 2025)", "lower_everywhere", "growth",
+    Claim("Pre-LN activations grow with depth (Sun et al. 2025; Kim et al. 2025)", "grows", "pre"),
+    Claim("LayerNorm Scaling bounds that growth (Sun et al. 2025)", "lower_everywhere",
           "ln_scaling", "pre"),
-    Claim("Peri-LN grows less than Pre-LN (Kim et al. 2025)", "lower_everywhere", "growth",
-          "peri", "pre"),
+    Claim("Peri-LN grows less than Pre-LN (Kim et al. 2025)", "lower_everywhere", "peri", "pre"),
 ]  # fmt: skip
 
 CLAIM_RULES = {
-    "worse_somewhere": "{a} higher than {b} at some point, lower at none",
-    "never_worse": "{a} not higher than {b} at any point",
     "lower_everywhere": "{a} lower than {b} at every point that trained",
     "grows": "every seed of {a} at every point has last/first block RMS >= "
     f"{GROWS:g} (reproduced); every point's mean below {FLAT:g} (not reproduced)",
@@ -179,14 +166,11 @@ def point_label(point: Point) -> str:
     return text or "run"
 
 
-def comparison_rule(metric: str, plateau: float) -> str:
+def comparison_rule(plateau: float) -> str:
     """The per-point rule, with its constants and the plateau it used."""
-    if metric == "loss":
-        what = f"last eval loss, margin {LOSS_MARGIN:g} nats"
-    else:
-        what = f"last/first block RMS of groups that trained, ratio x{GROWTH_RATIO:g}"
     return (
-        f"{what}; trained: every seed <= unigram plateau {plateau:.3f} - {TRAINED_MARGIN:g}; "
+        f"last/first block RMS of groups that trained, ratio x{GROWTH_RATIO:g}; "
+        f"trained: every seed <= unigram plateau {plateau:.3f} - {TRAINED_MARGIN:g}; "
         f"higher/lower: every seed beyond every seed by the margin, or >= {MIN_TEST_SEEDS} "
         f"seeds a side and one-sided Mann-Whitney p <= {ALPHA:g}; same: both trained, means "
         "within the margin"
@@ -199,8 +183,6 @@ def _points(groups: Groups, recipe: str) -> list[Point]:
 
 def _compare(claim: Claim, ra: list[dict], rb: list[dict], plateau: float) -> Comparison:
     la, lb = [loss_of(r) for r in ra], [loss_of(r) for r in rb]
-    if claim.metric == "loss":
-        return compare_loss(la, lb, plateau)
     ga, gb = [growth_of(r) for r in ra], [growth_of(r) for r in rb]
     ta, tb = [trained(v, plateau) for v in la], [trained(v, plateau) for v in lb]
     if not any(ta) and not any(tb):
@@ -225,20 +207,11 @@ def _pair_verdict(claim: Claim, found: dict[Point, Comparison]) -> tuple[str, st
 
     if not tested:
         return INCONCLUSIVE, "no grid point where the groups trained"
-    if claim.kind == "worse_somewhere":
-        if HIGHER in kinds and LOWER not in kinds:
-            return REPRODUCED, at(HIGHER)
-        if LOWER in kinds and HIGHER not in kinds:
-            return CONTRADICTED, at(LOWER)
-    elif HIGHER in kinds:
+    if HIGHER in kinds:
         return CONTRADICTED, at(HIGHER)
-    elif claim.kind == "never_worse" and kinds <= {SAME, LOWER}:
-        return REPRODUCED, f"{claim.a} same or lower than {claim.b} at every point that trained"
-    elif claim.kind == "lower_everywhere" and kinds == {LOWER}:
+    if kinds == {LOWER}:
         return REPRODUCED, at(LOWER)
-    if kinds == {SAME} and claim.kind != "never_worse":
-        if claim.if_all_same:
-            return INCONCLUSIVE, claim.if_all_same
+    if kinds == {SAME}:
         return NOT_REPRODUCED, f"{claim.a} same as {claim.b} at every point that trained"
     return INCONCLUSIVE, "outcomes " + "; ".join(f"{point_label(p)} {o}" for p, o in tested.items())
 
@@ -246,7 +219,7 @@ def _pair_verdict(claim: Claim, found: dict[Point, Comparison]) -> tuple[str, st
 def _decide_pair(claim: Claim, groups: Groups, plateau: float) -> Verdict:
     assert claim.b is not None
     what = CLAIM_RULES[claim.kind].format(a=claim.a, b=claim.b)
-    rule = f"{what} ({comparison_rule(claim.metric, plateau)})"
+    rule = f"{what} ({comparison_rule(plateau)})"
     pa, pb = _points(groups, claim.a), _points(groups, claim.b)
     missing = [r for r, ps in ((claim.a, pa), (claim.b, pb)) if not ps]
     if missing:

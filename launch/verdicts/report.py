@@ -200,7 +200,7 @@ class Decided:
     flips: list[RankFlip]
     points: list[PointDifference]
     notes: list[str]
-    aa: list  # aa_test.AAResult
+    aa: list  # aa_simulation.AAResult
     source: str
     seconds: float = 0.0
     aa_seconds: float = 0.0
