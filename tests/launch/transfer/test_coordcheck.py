@@ -229,62 +229,56 @@ def test_command_exits_3_when_two_seeds_cannot_decide(tmp_path: Path) -> None:
     assert check["verdict"] == "inconclusive" and "add seeds" in check["verdict_reason"]
 
 
-# the runs committed in docs/coordcheck/ and quoted in docs/transfer.md: name -> argv
-
-DOCS = Path(__file__).resolve().parents[3] / "docs"
-CP_DEPTH = ["model.parametrization=completep", "model.base_d_model=128", "model.base_n_layers=2"]
-COMMITTED = {
-    "pre_mup": ["pre", "model.parametrization=mup", "model.base_d_model=64"],
-    "pre_completep_width": [
-        "pre", "model.parametrization=completep", "model.base_d_model=64", "model.base_n_layers=2",
-    ],
-    "pre_completep": ["pre", *CP_DEPTH, "--depths", "2,4,8,16"],
-    "pre_depth_mup": ["pre", *CP_DEPTH, "model.completep_alpha=0.5", "--depths", "2,4,8,16"],
-    "peri_completep": ["peri", *CP_DEPTH, "--depths", "2,4,8,16"],
-    "olmo2_completep": ["olmo2", *CP_DEPTH, "--depths", "2,4,8,16"],
-}  # fmt: skip
+# the runs committed in docs/coordcheck/ and quoted in docs/transfer.md (docs/gen_coordcheck.py)
 
 
-STALE_DOCS = pytest.mark.skip(
-    reason="docs/coordcheck/ and docs/transfer.md are not regenerated with the new check yet "
-    "(issue 49 item 6, open)"
-)
+def _generator():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[3] / "docs" / "gen_coordcheck.py"
+    spec = importlib.util.spec_from_file_location("gen_coordcheck", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _committed(name: str) -> dict:
-    (check,) = json.loads((DOCS / "coordcheck" / name / "coordcheck.json").read_text())["checks"]
-    return check
+GEN = _generator()
+COMMITTED = GEN.COMMITTED
 
 
-def _cell(iv: dict) -> str:
-    return f"{iv['mean']:+.2f} [{iv['lo']:+.2f}, {iv['hi']:+.2f}]"
-
-
-@STALE_DOCS
 def test_transfer_page_quotes_the_committed_checks() -> None:
-    """docs/transfer.md's table: each committed run's command, verdict, deciding slope and
-    controls, as the command wrote them."""
-    text = (DOCS / "transfer.md").read_text()
-    for name, argv in COMMITTED.items():
-        check = _committed(name)
+    """docs/transfer.md's block is what gen_coordcheck builds from the committed reports; every
+    committed check passes with each of its negative controls caught."""
+    text = GEN.PAGE.read_text()
+    assert GEN.render_page(text) == text, "stale: run python docs/gen_coordcheck.py --page"
+    for name in COMMITTED:
+        check = GEN.committed(name)
         assert check["verdict"] == "pass", name
-        assert all(c["caught"] for c in check["controls"].values()), name
-        worst = max(check["checks"], key=lambda c: abs(c["fit"]["mean"] - c["exponent"]))
-        caught = ", ".join(check["controls"])
-        row = (
-            f"| `{' '.join(argv)}` | {check['verdict']} | {worst['class']} {worst['quantity']} "
-            f"t={worst['t']}: {_cell(worst['fit'])} (e {worst['exponent']:+.2f}) | {caught} |"
-        )
-        assert row in text, row
+        assert check["controls"] and all(c["caught"] for c in check["controls"].values()), name
+        assert GEN.row(name, check) in text
 
 
-@STALE_DOCS
+def test_the_quoted_error_bound_is_the_t_tail_at_the_worst_spread() -> None:
+    """The block's error rate: P(T_{n-1} > 0.25 sqrt(n)/sd + t_0.975) at the largest per-seed
+    SD, recomputed here from a per-seed SD by hand: a one-sided miss never exceeds 2.5 %."""
+    from scipy import stats
+
+    iv = {"mean": 0.0, "hi": 0.1, "lo": -0.1, "n": 6}
+    sd, p = GEN.error_bound([{"fit": iv}])
+    crit = stats.t.ppf(0.975, 5)
+    assert sd == pytest.approx(0.1 * 6**0.5 / crit)
+    assert p == pytest.approx(stats.t.sf(0.25 * 6**0.5 / sd + crit, 5))
+    wide = {"mean": 0.0, "hi": 100.0, "lo": -100.0, "n": 6}
+    assert GEN.error_bound([{"fit": wide}])[1] <= 0.025
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(COMMITTED))
 def test_committed_check_is_what_the_command_gives(name: str, tmp_path: Path) -> None:
     """The command run again (20-50 s each on 2 cores): the same verdict and slopes."""
     proc, check = _command(tmp_path, *COMMITTED[name])
-    committed = _committed(name)
+    committed = GEN.committed(name)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert check["verdict"] == committed["verdict"]
     for got, want in zip(check["checks"], committed["checks"], strict=True):
