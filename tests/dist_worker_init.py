@@ -8,6 +8,7 @@ CHUNK shrinks model.init.CHUNK so the shards cut through generator chunks.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -94,7 +95,12 @@ def main() -> None:
             if dist.get_rank() == 0:
                 torch.save(weights, out / f"{engine}_{scheme}.pt")
     dist.barrier()
+    # the FSDP/DeepSpeed state built above sits in reference cycles that still hold the process
+    # group: destroyed at interpreter exit, gloo aborts ('terminate called without an active
+    # exception', seen under load). Collected first, as DistributedEngine.shutdown does.
+    gc.collect()
     dist.destroy_process_group()
+    gc.collect()
 
 
 if __name__ == "__main__":
