@@ -11,8 +11,11 @@ CSV columns (a header row; more columns are ignored):
                                             measured, for the study's lr_logits.png ("nan": not
                                             measured; empty: not carried)
 status is one of completed, diverged, failed, stopped. A completed run needs an eval_loss ("nan"
-or "inf" is accepted: it counts as l_0); the others may leave it empty. A malformed table raises
-ConfigError naming the row (1 = the first data row), its line in the file and the column.
+or "inf" is accepted: it counts as l_0); the others may leave it empty. Every value is checked
+where it is read (launch.csv_table): losses are >= 0 (nan/inf: diverged), l_0 finite and > 0
+(empty/nan: unknown), lr > 0, seeds integers >= 0, a norm or RMS >= 0, and a (recipe, size,
+lr, seed) is there once. A malformed table raises ConfigError naming the file, the row (1 = the
+first data row), its line in the file and the column.
 
 Cells: the runs of one (recipe, size) become a (seed, lr) matrix of capped losses
 `min(l, l_0)`, where a diverged, failed or stopped run, and a non-finite loss, count as `l_0`
@@ -24,12 +27,12 @@ the cell's finite l0 values; when it is unknown and some run needs it, the cell 
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from normlab.launch import csv_table as tb
 from normlab.launch.errors import ConfigError
 
 REQUIRED = ("recipe", "lr", "seed", "eval_loss", "status")
@@ -47,6 +50,8 @@ METRICS = (
     "head_mean_norm_final",  # ||mean output embedding|| at the end: the drift behind the mean logit
     "grad_rms_final",
 )
+# the METRICS that cannot be negative (a norm, an RMS); the others are logits and log Z
+MINIMA = {"head_mean_norm_final": 0.0, "grad_rms_final": 0.0}
 
 
 @dataclass(frozen=True)
@@ -87,84 +92,63 @@ class Cell:
         return len(self.seeds)
 
 
-def _number(text: str, row: str, column: str, *, allow_empty: bool = False) -> float:
-    text = text.strip()
-    if not text:
-        if allow_empty:
-            return math.nan
-        raise ConfigError(f"{row}, column {column}: empty, a number is needed")
-    try:
-        return float(text)
-    except ValueError:
-        raise ConfigError(f"{row}, column {column}: {text!r} is not a number") from None
+def _parse(row: tb.Row, table: tb.Table, l0_col: str | None, at_cols: dict, metrics: list) -> Run:
+    def at(column: str) -> str:
+        return table.where(row, column)
 
-
-def _parse(
-    raw: dict[str, str | None], row: str, l0_col: str | None, at_cols: dict, metrics: list[str]
-) -> Run:
-    value = {k: (v or "") for k, v in raw.items() if k is not None}
-    if None in raw:
-        raise ConfigError(f"{row}: more fields than the header has columns")
-    recipe = value["recipe"].strip()
+    recipe = row["recipe"].strip()
     if not recipe:
-        raise ConfigError(f"{row}, column recipe: empty")
-    lr = _number(value["lr"], row, "lr")
-    if not (math.isfinite(lr) and lr > 0):
-        raise ConfigError(f"{row}, column lr: {value['lr']!r} is not a positive number")
-    try:
-        seed = int(value["seed"].strip())
-    except ValueError:
-        raise ConfigError(f"{row}, column seed: {value['seed']!r} is not an integer") from None
-    status = value["status"].strip()
+        raise ConfigError(f"{at('recipe')}: empty")
+    lr = tb.number(row["lr"], at("lr"), what="a positive number")
+    if lr <= 0:
+        raise ConfigError(f"{at('lr')}: {row['lr']!r} is not a positive number")
+    seed = tb.count(row["seed"], at("seed"), "an integer seed >= 0")
+    status = row["status"].strip()
     if status not in STATUSES:
-        raise ConfigError(f"{row}, column status: {status!r} is not one of {', '.join(STATUSES)}")
-    loss = _number(value["eval_loss"], row, "eval_loss", allow_empty=status != "completed")
-    l0 = _number(value[l0_col], row, l0_col, allow_empty=True) if l0_col else math.nan
-    at = {f: _number(value[c], row, c, allow_empty=True) for f, c in at_cols.items()}
+        raise ConfigError(f"{at('status')}: {status!r} is not one of {', '.join(STATUSES)}")
+    loss = tb.loss(row["eval_loss"], at("eval_loss"), empty=status != "completed")
+    l0 = tb.loss(row[l0_col], at(l0_col), empty=True) if l0_col else math.nan  # nan: unknown
+    if l0_col and (l0 == 0.0 or math.isinf(l0)):
+        raise ConfigError(
+            f"{at(l0_col)}: {row[l0_col].strip()!r} is not an initial loss (finite and > 0, "
+            "about ln V; empty or nan: unknown)"
+        )
+    fractions = {f: tb.loss(row[c], at(c), empty=True) for f, c in at_cols.items()}
     # an empty cell of a completed run is a loss nobody measured (no evaluation at that step), not
     # a failure: left out, so the rank flips say "not computed" instead of comparing l_0s
-    at = {f: v for f, v in at.items() if math.isfinite(v) or status != "completed"}
-    size = value.get("size", "").strip() or NO_SIZE
+    fractions = {f: v for f, v in fractions.items() if math.isfinite(v) or status != "completed"}
+    size = row.get("size").strip() or NO_SIZE
     # an empty cell: not carried (a table written before the column); "nan": not measured
-    measured = {m: _number(value[m], row, m) for m in metrics if value[m].strip()}
-    setup = value.get("setup", "").strip()
-    return Run(recipe, size, lr, seed, loss, status, l0, at, measured, setup)
+    measured = {
+        m: tb.number(row[m], at(m), nonfinite=True, minimum=MINIMA.get(m))
+        for m in metrics
+        if row[m].strip()
+    }
+    setup = row.get("setup").strip()
+    return Run(recipe, size, lr, seed, loss, status, l0, fractions, measured, setup)
 
 
 def read_results(path: str | Path) -> list[Run]:
-    """Every run of the CSV at `path` (ConfigError: missing file, column, or a malformed row)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the results table ({exc})") from None
-    reader = csv.DictReader(text.splitlines())
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    reader.fieldnames = header
-    missing = [c for c in REQUIRED if c not in header]
-    if missing:
-        raise ConfigError(f"{path}: missing column {', '.join(missing)} (header row)")
+    """Every run of the CSV at `path`, each value checked where it is read (launch.csv_table:
+    UTF-8, the header, the row's shape; losses >= 0, l_0 > 0 or unknown, lr > 0, seeds integers
+    >= 0, a (recipe, size, lr, seed) once). ConfigError names the file, the row and the column."""
+    table = tb.read_table(path, "results table", REQUIRED)
+    header = table.header
     l0_col = next((c for c in ("l0", "init_loss") if c in header), None)
     at_cols = {f: c for f, c in FRACTIONS.items() if c in header}
     metrics = [m for m in METRICS if m in header]
-    runs: list[Run] = []
+    runs = [_parse(row, table, l0_col, at_cols, metrics) for row in table.rows]
     seen: dict[tuple, int] = {}
-    for row, raw in enumerate(reader, start=1):
-        where = f"row {row} (line {reader.line_num})"
-        try:
-            run = _parse(raw, where, l0_col, at_cols, metrics)
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+    for row, run in zip(table.rows, runs, strict=True):
         key = (run.recipe, run.size, run.lr, run.seed)
         if key in seen:
             raise ConfigError(
-                f"{path}: {where}, column seed: recipe {run.recipe} size {run.size} lr {run.lr:g}"
+                f"{table.where(row, 'seed')}: recipe {run.recipe} size {run.size} lr {run.lr:g}"
                 f" seed {run.seed} repeats row {seen[key]}"
             )
-        seen[key] = row
-        runs.append(run)
+        seen[key] = row.number
     if not runs:
-        raise ConfigError(f"{path}: no runs (the table has a header and no rows)")
+        raise ConfigError(f"{table.path}: no runs (the table has a header and no rows)")
     return runs
 
 
