@@ -85,7 +85,7 @@ def read_table(path: str | Path, what: str, required: Sequence[str] = ()) -> Tab
     missing = [c for c in required if c not in header]
     if missing:
         raise ConfigError(f"{path}: missing column {', '.join(missing)} (header row)")
-    rows = []
+    rows: list[Row] = []
     for record, line in zip(records[1:], lines[1:], strict=True):
         if not any(cell.strip() for cell in record):
             continue  # a blank line

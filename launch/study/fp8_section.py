@@ -11,11 +11,11 @@ compare.csv) write the same lines.
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from normlab.launch.report.compare_csv import read_compare
 from normlab.launch.report.fp8_columns import FP8_COLUMNS
 from normlab.launch.verdicts.growth_claims import point_label, point_of
 
@@ -38,8 +38,7 @@ def fp8_section(planned: list[Planned], compare_csv: Path) -> list[str]:
     """The section's lines (none when no run of the study logged an FP8 statistic)."""
     if not compare_csv.is_file():
         return []
-    with compare_csv.open(newline="") as fh:
-        by_run = {r["run"]: r for r in csv.DictReader(fh)}
+    by_run = read_compare(compare_csv)[1]
     groups: dict[tuple[str, str], list[tuple[int, dict[str, str]]]] = {}
     for p in planned:
         row = by_run.get(Path(str(p.cfg.run_dir)).name)

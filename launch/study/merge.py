@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from normlab.launch.errors import ConfigError
+from normlab.launch.report.compare_csv import CompareTable, read_compare
 from normlab.launch.study.merge_checks import check_compare_setups, check_setups
 from normlab.launch.study.run import is_number
 from normlab.launch.study.study_verdicts import (
@@ -196,17 +197,11 @@ def _join_runs(runs: dict[Key, Run], new: list[Run], src: Path) -> int:
     return added
 
 
-CompareTable = tuple[list[str], dict[str, dict[str, str]]]  # (columns, run name -> row)
-
-
 def _read_compare(path: Path) -> CompareTable:
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        rows = list(reader)
-        columns = list(reader.fieldnames or [])
-    if "run" not in columns:
-        raise ConfigError(f"--merge: {path} has no column run (header row)")
-    return columns, {r["run"]: r for r in rows}
+    try:
+        return read_compare(path)
+    except ConfigError as exc:
+        raise ConfigError(f"--merge: {exc}") from None
 
 
 def _join_compare(table: CompareTable, new: CompareTable, src: Path) -> None:

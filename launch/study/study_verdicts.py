@@ -26,6 +26,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from normlab.launch.csv_table import read_table
+from normlab.launch.report.compare_csv import read_compare
 from normlab.launch.verdicts.aa_simulation import B_DEFAULT
 from normlab.launch.verdicts.decide import NOT_TESTED
 from normlab.launch.verdicts.report import SHOWN, Decided, aa_line, decide_table
@@ -232,8 +234,8 @@ def replace_section(text: str, section: list[str]) -> str:
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))
+    """A table the study wrote (sensitivity.csv, sensitivity_grid.csv), through the one reader."""
+    return [row.cells for row in read_table(path, path.name).rows]
 
 
 RESULTS_CSV = "results.csv"
@@ -298,7 +300,7 @@ def results_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, Any]
 def committed_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """The planned runs' rows from DIR/compare.csv (matched by run name), l_0 from
     DIR/sensitivity.csv where it has one; notes for what is missing."""
-    table = {r["run"]: r for r in _read_csv(out / "compare.csv")}
+    table = read_compare(out / "compare.csv")[1]
     l0 = {}
     if (out / "sensitivity.csv").is_file():
         found = _read_csv(out / "sensitivity.csv")
@@ -383,8 +385,7 @@ def _regrid(found: list[Any], path: Path) -> None:
     from normlab.launch.lr_sensitivity.curves import grid_rows
 
     old = {(r["recipe"], r["size"], r["lr"]): r for r in _read_csv(path)}
-    with path.open(newline="") as fh:
-        columns = next(csv.reader(fh))
+    columns = read_table(path, path.name).header
     rows = []
     for c in found:
         for row in grid_rows(c):
