@@ -1,4 +1,4 @@
-"""Group-sequential looks (docs/SCIENCE.md 22.7): Lan-DeMets alpha spending, the boundaries of K
+"""Group-sequential looks (docs/SCIENCE.md 22.8): Lan-DeMets alpha spending, the boundaries of K
 looks, and the nominal level a verdict at look k uses.
 
 A study that reads its verdicts, adds seeds and reads them again has looked twice; each look at
@@ -180,7 +180,7 @@ class Plan:
     def describe(self) -> str:
         when = "pre-registered" if self.registered else "recorded after the looks"
         counts = ", ".join(map(str, self.seeds))
-        return f"{NAMES[self.spending]} spending over looks at n = {counts} ({when})"
+        return f"{NAMES[self.spending]} spending over looks at n = {counts}, {when}"
 
 
 @dataclass(frozen=True)
@@ -197,11 +197,23 @@ class Look:
     def index(self) -> int:
         return len(self.fractions)
 
+    @property
+    def final(self) -> bool:
+        """At (or past) the plan's last look: more seeds get no alpha under this plan."""
+        return not self.fractions or self.fractions[-1] >= 1.0 - 1e-12
+
+    def undecided(self) -> str:
+        """What an inconclusive verdict at this look may do next."""
+        if self.final:
+            return "the plan's last look: more seeds need a new study with its own plan"
+        nxt = next(s for s in self.plan.seeds if s > self.n + 1e-9)
+        return f"the plan's next look is at n {nxt}"
+
     def words(self) -> str:
-        """One phrase for a verdict's rule: "look 2 of 2 (n 8) of a Pocock-type plan ..."."""
-        n = f"{self.n:g}"
-        where = f"look {self.index} of {len(self.plan.seeds)} (n {n})" if self.fractions else n
-        return f"{where} of {self.plan.describe()}"
+        """One phrase for a verdict's rule: "look 2 of 2 at n 8, Pocock-type spending over ..."."""
+        n = f"n {self.n:g}"
+        where = f"look {self.index} of {len(self.plan.seeds)} at {n}" if self.fractions else n
+        return f"{where}, {self.plan.describe()}"
 
 
 def look_at(plan: Plan, n_a: float, n_b: float | None = None) -> Look:
@@ -224,7 +236,7 @@ def look_at(plan: Plan, n_a: float, n_b: float | None = None) -> Look:
         note = f"n {n:g} is not a planned look (n = {counts}): its boundary is inserted there"
     if not plan.registered:
         note = "; ".join(
-            x for x in (note, "seeds were added after looking, without a pre-registered plan") if x
+            x for x in (note, "seeds added after looking: plan not pre-registered") if x
         )
     return Look(plan, n, (*before, n / last), note)
 
