@@ -236,7 +236,7 @@ def look_at(plan: Plan, n_a: float, n_b: float | None = None) -> Look:
         note = f"n {n:g} is not a planned look (n = {counts}): its boundary is inserted there"
     if not plan.registered:
         note = "; ".join(
-            x for x in (note, "seeds added after looking: plan not pre-registered") if x
+            x for x in (note, "study continued without a pre-registered plan") if x
         )
     return Look(plan, n, (*before, n / last), note)
 

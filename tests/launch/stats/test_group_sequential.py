@@ -70,6 +70,16 @@ def test_type_one_error_by_simulation(spending: str) -> None:
     assert (z >= stats.norm.isf(alpha)).any(axis=1).mean() > alpha + 20 * se  # uncorrected
 
 
+def test_two_looks_at_the_full_level_inflate_alpha() -> None:
+    """Looks at information 1/4 and 1, each at one-sided 0.025 (docs/SCIENCE.md 22.8 quotes it):
+    the error is 1 - P(Z_1 < z, Z_2 < z), corr 1/2, from the integration and from scipy."""
+    z = stats.norm.isf(0.025)
+    found = gs.crossing_probabilities(np.array([z, z]), np.array([0.25, 1.0])).sum()
+    ref = 1 - stats.multivariate_normal.cdf([z, z], np.zeros(2), [[1.0, 0.5], [0.5, 1.0]])
+    assert found == pytest.approx(ref, abs=1e-7)
+    assert round(found, 3) == 0.045
+
+
 def test_t_looks_by_significance_level_hold_alpha() -> None:
     """The transfer study's looks (one-sample t at n 2, then n 8), each read at its Pocock-type
     nominal level on its own df (Jennison & Turnbull 3.8): type I error near alpha; at the

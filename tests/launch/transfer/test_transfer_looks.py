@@ -44,7 +44,7 @@ def test_completep_transfer_uncorrected_and_under_its_looks() -> None:
     ref = stats.ttest_1samp(COMPLETEP, 0.0).confidence_interval(1 - 2 * cp.level)
     assert cp.interval == pytest.approx((ref.low, ref.high), abs=1e-9)
     assert cp.interval[1] > 0.5 > cp.interval[0] > -0.5
-    assert "plan not pre-registered" in cp.note and "new study" in cp.note
+    assert "without a pre-registered plan" in cp.note and "new study" in cp.note
     sp = seq["sp"]
     assert sp.level == pytest.approx(0.025 * np.log(1 + (np.e - 1) * 0.25), rel=1e-9)
     assert "next look is at n 8" in sp.note

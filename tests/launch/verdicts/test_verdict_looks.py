@@ -92,6 +92,6 @@ def test_inconclusive_at_the_last_look_says_more_seeds_need_a_new_plan() -> None
     late = gs.Plan(gs.POCOCK, (3, 8), registered=False)
     (v,) = decide(build_cells(runs), [Claim("a", "b", vc.LOSS, st.EQUIVALENT)], plan=late)
     assert v.verdict == st.INCONCLUSIVE
-    assert "plan not pre-registered" in v.note and "a new study with its own plan" in v.note
+    assert "without a pre-registered plan" in v.note and "a new study with its own plan" in v.note
     assert "recorded after the looks" in v.rule
     assert v.level == pytest.approx(gs.nominal_level(0.05, gs.look_at(late, 8)))
