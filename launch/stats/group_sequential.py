@@ -76,7 +76,16 @@ def _exit(x: np.ndarray, mass: np.ndarray, bound: float, sd: float, sides: int) 
     return float(mass @ up)
 
 
-def _advance(x: np.ndarray, mass: np.ndarray, bound: float, t: float, sd: float, sides: int):
+def _first(t: float, bound: float, sides: int) -> tuple[np.ndarray, np.ndarray]:
+    """The grid and weighted density of S_1 ~ N(0, t) on its continuation region."""
+    sd = math.sqrt(t)
+    x, w = _simpson(-bound if sides == 2 else -TAIL * sd, bound)
+    return x, w * stats.norm.pdf(x / sd) / sd
+
+
+def _advance(
+    x: np.ndarray, mass: np.ndarray, bound: float, t: float, sd: float, sides: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The grid and weighted sub-density of S_k on its continuation region (below `bound`, or
     inside +-bound)."""
     lo = -bound if sides == 2 else -TAIL * math.sqrt(t)
@@ -91,16 +100,10 @@ def crossing_probabilities(z: np.ndarray, fractions: np.ndarray, sides: int = 1)
     t = np.asarray(fractions, dtype=float)
     z = np.asarray(z, dtype=float)
     out = np.zeros(len(t))
-    x = mass = None
-    for k, (tk, zk) in enumerate(zip(t, z, strict=True)):
-        b = zk * math.sqrt(tk)
-        if k == 0:
-            out[0] = sides * float(stats.norm.sf(zk))
-            sd = math.sqrt(tk)
-            lo = -b if sides == 2 else -TAIL * sd
-            x, w = _simpson(lo, b)
-            mass = w * stats.norm.pdf(x / sd) / sd
-            continue
+    out[0] = sides * float(stats.norm.sf(z[0]))
+    x, mass = _first(float(t[0]), float(z[0]) * math.sqrt(t[0]), sides)
+    for k in range(1, len(t)):
+        tk, b = float(t[k]), float(z[k]) * math.sqrt(t[k])
         sd = math.sqrt(tk - t[k - 1])
         out[k] = _exit(x, mass, b, sd, sides)
         x, mass = _advance(x, mass, b, tk, sd, sides)
@@ -114,21 +117,19 @@ def _excess(
 
 
 @lru_cache(maxsize=4096)
-def _boundaries(fractions: tuple[float, ...], alpha: float, spending: str, sides: int):
+def _boundaries(
+    fractions: tuple[float, ...], alpha: float, spending: str, sides: int
+) -> tuple[float, ...]:
     t = np.asarray(fractions)
     budget = alpha / sides  # per side
     z = np.empty(len(t))
-    x = mass = None
-    for k, tk in enumerate(t):
-        gain = spent(spending, tk, budget) - (spent(spending, t[k - 1], budget) if k else 0.0)
-        if k == 0:
-            z[0] = stats.norm.isf(gain) if gain > 0 else math.inf
-            sd = math.sqrt(tk)
-            b = z[0] * sd if math.isfinite(z[0]) else TAIL * sd
-            lo = -b if sides == 2 else -TAIL * sd
-            x, w = _simpson(lo, b)
-            mass = w * stats.norm.pdf(x / sd) / sd
-            continue
+    gain = spent(spending, float(t[0]), budget)
+    z[0] = stats.norm.isf(gain) if gain > 0 else math.inf
+    root = math.sqrt(t[0])
+    x, mass = _first(float(t[0]), z[0] * root if math.isfinite(z[0]) else TAIL * root, sides)
+    for k in range(1, len(t)):
+        tk = float(t[k])
+        gain = spent(spending, tk, budget) - spent(spending, float(t[k - 1]), budget)
         sd = math.sqrt(tk - t[k - 1])
         target = sides * gain
         hi = float(x.max()) + TAIL * sd
@@ -235,9 +236,7 @@ def look_at(plan: Plan, n_a: float, n_b: float | None = None) -> Look:
         counts = ", ".join(map(str, plan.seeds))
         note = f"n {n:g} is not a planned look (n = {counts}): its boundary is inserted there"
     if not plan.registered:
-        note = "; ".join(
-            x for x in (note, "study continued without a pre-registered plan") if x
-        )
+        note = "; ".join(x for x in (note, "study continued without a pre-registered plan") if x)
     return Look(plan, n, (*before, n / last), note)
 
 
@@ -296,4 +295,5 @@ def plan_from_data(value: object, where: str = "") -> Plan:
     registered = value.get("registered", True)
     if not isinstance(registered, bool):
         raise ConfigError(f"{where}looks.registered must be true or false, got {registered!r}")
-    return Plan(str(spending), tuple(seeds), registered)
+    assert isinstance(seeds, list)  # checked by `ok`
+    return Plan(str(spending), tuple(int(s) for s in seeds), registered)
