@@ -17,7 +17,8 @@ Per converted layer `blocks.i.<...>.<name>`, over the training micro-batches of 
 
 Per block, at the input of the down projection (the SwiGLU product; with Smooth-SwiGLU the
 smoothed product that is cast) and at the block output, the two estimators of
-launch/instruments/outlier_kurtosis.py (SCIENCE.md 24.1; FOG monitors kurtosis [2nd]):
+launch/instruments/outlier_kurtosis.py (docs/SCIENCE.md 24, normlab's outlier kurtosis; FOG
+monitors kurtosis [2nd]):
 `kurtosis_swiglu/i`, `kurtosis_resid/i`, the element kurtosis mean(x^4) / mean(x^2)^2 over all
 entries, raw (3 for a zero-mean Gaussian), and `neuron_kurtosis_swiglu/i`,
 `neuron_kurtosis_resid/i`, He et al.'s neuron-norm kurtosis (1 when every neuron has the same

@@ -1,5 +1,5 @@
-"""Outlier kurtosis of each block's output on log steps (SCIENCE.md 24.1; the early-warning signal
-of SCIENCE.md 23.2, FOG's monitored metric [2nd]).
+"""Outlier kurtosis of each block's output on log steps (docs/SCIENCE.md 24, normlab's outlier
+kurtosis; an early-warning signal of SCIENCE.md 23.2, FOG's monitored metric [2nd]).
 
 Per block `blocks.i`, over every token of the step's training forwards (all micro-batches, all
 ranks), the two estimators of launch/instruments/outlier_kurtosis.py:
@@ -31,7 +31,7 @@ from torch.utils.hooks import RemovableHandle
 
 
 class ActivationKurtosis(Callback):
-    """Element and neuron-norm kurtosis of each block's output on log steps (SCIENCE.md 24.1)."""
+    """Element and neuron-norm kurtosis of each block's output on log steps (docs/SCIENCE.md 24)."""
 
     name = "kurtosis"
 

@@ -1,5 +1,6 @@
-"""Outlier kurtosis (SCIENCE.md 24.1): He et al.'s neuron-norm kurtosis and the element kurtosis,
-the only two kurtosis estimators normlab has (instruments.kurtosis and instruments.fp8 use them).
+"""Outlier kurtosis (docs/SCIENCE.md 24, normlab's section): He et al.'s neuron-norm kurtosis and
+the element kurtosis, normlab's only two kurtosis estimators (instruments.kurtosis and
+instruments.fp8 use them).
 
 For the activations X of one site (n tokens by d neurons: every token a log step's training
 forwards saw there, all micro-batches and all ranks):
@@ -8,14 +9,13 @@ forwards saw there, all micro-batches and all ranks):
   kurtosis over neuron activation norms"): the RMS of each neuron over the tokens,
   `s_j = sqrt(mean_a X_aj^2)`, and the raw moment ratio of those d numbers,
   `mean_j s_j^4 / (mean_j s_j^2)^2`. It lies in [1, d]: 1 when every neuron has the same RMS, d
-  when one neuron carries all of it. It sees outlier *features* (channels), not outlier *tokens*:
-  one massive token raises every neuron's RMS alike and leaves it near 1.
+  when one neuron carries all of it. It sees outlier *features* (channels), not outlier
+  *tokens*: a massive token that is large in every neuron raises every RMS alike and leaves it 1.
 - **element kurtosis**: `mean x^4 / (mean x^2)^2` over all n d entries, the raw fourth moment
-  about zero, not centred on the mean (normlab's [choice], SCIENCE.md 24.1: an e4m3 cast is
-  scaled about zero, so the tail that matters is the tail of |x|; it is the same raw moment
-  ratio as He et al.'s, now over entries; it is defined for a constant tensor, 1, where the
-  centred one is 0/0). 3 for a zero-mean Gaussian, 1 for +-c, large for one massive token and
-  for one outlier channel alike.
+  about zero, not centred on the mean. normlab's [choice]: an e4m3 cast is scaled about zero, so
+  the tail that matters is the tail of |x|; it is the same raw moment ratio as He et al.'s, over
+  entries; it is defined for a constant tensor (1) where the centred one is 0/0. 3 for a
+  zero-mean Gaussian, 1 for +-c, large for a massive token and for an outlier channel alike.
 
 Both come from one row of float64 sums per site, `(sum_a X_a1^2, ..., sum_a X_ad^2, sum X^4, n)`,
 which adds across micro-batches and ranks (one all-reduce), so the instruments keep d + 2 numbers
