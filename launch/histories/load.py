@@ -1,0 +1,176 @@
+"""Which reader a path needs, and a History as the Run that compare and warnings read.
+
+A path is read as:
+- a normlab run (a directory with config.yaml): launch/rundir's reader, through `normlab_history`;
+- a TensorBoard directory (event files directly in it, or in exactly one folder below it, as
+  torchtitan's `tb/<timestamp>/` is);
+- a `.jsonl` or `.csv` file.
+A directory that is none of these is searched for histories below it (a study of runs, or
+DIR/<recipe>/lr<lr>/seed<seed>/) by `find_histories`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from normlab.launch.errors import ConfigError
+from normlab.launch.histories.history import History, Series, SeriesBuilder, build
+from normlab.launch.histories.options import HistoryOptions
+from normlab.launch.histories.scores import history_events, spike_scores, train_rows
+from normlab.launch.histories.sources import EVAL
+from normlab.launch.histories.tabular import read_csv, read_jsonl
+from normlab.launch.histories.tensorboard import event_files, read_tensorboard
+from normlab.launch.metric_keys import NONFINITE, SPIKE_GRAD, SPIKE_LOSS, SPIKE_WINDOW
+from normlab.launch.rundir.runs import Run, load_run
+
+SUFFIXES = (".jsonl", ".csv")
+
+
+def is_normlab_run(path: Path) -> bool:
+    return (path / "config.yaml").is_file()
+
+
+def tensorboard_dir(path: Path) -> Path | None:
+    """`path` if event files lie in it, else the one folder below it that holds some."""
+    if event_files(path):
+        return path
+    below = sorted({f.parent for f in path.rglob("*tfevents*") if f.is_file()})
+    return below[0] if len(below) == 1 else None
+
+
+def normlab_history(path: Path, options: HistoryOptions) -> History:
+    """A normlab run as a History: its metrics.jsonl rows (launch/rundir's checked reader) under
+    the plain names, with the warm-up, precision, length and seed its config records."""
+    run = load_run(path)
+    columns = SeriesBuilder(path / "metrics.jsonl")
+    for i, row in enumerate(sorted(run.train + run.evals, key=lambda r: int(r["step"]))):
+        columns.step(int(row["step"]), f"row {i + 1}")
+        for key, value in row.items():
+            if key != "step" and isinstance(value, int | float):
+                columns.add(key, int(row["step"]), float(value), f"row {i + 1}")
+    init = next((r["init_loss"] for r in _all_rows(path) if "init_loss" in r), None)
+    history = build(path, "normlab", columns.result(), "plain", options.metrics)
+    cfg = run.config
+    total = (cfg.get("training") or {}).get("steps")
+    return replace(
+        history,
+        source="normlab",
+        warmup_steps=int((cfg.get("schedule") or {}).get("warmup_steps") or 0),
+        fp16=(cfg.get("precision") or {}).get("dtype") == "fp16",
+        total_steps=int(total) if total else None,
+        seed=(cfg.get("training") or {}).get("seed"),
+        init_loss=float(init) if isinstance(init, int | float) else history.init_loss,
+    )
+
+
+def _all_rows(path: Path) -> list[dict[str, Any]]:
+    from normlab.launch.rundir.runfiles import read_metrics
+
+    return read_metrics(path / "metrics.jsonl")
+
+
+def read_history(path: str | Path, options: HistoryOptions | None = None) -> History:
+    """The History at `path` (a run, an event-file directory, a .jsonl or .csv file)."""
+    options = options or HistoryOptions()
+    p = Path(path)
+    step = options.metrics.get("step")
+    metrics = {k: v for k, v in options.metrics.items() if k != "step"}
+    if p.is_file() and p.suffix in SUFFIXES:
+        columns = read_jsonl(p, step) if p.suffix == ".jsonl" else read_csv(p, step)
+        return build(p, p.suffix[1:], columns, options.source, metrics, options.fp16)
+    if not p.is_dir():
+        raise ConfigError(
+            f"{p}: not a run directory, a TensorBoard directory or a .jsonl/.csv history"
+        )
+    if is_normlab_run(p):
+        return normlab_history(p, replace(options, metrics=metrics))
+    tb = tensorboard_dir(p)
+    if tb is None:
+        raise ConfigError(
+            f"{p}: holds no normlab run (config.yaml), no TensorBoard event files and is not a "
+            ".jsonl/.csv history"
+        )
+    return build(p, "tensorboard", read_tensorboard(tb), options.source, metrics, options.fp16)
+
+
+def find_histories(paths: Sequence[str | Path]) -> list[Path]:
+    """Each path that is a history itself, else every history below it: the normlab runs when
+    there are some, else the folders of event files and the .jsonl/.csv files."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file() or is_normlab_run(p) or (p.is_dir() and event_files(p)):
+            out.append(p)
+            continue
+        if not p.is_dir():
+            raise ConfigError(f"{p}: no such file or directory")
+        runs = sorted(c.parent for c in p.rglob("config.yaml") if "checkpoints" not in c.parts)
+        if runs:  # a study of normlab runs: its runs (its tables are not histories)
+            out += runs
+            continue
+        tbs = sorted({f.parent for f in p.rglob("*tfevents*") if f.is_file()})
+        files = sorted(f for s in SUFFIXES for f in p.rglob(f"*{s}") if f.is_file())
+        if not tbs and not files:
+            raise ConfigError(f"{p}: no normlab run, TensorBoard directory or history below it")
+        out += tbs + files
+    return out
+
+
+def as_run(history: History) -> Run:
+    """The Run (launch/rundir/runs.py) that compare's table and card and the warnings read: the
+    history's rows, its spike scores in the last row and its events in the summary."""
+    rows = [{k: v for k, v in r.items() if k != EVAL} for r in train_rows(history)]
+    scores = spike_scores(history)
+    events = history_events(history)
+    last = rows[-1]
+    last.update(
+        {SPIKE_WINDOW: float(scores["spike_window"]), NONFINITE: float(scores["nonfinite"])}
+    )
+    for key, name in ((SPIKE_LOSS, "spike_loss"), (SPIKE_GRAD, "spike_grad")):
+        if scores[name] is not None:
+            last[key] = scores[name]
+    evals = history.get(EVAL) or Series((), ())
+    failed = any(e.kind in ("nonfinite", "divergence") for e in events)
+    config: dict[str, Any] = {
+        "name": history.label,
+        "training": {"seed": history.seed, "steps": history.total_steps},
+        "schedule": {"warmup_steps": history.warmup_steps},
+        "precision": {"dtype": "fp16" if history.fp16 else None},
+        "source": {"kind": history.kind, "mapping": history.source, "columns": history.names},
+    }
+    summary = {
+        "status": "diverged" if failed else "completed",
+        "steps": int(history.loss.steps[-1]),
+        "events": [e.to_dict() for e in events],
+    }
+    return Run(
+        path=history.path,
+        config=config,
+        summary=summary,
+        train=rows,
+        evals=[{"step": s, EVAL: v} for s, v in zip(evals.steps, evals.values, strict=True)],
+    )
+
+
+def load_runs(paths: Sequence[str | Path], options: HistoryOptions) -> list[Run | Path]:
+    """For compare and warnings: a normlab run as its path (read by load_run as before, with
+    everything its instruments logged), any other history as a Run built from it."""
+    out: list[Run | Path] = []
+    for p in find_histories(paths):
+        out.append(p if is_normlab_run(p) else as_run(read_history(p, options)))
+    return out
+
+
+def compare_inputs(paths: Sequence[str | Path], options: HistoryOptions) -> list[Run | Path]:
+    """For compare: each path as given, a history from another trainer (a .jsonl/.csv file, a
+    folder of event files) read into a Run; a normlab run, or what is neither, stays a path
+    for launch/rundir's reader (which names what is wrong with it)."""
+    out: list[Run | Path] = []
+    for p in map(Path, paths):
+        external = (p.is_file() and p.suffix in SUFFIXES) or (
+            p.is_dir() and not is_normlab_run(p) and tensorboard_dir(p) is not None
+        )
+        out.append(as_run(read_history(p, options)) if external else p)
+    return out
