@@ -19,7 +19,6 @@ from typing import Any
 from normlab.launch.errors import ConfigError
 from normlab.launch.histories.history import History, Series, SeriesBuilder, build
 from normlab.launch.histories.options import HistoryOptions
-from normlab.launch.histories.scores import history_events, spike_scores, train_rows
 from normlab.launch.histories.sources import EVAL
 from normlab.launch.histories.tabular import read_csv, read_jsonl
 from normlab.launch.histories.tensorboard import event_files, read_tensorboard
@@ -121,6 +120,10 @@ def find_histories(paths: Sequence[str | Path]) -> list[Path]:
 def as_run(history: History) -> Run:
     """The Run (launch/rundir/runs.py) that compare's table and card and the warnings read: the
     history's rows, its spike scores in the last row and its events in the summary."""
+    # deferred: the spike score lives with its instrument (torch), which a compare of normlab
+    # runs alone does not load (tests/launch/test_cli_startup.py)
+    from normlab.launch.histories.scores import history_events, spike_scores, train_rows
+
     rows = [{k: v for k, v in r.items() if k != EVAL} for r in train_rows(history)]
     scores = spike_scores(history)
     events = history_events(history)
