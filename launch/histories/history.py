@@ -72,6 +72,16 @@ def seed_of(path: Path) -> int | None:
     return None
 
 
+def lr_of(path: Path) -> float | None:
+    """The learning rate a path names (`.../lr3e-4/...`, `run_lr0.01.jsonl`), else None."""
+    parts = [*path.parts[:-1], path.stem if path.suffix in (".jsonl", ".csv") else path.name]
+    for part in reversed(parts):
+        found = re.search(r"(?:^|[_-])lr[_=-]?(\d+(?:\.\d*)?(?:e-?\d+)?)(?:$|[_-])", part)
+        if found:
+            return float(found.group(1))
+    return None
+
+
 def warmup_from_lr(lr: Series | None) -> int:
     """The step at which the logged lr first reaches its maximum (0: no lr logged)."""
     if lr is None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from normlab.launch.errors import ConfigError
-from normlab.launch.histories.history import History, Series, SeriesBuilder, build
+from normlab.launch.histories.history import History, Series, SeriesBuilder, build, lr_of
 from normlab.launch.histories.options import HistoryOptions
 from normlab.launch.histories.sources import EVAL
 from normlab.launch.histories.tabular import read_csv, read_jsonl
@@ -136,16 +136,24 @@ def as_run(history: History) -> Run:
             last[key] = scores[name]
     evals = history.get(EVAL) or Series((), ())
     failed = any(e.kind in ("nonfinite", "divergence") for e in events)
+    last_step = int(history.loss.steps[-1])
+    unknown = "-"  # what a history does not record: shown as not known, not as a default
     config: dict[str, Any] = {
         "name": history.label,
-        "training": {"seed": history.seed, "steps": history.total_steps},
+        "model": {"placement": unknown},
+        "data": {"dataset": unknown, "tokenizer": unknown, "vocab_size": unknown},
+        "optim": {"name": unknown, "lr": lr_of(history.path)},
+        "engine": {"name": f"{history.source} ({history.kind})"},
+        # its length: the configured one where known, else the last logged step (the horizon
+        # of `normlab warnings` is a share of it)
+        "training": {"seed": history.seed, "steps": history.total_steps or last_step},
         "schedule": {"warmup_steps": history.warmup_steps},
         "precision": {"dtype": "fp16" if history.fp16 else None},
         "source": {"kind": history.kind, "mapping": history.source, "columns": history.names},
     }
     summary = {
         "status": "diverged" if failed else "completed",
-        "steps": int(history.loss.steps[-1]),
+        "steps": last_step,
         "events": [e.to_dict() for e in events],
     }
     return Run(
