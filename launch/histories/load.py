@@ -79,7 +79,8 @@ def read_history(path: str | Path, options: HistoryOptions | None = None) -> His
     metrics = {k: v for k, v in options.metrics.items() if k != "step"}
     if p.is_file() and p.suffix in SUFFIXES:
         columns = read_jsonl(p, step) if p.suffix == ".jsonl" else read_csv(p, step)
-        return build(p, p.suffix[1:], columns, options.source, metrics, options.fp16)
+        history = build(p, p.suffix[1:], columns, options.source, metrics, options.fp16)
+        return replace(history, total_steps=options.steps)
     if not p.is_dir():
         raise ConfigError(
             f"{p}: not a run directory, a TensorBoard directory or a .jsonl/.csv history"
@@ -92,7 +93,8 @@ def read_history(path: str | Path, options: HistoryOptions | None = None) -> His
             f"{p}: holds no normlab run (config.yaml), no TensorBoard event files and is not a "
             ".jsonl/.csv history"
         )
-    return build(p, "tensorboard", read_tensorboard(tb), options.source, metrics, options.fp16)
+    history = build(p, "tensorboard", read_tensorboard(tb), options.source, metrics, options.fp16)
+    return replace(history, total_steps=options.steps)
 
 
 def find_histories(paths: Sequence[str | Path]) -> list[Path]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from normlab.launch.errors import ConfigError
 from normlab.launch.histories.sources import AUTO, SOURCES, parse_overrides
 
 
@@ -14,6 +15,7 @@ class HistoryOptions:
     source: str = AUTO
     metrics: dict[str, str] = field(default_factory=dict)  # --metric NAME=COLUMN
     fp16: bool = False
+    steps: int | None = None  # --steps: the runs' planned length (None: their last logged step)
 
 
 def add_history_options(p: argparse.ArgumentParser) -> None:
@@ -39,7 +41,16 @@ def add_history_options(p: argparse.ArgumentParser) -> None:
         help="the histories trained in fp16 with a loss scaler (an infinite grad norm is a "
         "skipped step, not a failure)",
     )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="the histories' planned length in steps (default: each one's last logged step): "
+        "a run that reached it completed, and the warnings' horizon is a share of it",
+    )
 
 
 def history_options(args: argparse.Namespace) -> HistoryOptions:
-    return HistoryOptions(args.source, parse_overrides(args.metric), args.fp16)
+    if args.steps is not None and args.steps <= 0:
+        raise ConfigError(f"--steps must be a positive number of steps, got {args.steps}")
+    return HistoryOptions(args.source, parse_overrides(args.metric), args.fp16, args.steps)

@@ -5,8 +5,8 @@ logged values are the series, the window is `run_window(1000, n)` for n logged l
 instrument's rule with the run's length counted in logged values: equal to a normlab run's when
 it logs every step). Events E1-E3 (launch/warning/events.py, SCIENCE.md 23.1): find_events on the
 rows (step, loss, grad_norm) with the history's warm-up, l_0 (its init_loss, else the first
-logged loss), fp16 flag and length (a history of unknown length is not "completed": an excursion
-that runs to its last step counts [choice], as for a run that stopped early).
+logged loss), fp16 flag and planned length (--steps; without it a history is not "completed":
+an excursion that runs to its last step counts [choice], as for a run that stopped early).
 """
 
 from __future__ import annotations
