@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from normlab.launch.errors import ConfigError
@@ -48,7 +48,6 @@ class History:
     total_steps: int | None = None  # a normlab run's configured length (None: not known)
     seed: int | None = None
     init_loss: float | None = None
-    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def label(self) -> str:

@@ -88,6 +88,13 @@ def read_history(path: str | Path, options: HistoryOptions | None = None) -> His
     if is_normlab_run(p):
         return normlab_history(p, replace(options, metrics=metrics))
     tb = tensorboard_dir(p)
+    folders = sorted({f.parent for f in p.rglob("*tfevents*") if f.is_file()})
+    if tb is None and folders:
+        shown = ", ".join(str(f.relative_to(p)) for f in folders[:3])
+        shown += ", ..." if len(folders) > 3 else ""
+        raise ConfigError(
+            f"{p}: {len(folders)} folders of event files below it ({shown}): give one of them"
+        )
     if tb is None:
         raise ConfigError(
             f"{p}: holds no normlab run (config.yaml), no TensorBoard event files and is not a "

@@ -171,3 +171,16 @@ def test_unknown_metric_override(tmp_path: Path) -> None:
     path = write_csv(tmp_path / "h.csv", ["step", "loss"], [[1, 2.0]])
     with pytest.raises(ConfigError, match="--metric grad_norm=gn: no such column"):
         read_history(path, HistoryOptions(metrics={"grad_norm": "gn"}))
+
+
+def test_a_named_source_that_does_not_match(tmp_path: Path) -> None:
+    tb = write_tensorboard(rows(), MEGATRON, tmp_path / "tb")
+    with pytest.raises(ConfigError, match="no loss \\(torchtitan logs it as 'loss_metrics"):
+        read_history(tb, HistoryOptions(source="torchtitan"))
+
+
+def test_several_event_folders_name_them(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        write_tensorboard(rows()[:3], MEGATRON, tmp_path / "tb" / name)
+    with pytest.raises(ConfigError, match="2 folders of event files below it \\(a, b\\)"):
+        read_history(tmp_path / "tb")

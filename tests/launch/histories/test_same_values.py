@@ -27,17 +27,22 @@ def three(record: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> d
     root = tmp_path_factory.mktemp("same_values")
     run_dir = write_run(record, root)
     rows = record["metrics"]
-    tb = write_tensorboard(rows, TITAN, root / "titan_tb")
-    jsonl = write_jsonl(rows, OLMO, root / "olmo.jsonl")
-    init = {"init_loss": next(r["init_loss"] for r in rows if "init_loss" in r)}
-    fp16 = HistoryOptions(fp16=True)
+    # normlab's init_loss instrument (l_0 for E3) is logged by the others too, and named with
+    # --metric init_loss=...: without it a history's l_0 is its first logged loss
+    tb = write_tensorboard(rows, {**TITAN, "init_loss": "init/loss"}, root / "titan_tb")
+    jsonl = write_jsonl(rows, {**OLMO, "init_loss": "train/init loss"}, root / "olmo.jsonl")
     return {
         "run_dir": run_dir,
+        "tb": tb,
+        "jsonl_path": jsonl,
         "normlab": read_history(run_dir),
-        # l_0 is normlab's init_loss instrument: given to the others by name
-        "tensorboard": read_history(tb, HistoryOptions(fp16=True, metrics={})),
-        "jsonl": read_history(jsonl, fp16),
-        "init": init["init_loss"],
+        "tensorboard": read_history(
+            tb, HistoryOptions(fp16=True, metrics={"init_loss": "init/loss"})
+        ),
+        "jsonl": read_history(
+            jsonl, HistoryOptions(fp16=True, metrics={"init_loss": "train/init loss"})
+        ),
+        "init": next(r["init_loss"] for r in rows if "init_loss" in r),
     }
 
 
@@ -89,12 +94,8 @@ def test_events_are_identical_and_match_the_run(three: dict[str, Any]) -> None:
     assert [(e.kind, e.step) for e in from_run] == recorded  # the events code on the run
     normlab = history_events(three["normlab"])
     assert normlab == from_run
-    # l_0: the others know only their first logged loss unless told the init_loss
-    for kind in ("tensorboard", "jsonl"):
-        h = three[kind]
-        from dataclasses import replace
-
-        assert history_events(replace(h, init_loss=three["init"])) == normlab, kind
+    assert history_events(three["tensorboard"]) == history_events(three["jsonl"]) == normlab
+    assert three["tensorboard"].init_loss == pytest.approx(three["init"], rel=1e-7)
     assert {e.kind for e in normlab} == {"nonfinite", "return_to_init"}
 
 
@@ -110,3 +111,18 @@ def test_compare_reads_the_history_as_a_run(three: dict[str, Any], tmp_path: Pat
         assert card["spike_window"] == scores["spike_window"]
         assert card["spike_loss"] == scores["spike_loss"]
     assert [r["events"] for r in result["rows"]][0].startswith("E1 nonfinite@")
+
+
+def test_the_compare_command_on_the_three(three: dict[str, Any], tmp_path: Path) -> None:
+    """`normlab compare RUN TB JSONL --fp16 ...`: one table, the same events in each row."""
+    import csv
+
+    from normlab.launch.cli import main
+
+    args = [str(three["run_dir"]), str(three["tb"]), str(three["jsonl_path"])]
+    metric = ["--metric", "init_loss=init/loss"]
+    assert main(["compare", *args[:2], "--fp16", *metric, "--out", str(tmp_path / "a")]) == 0
+    rows = list(csv.DictReader((tmp_path / "a" / "compare.csv").open()))
+    assert [r["events"] for r in rows] == [rows[0]["events"]] * 2
+    assert rows[0]["events"] == "E1 nonfinite@161, E3 return_to_init@161"
+    assert rows[1]["engine"] == "torchtitan (tensorboard)" and rows[1]["lr"] == ""
