@@ -49,10 +49,11 @@ def records() -> dict[str, dict[str, Any]]:
 
 
 def names(source: str) -> dict[str, str]:
-    """normlab metric -> the name `source` logs it under (its first spelling)."""
+    """normlab metric -> the name `source` logs it under (its first spelling; torchtitan's
+    `lr/<optimizer class>` for AdamW)."""
     from normlab.launch.histories.sources import SOURCES
 
-    return {m: SOURCES[source][m][0] for m in METRICS}
+    return {m: SOURCES[source][m][0].replace("lr/*", "lr/AdamW") for m in METRICS}
 
 
 def write_histories(root: Path) -> list[Path]:

@@ -23,6 +23,7 @@ from normlab.launch.histories.sources import EVAL
 from normlab.launch.histories.tabular import read_csv, read_jsonl
 from normlab.launch.histories.tensorboard import event_files, read_tensorboard
 from normlab.launch.metric_keys import NONFINITE, SPIKE_GRAD, SPIKE_LOSS, SPIKE_WINDOW
+from normlab.launch.rundir.runfiles import read_metrics
 from normlab.launch.rundir.runs import Run, load_run
 
 SUFFIXES = (".jsonl", ".csv")
@@ -43,14 +44,18 @@ def tensorboard_dir(path: Path) -> Path | None:
 def normlab_history(path: Path, options: HistoryOptions) -> History:
     """A normlab run as a History: its metrics.jsonl rows (launch/rundir's checked reader) under
     the plain names, with the warm-up, precision, length and seed its config records."""
-    run = load_run(path)
+    run = load_run(path)  # its config and summary, each file checked
     columns = SeriesBuilder(path / "metrics.jsonl")
-    for i, row in enumerate(sorted(run.train + run.evals, key=lambda r: int(r["step"]))):
-        columns.step(int(row["step"]), f"row {i + 1}")
+    init = None
+    for number, row in enumerate(read_metrics(path / "metrics.jsonl"), start=1):
+        step = int(row["step"])
+        columns.step(step, f"row {number}")
         for key, value in row.items():
-            if key != "step" and isinstance(value, int | float):
-                columns.add(key, int(row["step"]), float(value), f"row {i + 1}")
-    init = next((r["init_loss"] for r in _all_rows(path) if "init_loss" in r), None)
+            value = float(value) if isinstance(value, str) else value  # 'nan', 'inf'
+            if key == "init_loss":
+                init = value
+            elif key != "step" and isinstance(value, int | float):
+                columns.add(key, step, float(value), f"row {number}")
     history = build(path, "normlab", columns.result(), "plain", options.metrics)
     cfg = run.config
     total = (cfg.get("training") or {}).get("steps")
@@ -61,14 +66,8 @@ def normlab_history(path: Path, options: HistoryOptions) -> History:
         fp16=(cfg.get("precision") or {}).get("dtype") == "fp16",
         total_steps=int(total) if total else None,
         seed=(cfg.get("training") or {}).get("seed"),
-        init_loss=float(init) if isinstance(init, int | float) else history.init_loss,
+        init_loss=float(init) if init is not None else history.init_loss,
     )
-
-
-def _all_rows(path: Path) -> list[dict[str, Any]]:
-    from normlab.launch.rundir.runfiles import read_metrics
-
-    return read_metrics(path / "metrics.jsonl")
 
 
 def read_history(path: str | Path, options: HistoryOptions | None = None) -> History:

@@ -6,12 +6,14 @@ name may hold `*` (one eval set of several: OLMo-core's `eval/lm/<set>/CE loss`,
 sorted order is taken). Read from each stack's code (docs/guides/external_runs.md cites where):
 
 - torchtitan (torchtitan/components/metrics.py, MetricsProcessor.log): `loss_metrics/
-  global_avg_loss`, `grad_norm`, `lr`; the validator logs `validation_metrics/loss`.
+  global_avg_loss`, `grad_norm`; the lr as `lr/<optimizer class>` (components/optimizer/
+  lr_scheduler.py, get_metrics; `lr` in older versions); the validator `validation_metrics/loss`.
 - Megatron-LM (megatron/training/training.py, training_log / evaluate_and_print_results): the
   loss_dict key `lm loss` (pretrain_gpt.py), `grad-norm`, `learning-rate`, and `lm loss
   validation`; the step is the iteration.
-- OLMo-core (train/train_module/transformer, optim/scheduler callbacks): `train/CE loss`,
-  `optim/total grad norm`, `optim/LR (group 0)`, and the evaluator's `eval/lm/<set>/CE loss`.
+- OLMo-core (src/olmo_core/train/common.py, train_module.py, eval/lm_evaluator.py): `train/CE
+  loss`, `optim/total grad norm`, `optim/LR (group 0)`, and the evaluator's `eval/lm/<set>/CE
+  loss`.
 - plain: `loss`, `grad_norm`, `lr`, `eval_loss` (normlab's own metrics.jsonl names; its
   TensorBoard tags `train/loss`, ... too), and a few common spellings.
 
@@ -32,7 +34,7 @@ SOURCES: dict[str, dict[str, tuple[str, ...]]] = {
     "torchtitan": {
         LOSS: ("loss_metrics/global_avg_loss",),
         GRAD: ("grad_norm",),
-        LR: ("lr",),
+        LR: ("lr/*", "lr"),
         EVAL: ("validation_metrics/loss",),
     },
     "megatron": {

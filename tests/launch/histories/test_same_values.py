@@ -18,7 +18,7 @@ from normlab.launch.warning.events import run_events
 
 from tests.launch.histories.conftest import write_jsonl, write_run, write_tensorboard
 
-TITAN = {"loss": "loss_metrics/global_avg_loss", "grad_norm": "grad_norm", "lr": "lr"}
+TITAN = {"loss": "loss_metrics/global_avg_loss", "grad_norm": "grad_norm", "lr": "lr/AdamW"}
 OLMO = {"loss": "train/CE loss", "grad_norm": "optim/total grad norm", "lr": "optim/LR (group 0)"}
 
 
