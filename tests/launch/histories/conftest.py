@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +66,3 @@ def write_jsonl(rows: list[dict[str, Any]], names: dict[str, str], path: Path) -
             if out:
                 fh.write(json.dumps({"step": int(row["step"]), **out}) + "\n")
     return path
-
-
-def finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None
