@@ -108,14 +108,12 @@ def run(args: argparse.Namespace) -> int:
         from normlab.launch.histories.options import history_options
         from normlab.launch.histories.results import verdicts_from_histories
 
-        def decide(table: Path) -> list[str]:
-            return run_verdicts(
-                table, args.claims, args.plateau, args.l0, args.margin, args.out, args.aa
-            )
-
         lines = verdicts_from_histories(
-            args.results, args.layout, history_options(args), args.eval_loss, decide, args.out
-        )
+            args.results, args.layout, history_options(args), args.eval_loss, args.out,
+            lambda table: run_verdicts(
+                table, args.claims, args.plateau, args.l0, args.margin, args.out, args.aa
+            ),
+        )  # fmt: skip
         print("\n".join(lines))
         return 0
     if args.results is None:

@@ -133,8 +133,8 @@ def verdicts_from_histories(
     mapping: str | None,
     options: HistoryOptions,
     mode: str,
-    decide: Callable[[Path], list[str]],
     out: str,
+    decide: Callable[[Path], list[str]],
 ) -> list[str]:
     """Build the table, let `decide` (run_verdicts on a table path) read it as any table, then
     keep it as --out/results_from_histories.csv; nothing is written when a step fails."""
