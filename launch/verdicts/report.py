@@ -31,7 +31,7 @@ from normlab.launch.verdicts.results_table import build_cells, read_results
 if TYPE_CHECKING:
     from normlab.launch.verdicts.aa_simulation import AAResult
 
-OUR_FILES = {"verdicts.md", "verdicts.json"}
+OUR_FILES = {"verdicts.md", "verdicts.json", "results_from_histories.csv"}  # the last: histories
 SHOWN = {
     st.A_LOWER: "A lower",
     st.B_LOWER: "B lower",
