@@ -313,7 +313,7 @@ def needs_next(v: Verdict, lrs_a: tuple[float, ...], lrs_b: tuple[float, ...]) -
         most = MAX_SIMULATED if v.statistic == vc.LOSS else st.MAX_SEEDS
         return (
             f"more than {most} seeds per arm for 80% power{how} at the observed difference "
-            "and spread: not decidable by adding seeds"
+            "and spread: adding seeds alone is unlikely to decide it"
         )
     k = v.seeds_needed
     grid = (

@@ -188,27 +188,47 @@ def loss_claim_p3(xa: np.ndarray, xb: np.ndarray, margin: float) -> np.ndarray:
 def smallest_n(
     passes: Callable[[int], bool], start: int, low: int = 2, high: int = MAX_SIMULATED
 ) -> int | None:
-    """The smallest n in [low, high] with passes(n), searching from `start` (power rises with n:
-    walk down while n - 1 passes, else gallop up and bisect); None: not even at `high`."""
+    """The smallest n in [low, high] with passes(n) (power rises with n), searching from `start`:
+    steps of 1, 2, 4, ... down from a pass or up from a failure until the answer is bracketed,
+    then bisection; None: not even `high` passes."""
     n = min(max(start, low), high)
-    if passes(n):
-        while n > low and passes(n - 1):
-            n -= 1
-        return n
-    failed = n
     step = 1
-    while True:
-        nxt = min(failed + step, high)
-        if passes(nxt):
-            break
-        if nxt == high:
-            return None
-        failed, step = nxt, step * 2
-    lo, hi = failed, nxt  # fails at lo, passes at hi
-    while hi - lo > 1:
+    if passes(n):
+        hi = n
+        while True:
+            if hi == low:
+                return low
+            cand = max(hi - step, low)
+            if not passes(cand):
+                lo = cand
+                break
+            hi, step = cand, step * 2
+    else:
+        lo = n
+        while True:
+            if lo == high:
+                return None
+            cand = min(lo + step, high)
+            if passes(cand):
+                hi = cand
+                break
+            lo, step = cand, step * 2
+    while hi - lo > 1:  # fails at lo, passes at hi
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if passes(mid) else (mid, hi)
     return hi
+
+
+def normal_guess(delta: float, sd: float, margin: float, level: float, target: float) -> int:
+    """Where the search starts: the normal approximation n = 2 (z_{1-level} + z)^2 sd^2 / e^2,
+    e = |delta| - m and z = z_{target} for a minimum-effect test, e = m - |delta| and
+    z = z_{(1+target)/2} for TOST (Chow, Shao & Wang 2008 3.2), in [2, MAX_SIMULATED]."""
+    gap = abs(abs(delta) - margin) if margin > 0 else abs(delta)
+    if not gap > 0:
+        return MAX_SIMULATED
+    z = stats.norm.ppf(target if abs(delta) > margin else (1 + target) / 2)
+    n = 2 * (stats.norm.ppf(1 - level) + z) ** 2 * sd**2 / gap**2
+    return int(min(max(math.ceil(n), 2), MAX_SIMULATED))
 
 
 def seeds_for_models(
@@ -227,9 +247,7 @@ def seeds_for_models(
     found = 2
     for arm_a, arm_b in models:
         sd = math.sqrt((arm_a.sd_at_best**2 + arm_b.sd_at_best**2) / 2)
-        guess = st.seeds_needed(delta, sd, margin, level, target=target)
-        if guess is None or guess > MAX_SIMULATED:
-            guess = MAX_SIMULATED
+        guess = normal_guess(delta, sd, margin, level, target)
 
         def passes(n: int, a: ArmModel = arm_a, b: ArmModel = arm_b) -> bool:
             reps = replicates_at(n, replicates)
