@@ -15,7 +15,10 @@ known where needed, the plateau for (c)); the others are 'inconclusive' with the
 >= 2 seeds") or 'not_tested' (recipes not run, no plateau). Nothing is decided from one seed.
 Where the permutation floor 1/C(n_a+n_b, n_a) exceeds the claim's level the verdict says
 "verdict impossible at n = k: needs n >= ...". Every verdict carries its means, delta, interval,
-level, p, rule, test and the seeds per arm for 80 % power at the observed spread (22.5).
+level, p, rule, test and the seeds per arm for 80 % power at the observed spread (22.5): for (a)
+simulated through the test itself (launch.verdicts.power), for (b) and (c) the noncentral t.
+A decided verdict carries what it means (Verdict.meaning: lower by more than the margin, or
+within it); an inconclusive one says the seed-runs it needs next (needs_next).
 """
 
 from __future__ import annotations
