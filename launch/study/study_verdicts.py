@@ -30,7 +30,7 @@ from normlab.launch.csv_table import read_table
 from normlab.launch.report.compare_csv import read_compare
 from normlab.launch.verdicts.aa_simulation import B_DEFAULT
 from normlab.launch.verdicts.decide import NOT_TESTED
-from normlab.launch.verdicts.report import SHOWN, Decided, aa_line, decide_table
+from normlab.launch.verdicts.report import SHOWN, Decided, aa_line, decide_table, shown
 from normlab.launch.verdicts.results_table import FRACTIONS, METRICS, NO_SIZE, Run
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def verdict_rows(decided: Decided) -> list[list[str]]:
             interval = f"[{_num(lo)}, {_num(hi)}]"
             level = f"{v.level:.3g}"
         need = str(v.seeds_needed) if v.seeds_needed is not None else "-"
-        verdict = SHOWN[v.verdict] + (f" ({v.note})" if v.note else "")
+        verdict = shown(v) + (f" ({v.note})" if v.note else "")
         expect = "any" if v.expect == "any" else f"{SHOWN[v.expect]} ({v.agrees})"
         out.append(
             [

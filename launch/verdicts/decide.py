@@ -15,7 +15,10 @@ known where needed, the plateau for (c)); the others are 'inconclusive' with the
 >= 2 seeds") or 'not_tested' (recipes not run, no plateau). Nothing is decided from one seed.
 Where the permutation floor 1/C(n_a+n_b, n_a) exceeds the claim's level the verdict says
 "verdict impossible at n = k: needs n >= ...". Every verdict carries its means, delta, interval,
-level, p, rule, test and the seeds per arm for 80 % power at the observed spread (22.5).
+level, p, rule, test and the seeds per arm for 80 % power at the observed spread (22.5): for (a)
+simulated through the test itself (launch.verdicts.power), for (b) and (c) the noncentral t.
+A decided verdict carries what it means (Verdict.meaning: lower by more than the margin, or
+within it); an inconclusive one says the seed-runs it needs next (needs_next).
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ from normlab.launch.errors import ConfigError
 from normlab.launch.stats import group_sequential as gs
 from normlab.launch.stats import statistics as st
 from normlab.launch.verdicts import family as vc
+from normlab.launch.verdicts.power import (
+    MAX_SIMULATED,
+    ArmModel,
+    seeds_for_cells,
+    seeds_for_models,
+)
 from normlab.launch.verdicts.results_table import Cell
 
 EXPECTS = (st.A_LOWER, st.B_LOWER, st.EQUIVALENT, "any")
@@ -87,6 +96,19 @@ class Verdict:
     note: str = ""
     pick_a: list[int] = field(default_factory=list)  # (a): cross-fitted lr index per seed
     pick_b: list[int] = field(default_factory=list)
+
+    @property
+    def meaning(self) -> str:
+        """What a decided verdict says, with its margin ('' when undecided): a directional one
+        means lower by more than the margin, not merely lower."""
+        unit = "grid steps" if self.statistic == vc.RANGE else "nats"
+        lower = {st.A_LOWER: (self.a, self.b), st.B_LOWER: (self.b, self.a)}
+        if self.verdict in lower:
+            low, high = lower[self.verdict]
+            return f"{low} lower than {high} by more than {self.margin:g} {unit}"
+        if self.verdict == st.EQUIVALENT:
+            return f"{self.a} and {self.b} within ±{self.margin:g} {unit}"
+        return ""
 
     @property
     def agrees(self) -> str:
@@ -268,7 +290,12 @@ def _fill(
         v.interval = (float(lo), float(hi))
         if reachable and (v.statistic != vc.LOSS or ca.lrs == cb.lrs):
             v.p_permutation = _permutation_min_p(v.statistic, ca.loss, cb.loss, a, b, m)
-    v.seeds_needed = st.seeds_needed(v.delta, v.sd, m, level, permutation=v.statistic == vc.RANGE)
+    if v.statistic == vc.LOSS:  # simulated: cross-fitting, the jackknife Welch, this margin/level
+        v.seeds_needed = seeds_for_cells(ca, cb, v.delta, m, level)
+    else:
+        v.seeds_needed = st.seeds_needed(
+            v.delta, v.sd, m, level, permutation=v.statistic == vc.RANGE
+        )
     if v.verdict == st.INCONCLUSIVE and v.seeds_needed is not None:
         # the calculator's pooled-SD power (df 2n - 2) can name the seeds already run when the
         # arms' spreads differ (the test's Welch df is then near n - 1): never "needs" <= n
@@ -284,8 +311,35 @@ def _fill(
         v.best_lr_b = cb.lrs[int(np.argmin(cb.loss.mean(axis=0)))]
         v.pick_a = [int(i) for i in vc.cross_fitted(ca.loss)[1]]
         v.pick_b = [int(i) for i in vc.cross_fitted(cb.loss)[1]]
-    if v.verdict == st.INCONCLUSIVE and not v.note and v.seeds_needed is not None:
-        v.note = f"needs {v.seeds_needed} seeds per arm for 80% power at the observed spread"
+    if v.verdict == st.INCONCLUSIVE and not v.note:
+        v.note = needs_next(v, ca.lrs, cb.lrs)
+
+
+def needs_next(v: Verdict, lrs_a: tuple[float, ...], lrs_b: tuple[float, ...]) -> str:
+    """What an inconclusive claim needs next: the seeds per arm for 80 % power at the observed
+    difference and spread, and the seed-runs to add (each over its recipe's whole lr grid: the
+    replication unit is a seed-run, and claim (a)'s selection needs every lr)."""
+    how = " (simulated)" if v.statistic == vc.LOSS else ""
+    if v.seeds_needed is None:
+        most = MAX_SIMULATED if v.statistic == vc.LOSS else st.MAX_SEEDS
+        return (
+            f"more than {most} seeds per arm for 80% power{how} at the observed difference "
+            "and spread: adding seeds alone is unlikely to decide it"
+        )
+    k = v.seeds_needed
+    grid = (
+        f"lr {_lrs(lrs_a)}"
+        if lrs_a == lrs_b
+        else f"lr {_lrs(lrs_a)} for {v.a}, {_lrs(lrs_b)} for {v.b}"
+    )
+    return (
+        f"needs {k} seeds per arm for 80% power{how} at the observed difference and spread: "
+        f"{k - v.n_a} more seed-runs of {v.a} and {k - v.n_b} of {v.b}, each at every {grid}"
+    )
+
+
+def _lrs(lrs: tuple[float, ...]) -> str:
+    return ", ".join(f"{lr:g}" for lr in lrs)
 
 
 def _permutation_min_p(
@@ -329,17 +383,33 @@ def seeds_plan(
     family_size: int = 3,
     loss_margin: float = vc.LOSS_MARGIN,
     alpha: float = st.ALPHA,
+    pilot: Cell | None = None,
 ) -> tuple[int | None, str]:
     """Seeds per arm to plan a claim before it runs: 80 % power for a true difference `delta` at
     between-seed SD `sd` (stated, or pilot_sd of a pilot study), at the smallest Holm level of a
-    family of `family_size` claims, alpha / family_size (22.5)."""
+    family of `family_size` claims, alpha / family_size (22.5). Claim (a) is simulated
+    (launch.verdicts.power): on the pilot cell's curve and spread for both arms when one is
+    given, else on a one-point grid at the stated SD (no lr selection to simulate)."""
     margin = vc.margin_of(statistic, loss_margin)
     level = alpha / family_size
-    n = st.seeds_needed(delta, sd, margin, level, permutation=statistic == vc.RANGE)
+    how = ""
+    if statistic == vc.LOSS:
+        if pilot is not None:
+            n = seeds_for_cells(pilot, pilot, -delta, margin, level)
+            how = ", simulated on the pilot's curve and spread"
+        else:
+            arm = ArmModel.stated(sd)
+            n = seeds_for_models([(arm, arm)], -delta, margin, level)
+            how = ", simulated without lr selection"
+        most = MAX_SIMULATED
+    else:
+        n = st.seeds_needed(delta, sd, margin, level, permutation=statistic == vc.RANGE)
+        most = st.MAX_SEEDS
     unit = "grid-step" if statistic == vc.RANGE else "nat"
     at = (
-        f"at a {margin:g}-{unit} margin (SD {sd:.3g}, true difference {delta:g}, level {level:.3g})"
+        f"at a {margin:g}-{unit} margin (SD {sd:.3g}, true difference {delta:g}, level "
+        f"{level:.3g}{how})"
     )
     if n is None:
-        return None, f"this claim cannot reach 80% power with <= {st.MAX_SEEDS} seeds per arm {at}"
+        return None, f"this claim cannot reach 80% power with <= {most} seeds per arm {at}"
     return n, f"this claim needs {n} seeds per arm {at}"

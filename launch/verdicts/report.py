@@ -20,6 +20,7 @@ from normlab.launch.stats import statistics as st
 from normlab.launch.stats.group_sequential import Plan
 from normlab.launch.verdicts import family as vc
 from normlab.launch.verdicts.decide import NOT_TESTED, Verdict, decide, load_claims
+from normlab.launch.verdicts.power import MAX_SIMULATED
 from normlab.launch.verdicts.rank_flips import (
     PointDifference,
     RankFlip,
@@ -32,7 +33,7 @@ from normlab.launch.verdicts.results_table import build_cells, read_results
 if TYPE_CHECKING:
     from normlab.launch.verdicts.aa_simulation import AAResult
 
-OUR_FILES = {"verdicts.md", "verdicts.json"}
+OUR_FILES = {"verdicts.md", "verdicts.json", "results_from_histories.csv"}  # the last: histories
 SHOWN = {
     st.A_LOWER: "A lower",
     st.B_LOWER: "B lower",
@@ -60,9 +61,15 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def shown(v: Verdict) -> str:
+    """The verdict's name with what it means ('A lower (a lower than b by more than 0.1
+    nats)')."""
+    return f"{SHOWN[v.verdict]} ({v.meaning})" if v.meaning else SHOWN[v.verdict]
+
+
 def line(v: Verdict) -> str:
     """One verdict with its numbers, interval, level and rule."""
-    head = f"{v.a} vs {v.b} [{v.size}] {v.statistic}: {SHOWN[v.verdict]}"
+    head = f"{v.a} vs {v.b} [{v.size}] {v.statistic}: {shown(v)}"
     if v.verdict == NOT_TESTED or math.isnan(v.delta):
         return f"{head} ({v.note})" if v.note else head
     lo, hi = v.interval
@@ -76,7 +83,8 @@ def line(v: Verdict) -> str:
         parts.append(f"permutation p {_fmt(v.p_permutation, 3)}")
     if v.naive_a is not None:
         parts.append(f"naive best A {_fmt(v.naive_a)} B {_fmt(v.naive_b)}")
-    parts.append(f"seeds for 80% power {v.seeds_needed if v.seeds_needed else '>10000'}")
+    most = MAX_SIMULATED if v.statistic == vc.LOSS else st.MAX_SEEDS
+    parts.append(f"seeds for 80% power {v.seeds_needed if v.seeds_needed else f'>{most}'}")
     parts.append(f"rule: {v.test}; {v.rule}")
     text = f"{head}: " + "; ".join(parts)
     return f"{text} ({v.note})" if v.note else text
@@ -86,6 +94,7 @@ def as_dict(v: Verdict, flip: RankFlip | None) -> dict:
     d = asdict(v)
     d["interval"] = [_json_num(x) for x in v.interval]
     d["agrees"] = v.agrees
+    d["meaning"] = v.meaning
     for key, value in d.items():
         if isinstance(value, float):
             d[key] = _json_num(value)
@@ -125,7 +134,7 @@ def markdown(
     for v in verdicts:
         lo, hi = v.interval
         out.append(
-            f"| {v.a} | {v.b} | {v.size} | {v.statistic} | {SHOWN[v.verdict]} | {v.expect} "
+            f"| {v.a} | {v.b} | {v.size} | {v.statistic} | {shown(v)} | {v.expect} "
             f"({v.agrees}) | {_fmt(v.mean_a)} | {_fmt(v.mean_b)} | {_fmt(v.delta, 3)} "
             f"| [{_fmt(lo, 3)}, {_fmt(hi, 3)}] | {_fmt(v.level, 3)} | {_fmt(v.p, 3)} | {v.test} "
             f"| {v.seeds_needed if v.seeds_needed is not None else '-'} | {v.note} |"
@@ -328,5 +337,6 @@ def plan_lines(
             continue
         for s in stats:
             pilot = pilot_sd(cell, s, plateau)
-            out.append(f"{recipe} [{size}] {s}: {seeds_plan(s, pilot, delta, family, margin)[1]}")
+            _, text = seeds_plan(s, pilot, delta, family, margin, pilot=cell)
+            out.append(f"{recipe} [{size}] {s}: {text}")
     return out
