@@ -210,7 +210,7 @@ def decide_transfer(
         elif any(v.bounds):
             v.note = f"best lr at the grid's edge ({'; '.join(v.edges)}): the verdict holds"
         elif v.verdict == INCONCLUSIVE:
-            need = one_sample_seeds(v.mean, v.sd, margin, v.level)
+            need = one_sample_seeds(v.mean, v.sd, margin, v.level) if v.level > 0 else None
             v.seeds_needed = None if need is None else max(need, len(v.shifts) + 1)
             v.note = (
                 f"needs {v.seeds_needed} seeds for 80% power at the observed shift and spread"
@@ -219,6 +219,8 @@ def decide_transfer(
             )
     for v, look in zip(tested, looks or [], strict=False):
         more = look.undecided() if v.verdict == INCONCLUSIVE else ""
+        if not look.fractions:  # past the plan: no level, so no seed count either
+            v.note, v.seeds_needed = "", None
         v.note = "; ".join(x for x in (v.note, look.note, more) if x)
     return out
 

@@ -246,7 +246,8 @@ def decide(
         if looks is not None:
             v.rule = v.rule.replace("): ", f"; {looks[i].words()}): ", 1)
             more = looks[i].undecided() if v.verdict == st.INCONCLUSIVE else ""
-            v.note = "; ".join(x for x in (v.note, looks[i].note, more) if x)
+            own = v.note if looks[i].fractions else ""  # past the plan: no seed count to give
+            v.note = "; ".join(x for x in (own, looks[i].note, more) if x)
     return verdicts
 
 
@@ -290,7 +291,9 @@ def _fill(
         v.interval = (float(lo), float(hi))
         if reachable and (v.statistic != vc.LOSS or ca.lrs == cb.lrs):
             v.p_permutation = _permutation_min_p(v.statistic, ca.loss, cb.loss, a, b, m)
-    if v.statistic == vc.LOSS:  # simulated: cross-fitting, the jackknife Welch, this margin/level
+    if not level > 0:  # past a plan's last look (group_sequential): no level, no seed count
+        v.seeds_needed = None
+    elif v.statistic == vc.LOSS:  # simulated: cross-fitting, the jackknife Welch, this level
         v.seeds_needed = seeds_for_cells(ca, cb, v.delta, m, level)
     else:
         v.seeds_needed = st.seeds_needed(

@@ -52,3 +52,10 @@ def test_completep_transfer_uncorrected_and_under_its_looks() -> None:
     # a plan chosen after the looks must not be the one most favourable to the last look
     obf = {v.recipe: v for v in decide_transfer(ladders, plan=gs.Plan(gs.OBRIEN_FLEMING, (2, 8)))}
     assert obf["completep"].verdict == TRANSFERS
+
+
+def test_seeds_past_the_plan_get_no_level_and_no_seed_count() -> None:
+    (v,) = decide_transfer({"r": ladder([0.1, -0.2, 0.05, 0.3])}, plan=gs.Plan(gs.POCOCK, (2, 3)))
+    assert v.level == 0.0 and v.verdict == INCONCLUSIVE and v.seeds_needed is None
+    assert v.interval == (-np.inf, np.inf)
+    assert "past the plan's last look (n 3)" in v.note and "seeds for 80%" not in v.note

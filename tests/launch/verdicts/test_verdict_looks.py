@@ -82,7 +82,8 @@ def test_decide_uses_each_claims_look() -> None:
     assert ab.verdict == st.EQUIVALENT and not ab.note
     # nine seeds per arm: past the plan's last look, no alpha, no verdict, and it says so
     assert ef.level == 0.0 and ef.verdict == st.INCONCLUSIVE
-    assert "past the plan's last look (n 8)" in ef.note
+    assert "past the plan's last look (n 8)" in ef.note and ef.seeds_needed is None
+    assert "seeds per arm" not in ef.note
     assert [x.verdict for x in plain if x.a == "e"] == [st.EQUIVALENT]
 
 
