@@ -34,6 +34,7 @@ from normlab.launch.verdicts.report import SHOWN, Decided, aa_line, decide_table
 from normlab.launch.verdicts.results_table import FRACTIONS, METRICS, NO_SIZE, Run
 
 if TYPE_CHECKING:
+    from normlab.launch.stats.group_sequential import Plan
     from normlab.launch.study.plan import Planned
     from rich.console import Console
 
@@ -101,9 +102,11 @@ def decide_study(
     margin: float,
     aa: int | None = B_DEFAULT,
     source: str = "the study's runs",
+    plan: Plan | None = None,
 ) -> Decided:
-    """The claims' verdicts on the study's rows, rank flips and the A/A self-test (aa: B)."""
-    return decide_table(results_of(rows), claims, plateau, None, margin, aa, source)
+    """The claims' verdicts on the study's rows, rank flips and the A/A self-test (aa: B);
+    `plan`: the study file's `looks:` (launch.stats.group_sequential.Plan)."""
+    return decide_table(results_of(rows), claims, plateau, None, margin, aa, source, plan)
 
 
 def _claim_name(v: Any) -> str:

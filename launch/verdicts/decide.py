@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from normlab.launch.errors import ConfigError
+from normlab.launch.stats import group_sequential as gs
 from normlab.launch.stats import statistics as st
 from normlab.launch.verdicts import family as vc
 from normlab.launch.verdicts.power import (
@@ -216,8 +217,10 @@ def decide(
     plateau: float | None = None,
     loss_margin: float = vc.LOSS_MARGIN,
     alpha: float = st.ALPHA,
+    plan: gs.Plan | None = None,
 ) -> list[Verdict]:
-    """Every claim's verdict (claims None: the default family), Holm over the testable ones."""
+    """Every claim's verdict (claims None: the default family), Holm over the testable ones;
+    `plan`: the study's plan of looks (SCIENCE.md 22.8), each claim at the look of its seeds."""
     verdicts = _expand(claims if claims is not None else default_claims(cells), cells)
     tested: list[tuple[Verdict, Cell, Cell]] = []
     for v in verdicts:
@@ -235,10 +238,16 @@ def decide(
     p3 = np.stack(
         [vc.claim_p3(v.statistic, ca.loss, cb.loss, plateau, loss_margin) for v, ca, cb in tested]
     )
-    codes, levels = vc.decide_family(p3, alpha)
-    for (v, ca, cb), code, level, p in zip(tested, codes, levels, p3, strict=True):
+    looks = None if plan is None else [gs.look_at(plan, ca.n, cb.n) for _, ca, cb in tested]
+    codes, levels = vc.decide_family(p3, alpha, looks)
+    for i, ((v, ca, cb), code, level, p) in enumerate(zip(tested, codes, levels, p3, strict=True)):
         v.verdict = st.OUTCOMES[int(code)]  # before _fill: "needs k seeds" only when undecided
         _fill(v, ca, cb, plateau, loss_margin, float(level), p)
+        if looks is not None:
+            v.rule = v.rule.replace("): ", f"; {looks[i].words()}): ", 1)
+            more = looks[i].undecided() if v.verdict == st.INCONCLUSIVE else ""
+            own = v.note if looks[i].fractions else ""  # past the plan: no seed count to give
+            v.note = "; ".join(x for x in (own, looks[i].note, more) if x)
     return verdicts
 
 
@@ -282,7 +291,9 @@ def _fill(
         v.interval = (float(lo), float(hi))
         if reachable and (v.statistic != vc.LOSS or ca.lrs == cb.lrs):
             v.p_permutation = _permutation_min_p(v.statistic, ca.loss, cb.loss, a, b, m)
-    if v.statistic == vc.LOSS:  # simulated: cross-fitting, the jackknife Welch, this margin/level
+    if not level > 0:  # past a plan's last look (group_sequential): no level, no seed count
+        v.seeds_needed = None
+    elif v.statistic == vc.LOSS:  # simulated: cross-fitting, the jackknife Welch, this level
         v.seeds_needed = seeds_for_cells(ca, cb, v.delta, m, level)
     else:
         v.seeds_needed = st.seeds_needed(

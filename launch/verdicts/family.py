@@ -19,8 +19,10 @@ row rejects, and that row is the verdict (statistics.outcome_from_p).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
+from normlab.launch.stats import group_sequential as gs
 from normlab.launch.stats import statistics as st
 from normlab.launch.stats.permutation_counts import integer_tails, integer_valued
 from normlab.launch.stats.separation import TRAINED_MARGIN
@@ -194,8 +196,21 @@ def claim_p3(
     return welch_p3(a, b, margin)
 
 
-def decide_family(p3: np.ndarray, alpha: float = st.ALPHA) -> tuple[np.ndarray, np.ndarray]:
-    """(outcome index, Holm level) per claim of a family p3 (..., K, 3); outcome 0 a_lower,
-    1 b_lower, 2 equivalent, 3 inconclusive."""
-    _, level = st.holm(p3.min(axis=-1), alpha)
+def decide_family(
+    p3: np.ndarray, alpha: float = st.ALPHA, looks: Sequence[gs.Look | None] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(outcome index, level) per claim of a family p3 (..., K, 3); outcome 0 a_lower,
+    1 b_lower, 2 equivalent, 3 inconclusive. `looks` (one per claim, of a family (K, 3)): where
+    each claim sits in the study's plan of looks (SCIENCE.md 22.8); its level is then the nominal
+    level of its look's boundary under a plan that spends the claim's Holm level, and Holm orders
+    the claims by the plan level each p needs (closed testing with sequential Bonferroni tests)."""
+    p = p3.min(axis=-1)
+    if looks is None:
+        _, level = st.holm(p, alpha)
+        return st.outcome_from_p(p3, level), level
+    q = np.array([gs.sequential_p(float(x), look, alpha) for x, look in zip(p, looks, strict=True)])
+    _, holm_level = st.holm(q, alpha)
+    level = np.array(
+        [gs.nominal_level(float(a), look) for a, look in zip(holm_level, looks, strict=True)]
+    )
     return st.outcome_from_p(p3, level), level

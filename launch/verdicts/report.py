@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from normlab.launch.errors import ConfigError
 from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
 from normlab.launch.stats import statistics as st
+from normlab.launch.stats.group_sequential import Plan
 from normlab.launch.verdicts import family as vc
 from normlab.launch.verdicts.decide import NOT_TESTED, Verdict, decide, load_claims
 from normlab.launch.verdicts.power import MAX_SIMULATED
@@ -249,6 +250,7 @@ def decide_table(
     margin: float = vc.LOSS_MARGIN,
     aa: int | None = None,
     source: str = "",
+    plan: Plan | None = None,
 ) -> Decided:
     """The verdicts of a table of runs (results_table.Run), its rank flips, exploratory
     differences and (aa: replicates) the simulated A/A self-test."""
@@ -256,7 +258,7 @@ def decide_table(
 
     start = time.perf_counter()
     cells = build_cells(runs, l0)
-    verdicts = decide(cells, claims, plateau, margin)
+    verdicts = decide(cells, claims, plateau, margin, plan=plan)
     tested = list(
         dict.fromkeys(
             (v.a, v.b, v.size)
@@ -268,6 +270,8 @@ def decide_table(
     flips = rank_flips(cells, pairs, margin)
     points = exploratory(cells, pairs)
     notes = [f"{r} [{s}]: {n}" for (r, s), c in cells.items() for n in c.notes]
+    if plan is not None:  # a study's plan of looks (SCIENCE.md 22.8): the levels are its looks'
+        notes.append(f"looks: {plan.describe()}; each level is its look's nominal level")
     mid = time.perf_counter()
     found = []
     if aa:
