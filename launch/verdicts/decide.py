@@ -4,8 +4,9 @@ The family: for every (recipe pair, size) three claims, or the claims a file sta
 (a) loss at each recipe's own best LR, leave-one-seed-out cross-fitted (Welch with each arm's
 jackknife variance of the cross-fitted mean, docs/SCIENCE.md 22; the naive min_eta mean is
 reported beside it, and the exact permutation test that redoes the selection in every relabelling
-wherever its floor reaches the level), (b) LR sensitivity per seed S_R(s) (Welch), (c) trained LR
-range per seed W_R(s) (needs the plateau; the exact permutation test is its only test).
+wherever its floor reaches the level; beyond statistics.EXACT_LIMIT relabellings a sequential
+Monte-Carlo p with its MC error, skipped where Welch decides: launch.verdicts.permutation_mc),
+(b) LR sensitivity per seed S_R(s) (Welch), (c) trained LR range per seed W_R(s) (needs the plateau; the exact permutation test is its only test).
 Per-seed statistics: launch.verdicts.family. **A diverged, failed or stopped run counts as l_0, the
 initial loss, for every statistic** (and so does a non-finite final loss); an unknown l_0 that a
 run needs makes the claim undecidable (a note), never an exception.
@@ -27,8 +28,11 @@ from pathlib import Path
 
 import numpy as np
 from normlab.launch.errors import ConfigError
+from normlab.launch.progress import Stages
 from normlab.launch.stats import statistics as st
+from normlab.launch.stats.permutation_counts import integer_interval, integer_valued
 from normlab.launch.verdicts import family as vc
+from normlab.launch.verdicts.permutation_mc import exact_in_reach, mc_min_p, skipped_note
 from normlab.launch.verdicts.results_table import Cell
 
 EXPECTS = (st.A_LOWER, st.B_LOWER, st.EQUIVALENT, "any")
@@ -78,6 +82,8 @@ class Verdict:
     sd: float = math.nan
     seeds_needed: int | None = None
     p_permutation: float | None = None
+    p_permutation_se: float | None = None  # its Monte-Carlo SE where it was resampled
+    permutation_note: str = ""  # how p_permutation was found where not exactly (or why not)
     naive_a: float | None = None  # (a) only: min_eta mean loss, in-sample
     naive_b: float | None = None
     best_lr_a: float | None = None  # (a) only: argmin of the all-seed mean
@@ -194,8 +200,10 @@ def decide(
     plateau: float | None = None,
     loss_margin: float = vc.LOSS_MARGIN,
     alpha: float = st.ALPHA,
+    stages: Stages | None = None,
 ) -> list[Verdict]:
-    """Every claim's verdict (claims None: the default family), Holm over the testable ones."""
+    """Every claim's verdict (claims None: the default family), Holm over the testable ones;
+    `stages`: where the command shows its progress (launch.progress)."""
     verdicts = _expand(claims if claims is not None else default_claims(cells), cells)
     tested: list[tuple[Verdict, Cell, Cell]] = []
     for v in verdicts:
@@ -210,13 +218,18 @@ def decide(
         tested.append((v, ca, cb))
     if not tested:
         return verdicts
-    p3 = np.stack(
-        [vc.claim_p3(v.statistic, ca.loss, cb.loss, plateau, loss_margin) for v, ca, cb in tested]
-    )
-    codes, levels = vc.decide_family(p3, alpha)
-    for (v, ca, cb), code, level, p in zip(tested, codes, levels, p3, strict=True):
-        v.verdict = st.OUTCOMES[int(code)]  # before _fill: "needs k seeds" only when undecided
-        _fill(v, ca, cb, plateau, loss_margin, float(level), p)
+    shown = stages or Stages("verdicts", live=False, quiet=True)
+    rows = []
+    with shown.stage("testing claims", len(tested)) as tick:
+        for v, ca, cb in tested:
+            rows.append(vc.claim_p3(v.statistic, ca.loss, cb.loss, plateau, loss_margin))
+            tick()
+    codes, levels = vc.decide_family(np.stack(rows), alpha)
+    with shown.stage("intervals, permutation p, seeds needed", len(tested)) as tick:
+        for (v, ca, cb), code, level, p in zip(tested, codes, levels, rows, strict=True):
+            v.verdict = st.OUTCOMES[int(code)]  # before _fill: "needs k seeds" only when undecided
+            _fill(v, ca, cb, plateau, loss_margin, float(level), p)
+            tick()
     return verdicts
 
 
@@ -247,7 +260,11 @@ def _fill(
     reachable = floor <= level + st.TOL
     if v.statistic == vc.RANGE:
         v.test = "exact permutation (Fisher-Pitman)"
-        v.interval = st.permutation_interval(a, b, level)
+        v.interval = (
+            integer_interval(a, b, level)
+            if not exact_in_reach(len(a), len(b)) and integer_valued(np.concatenate([a, b]))
+            else st.permutation_interval(a, b, level)
+        )
         v.p_permutation = v.p
         if not reachable:
             need = st.permutation_floor_n(level)
@@ -259,7 +276,7 @@ def _fill(
         lo, hi = w.interval(level)
         v.interval = (float(lo), float(hi))
         if reachable and (v.statistic != vc.LOSS or ca.lrs == cb.lrs):
-            v.p_permutation = _permutation_min_p(v.statistic, ca.loss, cb.loss, a, b, m)
+            _side_permutation(v, ca.loss, cb.loss, a, b, m)
     v.seeds_needed = st.seeds_needed(v.delta, v.sd, m, level, permutation=v.statistic == vc.RANGE)
     if v.verdict == st.INCONCLUSIVE and v.seeds_needed is not None:
         # the calculator's pooled-SD power (df 2n - 2) can name the seeds already run when the
@@ -278,6 +295,20 @@ def _fill(
         v.pick_b = [int(i) for i in vc.cross_fitted(cb.loss)[1]]
     if v.verdict == st.INCONCLUSIVE and not v.note and v.seeds_needed is not None:
         v.note = f"needs {v.seeds_needed} seeds per arm for 80% power at the observed spread"
+
+
+def _side_permutation(
+    v: Verdict, xa: np.ndarray, xb: np.ndarray, a: np.ndarray, b: np.ndarray, margin: float
+) -> None:
+    """The permutation p beside Welch: exact where every relabelling is enumerated; beyond,
+    skipped where Welch decides the claim, else a sequential Monte-Carlo p with its MC SE."""
+    if exact_in_reach(len(a), len(b)):
+        v.p_permutation = _permutation_min_p(v.statistic, xa, xb, a, b, margin)
+    elif v.verdict != st.INCONCLUSIVE:
+        v.permutation_note = skipped_note(len(a), len(b))
+    else:
+        mc = mc_min_p(v.statistic, xa, xb, margin)
+        v.p_permutation, v.p_permutation_se, v.permutation_note = mc.p, mc.se, mc.text()
 
 
 def _permutation_min_p(

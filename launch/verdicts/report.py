@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from normlab.launch.errors import ConfigError
+from normlab.launch.progress import Stages
 from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
 from normlab.launch.stats import statistics as st
 from normlab.launch.verdicts import family as vc
@@ -72,7 +73,10 @@ def line(v: Verdict) -> str:
         f"p {_fmt(v.p, 3)}",
     ]
     if v.p_permutation is not None and v.test.startswith("Welch"):
-        parts.append(f"permutation p {_fmt(v.p_permutation, 3)}")
+        how = f" ({v.permutation_note})" if v.permutation_note else ""
+        parts.append(f"permutation p {_fmt(v.p_permutation, 3)}{how}")
+    elif v.permutation_note:
+        parts.append(v.permutation_note)
     if v.naive_a is not None:
         parts.append(f"naive best A {_fmt(v.naive_a)} B {_fmt(v.naive_b)}")
     parts.append(f"seeds for 80% power {v.seeds_needed if v.seeds_needed else '>10000'}")
@@ -81,8 +85,19 @@ def line(v: Verdict) -> str:
     return f"{text} ({v.note})" if v.note else text
 
 
+def _note(v: Verdict) -> str:
+    """The table's note: the verdict's, and how its permutation p was found where not exactly."""
+    if not v.permutation_note:
+        return v.note
+    shown = f"permutation p {_fmt(v.p_permutation, 3)} ({v.permutation_note})"
+    shown = shown if v.p_permutation is not None else v.permutation_note
+    return f"{v.note}; {shown}" if v.note else shown
+
+
 def as_dict(v: Verdict, flip: RankFlip | None) -> dict:
     d = asdict(v)
+    if v.p_permutation_se is None and not v.permutation_note:  # exact, or none: as before
+        del d["p_permutation_se"], d["permutation_note"]
     d["interval"] = [_json_num(x) for x in v.interval]
     d["agrees"] = v.agrees
     for key, value in d.items():
@@ -127,7 +142,7 @@ def markdown(
             f"| {v.a} | {v.b} | {v.size} | {v.statistic} | {SHOWN[v.verdict]} | {v.expect} "
             f"({v.agrees}) | {_fmt(v.mean_a)} | {_fmt(v.mean_b)} | {_fmt(v.delta, 3)} "
             f"| [{_fmt(lo, 3)}, {_fmt(hi, 3)}] | {_fmt(v.level, 3)} | {_fmt(v.p, 3)} | {v.test} "
-            f"| {v.seeds_needed if v.seeds_needed is not None else '-'} | {v.note} |"
+            f"| {v.seeds_needed if v.seeds_needed is not None else '-'} | {_note(v)} |"
         )
     out += ["", "Rules:", ""]
     out += sorted({f"- {v.statistic}: {v.rule}" for v in verdicts if v.rule})
@@ -174,11 +189,14 @@ def run_verdicts(
     check_options(plateau, l0, margin, aa)
     out = Path(out)
     check_verdicts_dir(out)
-    runs = read_results(results)
-    claims = load_claims(claims_file) if claims_file is not None else None
-    decided = decide_table(runs, claims, plateau, l0, margin, aa, str(results))
-    make_out_dir(out)
-    return write_decided(decided, out)
+    with Stages("verdicts") as stages:
+        with stages.stage("reading the table") as tick:
+            runs = read_results(results)
+            tick(len(runs))
+        claims = load_claims(claims_file) if claims_file is not None else None
+        decided = decide_table(runs, claims, plateau, l0, margin, aa, str(results), stages)
+        make_out_dir(out)
+        return write_decided(decided, out)
 
 
 def check_options(plateau: float | None, l0: float | None, margin: float, aa: int | None) -> None:
@@ -240,6 +258,7 @@ def decide_table(
     margin: float = vc.LOSS_MARGIN,
     aa: int | None = None,
     source: str = "",
+    stages: Stages | None = None,
 ) -> Decided:
     """The verdicts of a table of runs (results_table.Run), its rank flips, exploratory
     differences and (aa: replicates) the simulated A/A self-test."""
@@ -247,7 +266,7 @@ def decide_table(
 
     start = time.perf_counter()
     cells = build_cells(runs, l0)
-    verdicts = decide(cells, claims, plateau, margin)
+    verdicts = decide(cells, claims, plateau, margin, stages=stages)
     tested = list(
         dict.fromkeys(
             (v.a, v.b, v.size)
@@ -256,15 +275,20 @@ def decide_table(
         )
     )
     pairs = tested if claims is not None else pairs_of(cells)
-    flips = rank_flips(cells, pairs, margin)
-    points = exploratory(cells, pairs)
+    shown = stages or Stages("verdicts", quiet=True)
+    with shown.stage("rank flips and per-lr differences", len(pairs)) as tick:
+        flips = rank_flips(cells, pairs, margin)
+        points = exploratory(cells, pairs)
+        tick(len(pairs))
     notes = [f"{r} [{s}]: {n}" for (r, s), c in cells.items() for n in c.notes]
     mid = time.perf_counter()
     found = []
     if aa:
         from normlab.launch.verdicts.aa_simulation import aa_study
 
-        found = aa_study(cells, aa, plateau, margin)
+        with shown.stage(f"A/A self-test ({aa} replicates per cell)", len(cells)) as tick:
+            found = aa_study(cells, aa, plateau, margin)
+            tick(len(cells))
         if not found:
             notes.append("A/A: no cell has >= 2 seeds and a known l_0")
     end = time.perf_counter()
