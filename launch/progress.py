@@ -117,7 +117,8 @@ class Stages:
             now = time.monotonic()
             if now - last_line >= HEARTBEAT_S:
                 last_line = now
-                self.line(f"{name}: {self._count(done, total)}{self._left(done, total, now - start)}")
+                left = self._left(done, total, now - start)
+                self.line(f"{name}: {self._count(done, total)}{left}")
 
         yield tick
         took = time.monotonic() - start

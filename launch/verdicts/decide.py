@@ -6,7 +6,8 @@ jackknife variance of the cross-fitted mean, docs/SCIENCE.md 22; the naive min_e
 reported beside it, and the exact permutation test that redoes the selection in every relabelling
 wherever its floor reaches the level; beyond statistics.EXACT_LIMIT relabellings a sequential
 Monte-Carlo p with its MC error, skipped where Welch decides: launch.verdicts.permutation_mc),
-(b) LR sensitivity per seed S_R(s) (Welch), (c) trained LR range per seed W_R(s) (needs the plateau; the exact permutation test is its only test).
+(b) LR sensitivity per seed S_R(s) (Welch), (c) trained LR range per seed W_R(s) (needs the
+plateau; the exact permutation test is its only test).
 Per-seed statistics: launch.verdicts.family. **A diverged, failed or stopped run counts as l_0, the
 initial loss, for every statistic** (and so does a non-finite final loss); an unknown l_0 that a
 run needs makes the claim undecidable (a note), never an exception.
