@@ -3,8 +3,9 @@
 
 On a terminal, a rich progress bar per stage (count, elapsed time and rich's estimate of the time
 left). Elsewhere (a log file, a pipe, CI=true, TERM=dumb) plain lines on stderr: one when a stage
-ends (its count and seconds), and for a stage that runs long one line every HEARTBEAT_S seconds
-with its count and the estimated time left, so a log shows where a command is without a screen
+ends (its count and seconds; none for a stage under SHORT_S, so quick commands print as before),
+and for a stage that runs long one line every HEARTBEAT_S seconds with its count and the
+estimated time left, so a log shows where a command is without a screen
 of bar redraws. Output goes to stderr: what a command prints on stdout stays as it was.
 
     with Stages("verdicts") as stages:
@@ -24,6 +25,7 @@ from contextlib import contextmanager
 from typing import IO, Any
 
 HEARTBEAT_S = 30.0  # seconds between a long stage's plain lines
+SHORT_S = 1.0  # a stage shorter than this leaves no plain line (a quick command stays quiet)
 OFF = {"", "0", "false", "no"}
 
 
@@ -54,8 +56,10 @@ class Stages:
         stream: IO[str] | None = None,
         live: bool | None = None,
         quiet: bool = False,
+        short_s: float | None = None,
     ) -> None:
         self.title, self.quiet = title, quiet
+        self.short_s = SHORT_S if short_s is None else short_s
         self.stream = stream if stream is not None else sys.stderr
         self.live = not quiet and (interactive(self.stream) if live is None else live)
         self._bar: Any = None
@@ -115,7 +119,7 @@ class Stages:
                 self._bar.update(task, advance=n)
                 return
             now = time.monotonic()
-            if now - last_line >= HEARTBEAT_S:
+            if now - last_line >= HEARTBEAT_S and (total is None or done < total):
                 last_line = now
                 left = self._left(done, total, now - start)
                 self.line(f"{name}: {self._count(done, total)}{left}")
@@ -124,7 +128,7 @@ class Stages:
         took = time.monotonic() - start
         if task is not None:
             self._bar.update(task, completed=total if total is not None else done)
-        else:
+        elif took >= self.short_s:
             self.line(f"{name}: {self._count(done, total)} in {_clock(took)}")
 
     @staticmethod

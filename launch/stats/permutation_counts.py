@@ -112,12 +112,22 @@ def cumulative_tails(a: np.ndarray, b: np.ndarray, margin: float, tol: float) ->
     in_a, in_b, ks = _arms(a, b)
     cdf_b = np.cumsum(in_b, axis=1)
     last = cdf_b.shape[1] - 1
-    k_of, sa = np.nonzero(in_a[ks])  # only the A-subset sums that occur
-    weight, rows = in_a[ks][k_of, sa], na - ks[k_of]
-    full = cdf_b[rows, last]
     total, observed = float(a.sum() + b.sum()), float(a.sum())
     scale = 1.0 / na + 1.0 / nb
     r = float(comb(na + nb, na))
+
+    def below(k: int, j: int) -> float:
+        """Relabellings keeping k A seeds whose arm sum s_a + s_b is <= j: sum over s_a of A's
+        k-subset count times B's (n_a - k)-subset count with s_b <= j - s_a."""
+        row, wa = cdf_b[na - k], in_a[k]
+        if j < 0:
+            return 0.0
+        full = min(j - last, wa.size)  # s_a < j - last: every B sum fits
+        got = row[last] * wa[: max(full, 0)].sum()
+        lo, hi = max(full, 0), min(j, wa.size - 1)
+        if hi >= lo:  # s_b index j - s_a runs down from j - lo to j - hi
+            got += wa[lo : hi + 1] @ row[j - hi : j - lo + 1][::-1]
+        return float(got)
 
     def tail(shift: float, lower: bool) -> float:
         # d(s) = (s - shift k) scale - (total - shift n_a) / n_b for an A-arm sum s, increasing
@@ -125,14 +135,15 @@ def cumulative_tails(a: np.ndarray, b: np.ndarray, margin: float, tol: float) ->
         obs = (observed - shift * na) * scale - rest
         slack = tol * max(1.0, abs(obs))
         bound = (obs + slack) if lower else (obs - slack)
-        thr = (bound + rest) / scale + shift * ks[k_of] - sa  # B-sum threshold per (k, s_a)
-        if lower:  # B sums <= floor(thr)
-            idx = np.floor(thr).astype(np.int64)
-            got = np.where(idx >= 0, cdf_b[rows, np.clip(idx, 0, last)], 0.0)
-        else:  # B sums >= ceil(thr)
-            idx = np.ceil(thr).astype(np.int64) - 1
-            got = full - np.where(idx >= 0, cdf_b[rows, np.clip(idx, 0, last)], 0.0)
-        return float(weight @ got) / r
+        thr = (bound + rest) / scale + shift * ks  # arm-sum threshold per k
+        if lower:  # arm sums <= floor(thr)
+            return sum(below(int(k), int(np.floor(t))) for k, t in zip(ks, thr, strict=True)) / r
+        # arm sums >= ceil(thr): all of the k's relabellings but those below it
+        above = [
+            cdf_b[na - k, last] * in_a[k].sum() - below(int(k), int(np.ceil(t)) - 1)
+            for k, t in zip(ks, thr, strict=True)
+        ]
+        return sum(above) / r
 
     low_lower, high_upper = tail(-margin, True), tail(margin, False)
     return np.array([low_lower, high_upper, max(tail(-margin, False), tail(margin, True))])

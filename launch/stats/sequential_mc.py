@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 EXCEEDANCES = 10  # H: a tail stops once this many relabellings reach its observed value
-RESAMPLES = 1999  # N: the most relabellings drawn for one test
-BATCH = 250  # relabellings drawn and evaluated at once
+RESAMPLES = 199  # N: the most relabellings drawn for one test (p >= 1 / 200)
+BATCH = 100  # relabellings drawn and evaluated at once (a large p stops after one)
 SEED = 0
 
 

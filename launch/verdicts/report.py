@@ -189,11 +189,11 @@ def run_verdicts(
     check_options(plateau, l0, margin, aa)
     out = Path(out)
     check_verdicts_dir(out)
+    claims = load_claims(claims_file) if claims_file is not None else None
     with Stages("verdicts") as stages:
         with stages.stage("reading the table") as tick:
             runs = read_results(results)
             tick(len(runs))
-        claims = load_claims(claims_file) if claims_file is not None else None
         decided = decide_table(runs, claims, plateau, l0, margin, aa, str(results), stages)
         make_out_dir(out)
         return write_decided(decided, out)
