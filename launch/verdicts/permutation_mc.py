@@ -26,9 +26,10 @@ def exact_in_reach(n_a: int, n_b: int) -> bool:
 
 def skipped_note(n_a: int, n_b: int) -> str:
     """What the verdict says when its side permutation p is not computed."""
+    count = math.comb(n_a + n_b, n_a)
     return (
-        f"permutation p skipped: Welch decides, and its exact count (C({n_a + n_b}, {n_a}) "
-        "relabellings) is out of reach"
+        f"permutation p skipped: Welch decides, and its C({n_a + n_b}, {n_a}) = {count:,} "
+        f"relabellings exceed the exact enumeration's {st.EXACT_LIMIT:,}"
     )
 
 
