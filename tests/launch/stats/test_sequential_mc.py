@@ -78,13 +78,13 @@ def test_claim_permutation_p_agrees_with_the_enumeration(statistic: str, seeds: 
 @pytest.mark.parametrize(("na", "nb"), [(4, 5), (7, 7), (3, 11), (9, 6)])
 def test_range_tails_and_interval_beyond_enumeration_match_the_exact_ones(na, nb) -> None:
     rng = np.random.default_rng(na * 31 + nb)
-    for _ in range(5):
+    for case in range(5):
         a = rng.integers(0, 9, na).astype(float)
         b = rng.integers(1, 11, nb).astype(float)
         want = integer_tails(a, b, vc.RANGE_MARGIN, st.TOL)
         np.testing.assert_allclose(cumulative_tails(a, b, vc.RANGE_MARGIN, st.TOL), want,
                                    rtol=1e-12, atol=0)  # fmt: skip
-        if math.comb(na + nb, na) <= st.EXACT_LIMIT:  # the interval by bisection, enumerated
+        if case < 2 and math.comb(na + nb, na) <= st.EXACT_LIMIT:  # bisection, enumerated
             for alpha in (0.01, 0.05, 0.2):
                 np.testing.assert_allclose(
                     integer_interval(a, b, alpha), st.permutation_interval(a, b, alpha), atol=1e-6
