@@ -106,7 +106,7 @@ def decide_study(
 ) -> Decided:
     """The claims' verdicts on the study's rows, rank flips and the A/A self-test (aa: B);
     `plan`: the study file's `looks:` (launch.stats.group_sequential.Plan)."""
-    return decide_table(results_of(rows), claims, plateau, None, margin, aa, source, plan)
+    return decide_table(results_of(rows), claims, plateau, None, margin, aa, source, plan=plan)
 
 
 def _claim_name(v: Any) -> str:

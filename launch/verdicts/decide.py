@@ -4,8 +4,10 @@ The family: for every (recipe pair, size) three claims, or the claims a file sta
 (a) loss at each recipe's own best LR, leave-one-seed-out cross-fitted (Welch with each arm's
 jackknife variance of the cross-fitted mean, docs/SCIENCE.md 22; the naive min_eta mean is
 reported beside it, and the exact permutation test that redoes the selection in every relabelling
-wherever its floor reaches the level), (b) LR sensitivity per seed S_R(s) (Welch), (c) trained LR
-range per seed W_R(s) (needs the plateau; the exact permutation test is its only test).
+wherever its floor reaches the level; beyond statistics.EXACT_LIMIT relabellings a sequential
+Monte-Carlo p with its MC error, skipped where Welch decides: launch.verdicts.permutation_mc),
+(b) LR sensitivity per seed S_R(s) (Welch), (c) trained LR range per seed W_R(s) (needs the
+plateau; the exact permutation test is its only test).
 Per-seed statistics: launch.verdicts.family. **A diverged, failed or stopped run counts as l_0, the
 initial loss, for every statistic** (and so does a non-finite final loss); an unknown l_0 that a
 run needs makes the claim undecidable (a note), never an exception.
@@ -30,9 +32,12 @@ from pathlib import Path
 
 import numpy as np
 from normlab.launch.errors import ConfigError
+from normlab.launch.progress import Stages
 from normlab.launch.stats import group_sequential as gs
 from normlab.launch.stats import statistics as st
+from normlab.launch.stats.permutation_counts import integer_interval, integer_valued
 from normlab.launch.verdicts import family as vc
+from normlab.launch.verdicts.permutation_mc import exact_in_reach, mc_min_p, skipped_note
 from normlab.launch.verdicts.power import (
     MAX_SIMULATED,
     ArmModel,
@@ -88,6 +93,8 @@ class Verdict:
     sd: float = math.nan
     seeds_needed: int | None = None
     p_permutation: float | None = None
+    p_permutation_se: float | None = None  # its Monte-Carlo SE where it was resampled
+    permutation_note: str = ""  # how p_permutation was found where not exactly (or why not)
     naive_a: float | None = None  # (a) only: min_eta mean loss, in-sample
     naive_b: float | None = None
     best_lr_a: float | None = None  # (a) only: argmin of the all-seed mean
@@ -218,9 +225,11 @@ def decide(
     loss_margin: float = vc.LOSS_MARGIN,
     alpha: float = st.ALPHA,
     plan: gs.Plan | None = None,
+    stages: Stages | None = None,
 ) -> list[Verdict]:
     """Every claim's verdict (claims None: the default family), Holm over the testable ones;
-    `plan`: the study's plan of looks (SCIENCE.md 22.8), each claim at the look of its seeds."""
+    `plan`: the study's plan of looks (SCIENCE.md 22.8), each claim at the look of its seeds;
+    `stages`: where the command shows its progress (launch.progress)."""
     verdicts = _expand(claims if claims is not None else default_claims(cells), cells)
     tested: list[tuple[Verdict, Cell, Cell]] = []
     for v in verdicts:
@@ -235,19 +244,27 @@ def decide(
         tested.append((v, ca, cb))
     if not tested:
         return verdicts
-    p3 = np.stack(
-        [vc.claim_p3(v.statistic, ca.loss, cb.loss, plateau, loss_margin) for v, ca, cb in tested]
-    )
+    shown = stages or Stages("verdicts", live=False, quiet=True)
+    rows = []
+    with shown.stage("testing claims", len(tested)) as tick:
+        for v, ca, cb in tested:
+            rows.append(vc.claim_p3(v.statistic, ca.loss, cb.loss, plateau, loss_margin))
+            tick()
+    p3 = np.stack(rows)
     looks = None if plan is None else [gs.look_at(plan, ca.n, cb.n) for _, ca, cb in tested]
     codes, levels = vc.decide_family(p3, alpha, looks)
-    for i, ((v, ca, cb), code, level, p) in enumerate(zip(tested, codes, levels, p3, strict=True)):
-        v.verdict = st.OUTCOMES[int(code)]  # before _fill: "needs k seeds" only when undecided
-        _fill(v, ca, cb, plateau, loss_margin, float(level), p)
-        if looks is not None:
-            v.rule = v.rule.replace("): ", f"; {looks[i].words()}): ", 1)
-            more = looks[i].undecided() if v.verdict == st.INCONCLUSIVE else ""
-            own = v.note if looks[i].fractions else ""  # past the plan: no seed count to give
-            v.note = "; ".join(x for x in (own, looks[i].note, more) if x)
+    with shown.stage("intervals, permutation p, seeds needed", len(tested)) as tick:
+        for i, ((v, ca, cb), code, level, p) in enumerate(
+            zip(tested, codes, levels, p3, strict=True)
+        ):
+            v.verdict = st.OUTCOMES[int(code)]  # before _fill: "needs k seeds" only when undecided
+            _fill(v, ca, cb, plateau, loss_margin, float(level), p)
+            if looks is not None:
+                v.rule = v.rule.replace("): ", f"; {looks[i].words()}): ", 1)
+                more = looks[i].undecided() if v.verdict == st.INCONCLUSIVE else ""
+                own = v.note if looks[i].fractions else ""  # past the plan: no seed count
+                v.note = "; ".join(x for x in (own, looks[i].note, more) if x)
+            tick()
     return verdicts
 
 
@@ -278,7 +295,11 @@ def _fill(
     reachable = floor <= level + st.TOL
     if v.statistic == vc.RANGE:
         v.test = "exact permutation (Fisher-Pitman)"
-        v.interval = st.permutation_interval(a, b, level)
+        v.interval = (
+            integer_interval(a, b, level)
+            if not exact_in_reach(len(a), len(b)) and integer_valued(np.concatenate([a, b]))
+            else st.permutation_interval(a, b, level)
+        )
         v.p_permutation = v.p
         if not reachable:
             need = st.permutation_floor_n(level)
@@ -290,7 +311,7 @@ def _fill(
         lo, hi = w.interval(level)
         v.interval = (float(lo), float(hi))
         if reachable and (v.statistic != vc.LOSS or ca.lrs == cb.lrs):
-            v.p_permutation = _permutation_min_p(v.statistic, ca.loss, cb.loss, a, b, m)
+            _side_permutation(v, ca.loss, cb.loss, a, b, m)
     if not level > 0:  # past a plan's last look (group_sequential): no level, no seed count
         v.seeds_needed = None
     elif v.statistic == vc.LOSS:  # simulated: cross-fitting, the jackknife Welch, this level
@@ -343,6 +364,20 @@ def needs_next(v: Verdict, lrs_a: tuple[float, ...], lrs_b: tuple[float, ...]) -
 
 def _lrs(lrs: tuple[float, ...]) -> str:
     return ", ".join(f"{lr:g}" for lr in lrs)
+
+
+def _side_permutation(
+    v: Verdict, xa: np.ndarray, xb: np.ndarray, a: np.ndarray, b: np.ndarray, margin: float
+) -> None:
+    """The permutation p beside Welch: exact where every relabelling is enumerated; beyond,
+    skipped where Welch decides the claim, else a sequential Monte-Carlo p with its MC SE."""
+    if exact_in_reach(len(a), len(b)):
+        v.p_permutation = _permutation_min_p(v.statistic, xa, xb, a, b, margin)
+    elif v.verdict != st.INCONCLUSIVE:
+        v.permutation_note = skipped_note(len(a), len(b))
+    else:
+        mc = mc_min_p(v.statistic, xa, xb, margin)
+        v.p_permutation, v.p_permutation_se, v.permutation_note = mc.p, mc.se, mc.text()
 
 
 def _permutation_min_p(

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 from normlab.launch.stats import group_sequential as gs
 from normlab.launch.stats import statistics as st
-from normlab.launch.stats.permutation_counts import integer_tails, integer_valued
+from normlab.launch.stats.permutation_counts import cumulative_tails, integer_tails, integer_valued
 from normlab.launch.stats.separation import TRAINED_MARGIN
 
 LOSS, SENS, RANGE = "loss_at_best_lr", "lr_sensitivity", "trained_range"
@@ -58,11 +58,27 @@ def cross_fitted(x: np.ndarray, units: np.ndarray | None = None) -> tuple[np.nda
     return y, pick
 
 
+_JACKKNIFED: dict[tuple[tuple[int, ...], bytes], np.ndarray] = {}  # one arm's, by its values
+JACKKNIFE_CACHE = 512
+
+
 def jackknife_var(x: np.ndarray, units: np.ndarray | None = None) -> np.ndarray:
     """Delete-one-seed jackknife variance of the arm's cross-fitted mean (n >= 3): each replicate
     redoes the whole cross-fitting on the n - 1 remaining seeds. It counts the selection noise
     that the seeds share (their y values are positively correlated, so var(y) / n is too small:
-    docs/SCIENCE.md, verdict statistics)."""
+    docs/SCIENCE.md, verdict statistics). One arm's (a cell's curves, no units) is remembered by
+    its values: a family of every pair asks for each cell's once per claim it is in."""
+    if units is None and x.ndim == 2:
+        key = (x.shape, np.ascontiguousarray(x, dtype=float).tobytes())
+        if key not in _JACKKNIFED:
+            if len(_JACKKNIFED) >= JACKKNIFE_CACHE:
+                _JACKKNIFED.clear()
+            _JACKKNIFED[key] = _jackknife_var(x, None)
+        return _JACKKNIFED[key]
+    return _jackknife_var(x, units)
+
+
+def _jackknife_var(x: np.ndarray, units: np.ndarray | None) -> np.ndarray:
     n = x.shape[-2]
     reps = np.stack(
         [
@@ -141,9 +157,12 @@ def permutation_p3(a: np.ndarray, b: np.ndarray, margin: float) -> np.ndarray:
     pooled = np.concatenate(
         [np.broadcast_to(a, (*batch_shape, na)), np.broadcast_to(b, (*batch_shape, nb))], axis=-1
     ).reshape(-1, na + nb)
-    if math.comb(na + nb, na) > COUNT_FROM and integer_valued(pooled):
-        # many relabellings of integer seeds: counted exactly (launch.stats.permutation_counts)
-        out = np.stack([integer_tails(r[:na], r[na:], margin, st.TOL) for r in pooled])
+    relabelled = math.comb(na + nb, na)
+    if relabelled > COUNT_FROM and integer_valued(pooled):
+        # many relabellings of integer seeds: counted exactly (launch.stats.permutation_counts);
+        # beyond enumeration's reach without the joint table (the same counts, faster)
+        tails = cumulative_tails if relabelled > st.EXACT_LIMIT else integer_tails
+        out = np.stack([tails(r[:na], r[na:], margin, st.TOL) for r in pooled])
         return out[0] if single else out.reshape(*batch_shape, 3)
     choose = st.relabellings(na, nb)
     k_a = (choose < na).sum(axis=1)  # original A seeds in each relabelled A arm

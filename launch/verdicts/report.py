@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from normlab.launch.errors import ConfigError
+from normlab.launch.progress import Stages
 from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
 from normlab.launch.stats import statistics as st
 from normlab.launch.stats.group_sequential import Plan
@@ -80,7 +81,10 @@ def line(v: Verdict) -> str:
         f"p {_fmt(v.p, 3)}",
     ]
     if v.p_permutation is not None and v.test.startswith("Welch"):
-        parts.append(f"permutation p {_fmt(v.p_permutation, 3)}")
+        how = f" ({v.permutation_note})" if v.permutation_note else ""
+        parts.append(f"permutation p {_fmt(v.p_permutation, 3)}{how}")
+    elif v.permutation_note:
+        parts.append(v.permutation_note)
     if v.naive_a is not None:
         parts.append(f"naive best A {_fmt(v.naive_a)} B {_fmt(v.naive_b)}")
     most = MAX_SIMULATED if v.statistic == vc.LOSS else st.MAX_SEEDS
@@ -90,8 +94,19 @@ def line(v: Verdict) -> str:
     return f"{text} ({v.note})" if v.note else text
 
 
+def _note(v: Verdict) -> str:
+    """The table's note: the verdict's, and how its permutation p was found where not exactly."""
+    if not v.permutation_note:
+        return v.note
+    shown = f"permutation p {_fmt(v.p_permutation, 3)} ({v.permutation_note})"
+    shown = shown if v.p_permutation is not None else v.permutation_note
+    return f"{v.note}; {shown}" if v.note else shown
+
+
 def as_dict(v: Verdict, flip: RankFlip | None) -> dict:
     d = asdict(v)
+    if v.p_permutation_se is None and not v.permutation_note:  # exact, or none: as before
+        del d["p_permutation_se"], d["permutation_note"]
     d["interval"] = [_json_num(x) for x in v.interval]
     d["agrees"] = v.agrees
     d["meaning"] = v.meaning
@@ -137,7 +152,7 @@ def markdown(
             f"| {v.a} | {v.b} | {v.size} | {v.statistic} | {shown(v)} | {v.expect} "
             f"({v.agrees}) | {_fmt(v.mean_a)} | {_fmt(v.mean_b)} | {_fmt(v.delta, 3)} "
             f"| [{_fmt(lo, 3)}, {_fmt(hi, 3)}] | {_fmt(v.level, 3)} | {_fmt(v.p, 3)} | {v.test} "
-            f"| {v.seeds_needed if v.seeds_needed is not None else '-'} | {v.note} |"
+            f"| {v.seeds_needed if v.seeds_needed is not None else '-'} | {_note(v)} |"
         )
     out += ["", "Rules:", ""]
     out += sorted({f"- {v.statistic}: {v.rule}" for v in verdicts if v.rule})
@@ -184,11 +199,14 @@ def run_verdicts(
     check_options(plateau, l0, margin, aa)
     out = Path(out)
     check_verdicts_dir(out)
-    runs = read_results(results)
     claims = load_claims(claims_file) if claims_file is not None else None
-    decided = decide_table(runs, claims, plateau, l0, margin, aa, str(results))
-    make_out_dir(out)
-    return write_decided(decided, out)
+    with Stages("verdicts") as stages:
+        with stages.stage("reading the table") as tick:
+            runs = read_results(results)
+            tick(len(runs))
+        decided = decide_table(runs, claims, plateau, l0, margin, aa, str(results), stages=stages)
+        make_out_dir(out)
+        return write_decided(decided, out)
 
 
 def check_options(plateau: float | None, l0: float | None, margin: float, aa: int | None) -> None:
@@ -251,6 +269,7 @@ def decide_table(
     aa: int | None = None,
     source: str = "",
     plan: Plan | None = None,
+    stages: Stages | None = None,
 ) -> Decided:
     """The verdicts of a table of runs (results_table.Run), its rank flips, exploratory
     differences and (aa: replicates) the simulated A/A self-test."""
@@ -258,7 +277,7 @@ def decide_table(
 
     start = time.perf_counter()
     cells = build_cells(runs, l0)
-    verdicts = decide(cells, claims, plateau, margin, plan=plan)
+    verdicts = decide(cells, claims, plateau, margin, plan=plan, stages=stages)
     tested = list(
         dict.fromkeys(
             (v.a, v.b, v.size)
@@ -267,8 +286,11 @@ def decide_table(
         )
     )
     pairs = tested if claims is not None else pairs_of(cells)
-    flips = rank_flips(cells, pairs, margin)
-    points = exploratory(cells, pairs)
+    shown = stages or Stages("verdicts", quiet=True)
+    with shown.stage("rank flips and per-lr differences", len(pairs)) as tick:
+        flips = rank_flips(cells, pairs, margin)
+        points = exploratory(cells, pairs)
+        tick(len(pairs))
     notes = [f"{r} [{s}]: {n}" for (r, s), c in cells.items() for n in c.notes]
     if plan is not None:  # a study's plan of looks (SCIENCE.md 22.8): the levels are its looks'
         notes.append(f"looks: {plan.describe()}; each level is its look's nominal level")
@@ -277,7 +299,9 @@ def decide_table(
     if aa:
         from normlab.launch.verdicts.aa_simulation import aa_study
 
-        found = aa_study(cells, aa, plateau, margin)
+        with shown.stage(f"A/A self-test ({aa} replicates per cell)", len(cells)) as tick:
+            found = aa_study(cells, aa, plateau, margin)
+            tick(len(cells))
         if not found:
             notes.append("A/A: no cell has >= 2 seeds and a known l_0")
     end = time.perf_counter()
