@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--recipes names no recipe: {args.recipes!r}")
     paths = [find_recipe(n) for n in names]
     out = Path(args.out)
+    from normlab.launch.out_path import check_out_dir
+
+    check_out_dir(out)  # a file, below a file, read-only: one line before training
     configs = [load_config(p, _overrides(args, out / p.stem)) for p in paths]
     start = time.perf_counter()
     console.print("preparing the bundled corpus (cached after the first run)")

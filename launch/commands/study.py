@@ -186,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
     check_lock_settings()  # before the study directory is written
     spec = spec_from_args(args)
     out = Path(args.out or ("study" if spec.path is None else f"studies/{spec.name}"))
+    from normlab.launch.out_path import check_out_dir
+
+    check_out_dir(out)  # a file, below a file, read-only: one line before anything is written
     if args.merge and not args.report_only:
         raise ConfigError("--merge joins finished runs: give it with --report-only")
     if args.report_only:

@@ -133,12 +133,12 @@ def _write_whole(path: Path, text: str) -> None:
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    """summary.json, None when it is missing or unreadable (it is rewritten, never trusted)."""
-    try:
-        summary = json.loads((run_dir / SUMMARY).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
+    """summary.json through the one summary reader (rundir/runfiles.py), None when the run has
+    not written one; a damaged one is one DamagedFile line naming it (it is written atomically,
+    so damage is a person's edit or a bad disk, not a crash)."""
+    from normlab.launch.rundir.runfiles import read_summary as read_checked
+
+    return read_checked(run_dir / SUMMARY) or None
 
 
 # --- one owner per run directory ------------------------------------------------------------------
