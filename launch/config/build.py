@@ -20,7 +20,14 @@ def load_config(recipe: str | Path, overrides: list[str] | None = None) -> RunCo
     data = apply_overrides(load_yaml(recipe), overrides or [])
     if data.get("name") is None:  # absent or null: the recipe file's stem
         data["name"] = Path(recipe).stem
-    return from_dict(data)
+    try:
+        return from_dict(data)
+    except ConfigError as exc:  # a bad value: the line names the recipe it came from
+        where = f"{recipe}" + (" with its overrides" if overrides else "")
+        message = str(exc)
+        raise type(exc)(
+            message if message.startswith(str(recipe)) else f"{where}: {message}"
+        ) from None
 
 
 def from_dict(data: dict[str, Any]) -> RunConfig:

@@ -63,6 +63,9 @@ def read_config(path: Path) -> dict[str, Any]:
     steps = (data.get("training") or {}).get("steps", 0)
     if not jf.count(steps):
         raise DamagedFile(f"{path}: training.steps is {steps!r}, not a step count; {FIX}")
+    lr = (data.get("optim") or {}).get("lr")
+    if lr is not None and not (jf.nonnegative(lr) and lr > 0):
+        raise DamagedFile(f"{path}: optim.lr is {lr!r}, expected a positive number; {FIX}")
     for key in ("name", "run_dir"):
         if not isinstance(data.get(key), str | None):
             raise DamagedFile(f"{path}: '{key}' is {data[key]!r}, not a string; {FIX}")
