@@ -151,6 +151,37 @@ KINDS: dict[str, Kind] = {
     ),
 }
 
+
+def make_job_record(root: Path) -> tuple[Path, list[str]]:
+    run = make_run(root)
+    (run / "slurm.json").write_text(json.dumps({"jobs": [{"job_id": "12345"}]}) + "\n")
+    return run / "slurm.json", ["status", str(run)]
+
+
+def make_plan(root: Path) -> tuple[Path, list[str]]:
+    run = make_run(root)
+    plan = {"study": "mine", "file": None, "runs": [{"run_dir": str(run), "recipe": "pre"}]}
+    (root / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
+    return root / "plan.json", ["status", str(root)]
+
+
+def give_first_key_twice(path: Path) -> None:
+    data = path.read_bytes()
+    key = re.search(rb'\{\s*("[^"]+")\s*:', data)
+    assert key, data
+    path.write_bytes(data.replace(b"{", b"{" + key.group(1) + b": 0, ", 1))
+
+
+JSON_DAMAGE: dict[str, Callable[[Path], None]] = {
+    "not_utf8": lambda p: p.write_bytes(p.read_bytes().replace(b"{", b'{"\xe9": 0, ', 1)),
+    "duplicate": lambda p: give_first_key_twice(p),
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]),
+}
+KINDS |= {
+    "slurm.json": Kind(make_job_record, JSON_DAMAGE),
+    "plan.json": Kind(make_plan, JSON_DAMAGE),
+}
+
 # --- files a user supplies: a recipe, a results table, a claims file, a study file -------------
 
 RECIPE = b"""base: pre
@@ -345,7 +376,9 @@ def test_damage_is_one_line_naming_the_file_and_nothing_changes(
     assert hashes(tmp_path) == before  # nothing written, nothing overwritten
 
 
-@pytest.mark.parametrize("kind", ["summary.json", "metrics.jsonl", "config.yaml", "recipe"])
+@pytest.mark.parametrize(
+    "kind", ["summary.json", "metrics.jsonl", "config.yaml", "slurm.json", "plan.json", "recipe"]
+)
 def test_the_undamaged_file_is_read(kind: str, tmp_path: Path) -> None:
     """The valid files the damage starts from pass, so each refusal above is the damage's."""
     _, args = KINDS[kind].make(tmp_path)
