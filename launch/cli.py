@@ -58,7 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        _settings_once(args)
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
         return status
@@ -78,14 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"normlab {args.command}: interrupted", file=sys.stderr)
         return 130
-
-
-def _settings_once(args: argparse.Namespace) -> None:
-    """KEY=VALUE settings (positional overrides, study's --set) name each key once."""
-    from normlab.launch.config.loader import refuse_repeated
-
-    refuse_repeated(list(getattr(args, "overrides", None) or []), "override")
-    refuse_repeated(list(getattr(args, "set", None) or []), "--set")
 
 
 # A place normlab reads or writes can be read-only, not permitted or full: one line, exit 2

@@ -312,19 +312,6 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{problem} at {where}" + (f" ({' '.join(context.split())})" if context else "")
 
 
-def refuse_repeated(overrides: list[str], what: str = "override") -> None:
-    """A KEY=VALUE list from a command line names each key once: `optim.lr=1e-3 optim.lr=3e-3`
-    would silently keep the last, so it is refused, naming the key."""
-    seen: dict[str, str] = {}
-    for item in overrides:
-        key = item.partition("=")[0].strip()
-        if key in seen:
-            raise ConfigError(
-                f"{what} {key} is given twice ({seen[key]!r}, {item!r}); give it once"
-            )
-        seen[key] = item
-
-
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `a.b=value` overrides; each value is parsed as YAML (so 3, 0.1, true, [0.9, 0.95])."""
     out = deep_merge({}, data)

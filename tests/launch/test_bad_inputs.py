@@ -395,24 +395,3 @@ def test_a_cut_last_line_of_a_jsonl_is_a_live_write_not_damage(tmp_path: Path) -
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 2, 3, 4, 4]
     assert main(["status", str(run)]) == 0
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["validate", "pre", "optim.lr=1e-3", "optim.lr=3e-3"],
-        ["train", "pre", "training.steps=2", "training.steps=3"],
-        ["coordcheck", "pre", "model.n_layers=2", "model.n_layers=3"],
-        ["study", "pre", "--set", "optim.lr=1e-3", "--set", "optim.lr=3e-3"],
-    ],
-    ids=["validate", "train", "coordcheck", "study --set"],
-)
-def test_a_setting_given_twice_on_the_command_line_is_refused(
-    args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    capsys.readouterr()
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "given twice" in err, err
-    assert list(tmp_path.iterdir()) == []  # nothing written
