@@ -30,6 +30,11 @@ WRITES: dict[str, tuple[str, ...]] = {
 }
 
 
+# A folder holding one of these is a study's (normlab study writes them first): its reports
+# (compare, verdicts, warnings) may be rewritten there, as `normlab study` itself does.
+STUDY_MARKS = ("plan.json", "study.json")
+
+
 def default_out(command: str) -> str:
     """A report command's default --out: runs/<command> (ignored by git, named in its --help)."""
     return f"{RUNS}/{command}"
@@ -45,7 +50,7 @@ class OutDirError(NormlabError):
 def check_out_dir(out: Path, flag: str = "--out", writes: Collection[str] | None = None) -> None:
     """Refuse `out` when it is not a directory, when the nearest of its parents that exists is
     not a writable directory, or (with `writes`, the patterns of the files the command writes)
-    when it already holds something else. Nothing is created here."""
+    when it already holds something else (a study's folder excepted). Nothing is created here."""
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
         raise OutDirError(f"{flag} {out} exists and is not a directory: give a folder")
@@ -58,7 +63,7 @@ def check_out_dir(out: Path, flag: str = "--out", writes: Collection[str] | None
         raise OutDirError(f"{flag} {out}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutDirError(f"{flag} {out}: {existing} is not writable")
-    if writes is not None and path.is_dir():
+    if writes is not None and path.is_dir() and not is_study_dir(path):
         try:
             names = sorted(p.name for p in path.iterdir())
         except OSError as exc:
@@ -70,6 +75,10 @@ def check_out_dir(out: Path, flag: str = "--out", writes: Collection[str] | None
                 f"{flag} {out} holds files this command does not write ({', '.join(others[:3])}"
                 f"{', ...' if len(others) > 3 else ''}): give a new or empty folder"
             )
+
+
+def is_study_dir(path: Path) -> bool:
+    return any((path / mark).is_file() for mark in STUDY_MARKS)
 
 
 def make_out_dir(out: Path, flag: str = "--out", writes: Collection[str] | None = None) -> Path:

@@ -190,8 +190,7 @@ def run(args: argparse.Namespace) -> int:
 
     # a file, below a file, read-only, a folder of a user's files: one line before anything is
     # written (a folder holding plan.json or study.json is a study's: trained on or rebuilt)
-    study_dir = any((out / name).is_file() for name in ("plan.json", "study.json"))
-    check_out_dir(out, writes=None if study_dir or args.report_only else ())
+    check_out_dir(out, writes=None if args.report_only else ())
     if args.merge and not args.report_only:
         raise ConfigError("--merge joins finished runs: give it with --report-only")
     if args.report_only:

@@ -137,3 +137,18 @@ def test_default_outputs_are_ignored_by_git_and_named_in_help() -> None:
         assert str(default).split("<")[0] in (parser_help or ""), (command, parser_help)
     for study_default in ("study", "studies/wortsman"):  # `normlab study`'s computed default
         assert _ignored(study_default), study_default
+
+
+def test_a_study_folder_takes_its_reports(tmp_path: Path) -> None:
+    """A folder holding plan.json or study.json is normlab's study folder, not a user's: reports
+    may be rewritten there (`normlab compare RUNS --out STUDY_DIR`), as `normlab study` does."""
+    from normlab.launch.out_path import WRITES, OutDirError, check_out_dir
+
+    study = tmp_path / "study"
+    (study / "runs").mkdir(parents=True)
+    with pytest.raises(OutDirError, match="holds files this command does not write"):
+        check_out_dir(study, writes=WRITES["compare"])
+    for mark in ("plan.json", "study.json"):
+        (study / mark).write_text("{}\n")
+        check_out_dir(study, writes=WRITES["compare"])
+        (study / mark).unlink()
