@@ -63,8 +63,12 @@ def decode(data: bytes, path: Path, what: str) -> str:
         ) from None
 
 
-def read_table(path: str | Path, what: str, required: Sequence[str] = ()) -> Table:
-    """The CSV at `path` (`what` names it in messages: 'results table', 'compare.csv')."""
+def read_table(
+    path: str | Path, what: str, required: Sequence[str] = (), short_rows: bool = True
+) -> Table:
+    """The CSV at `path` (`what` names it in messages: 'results table', 'compare.csv').
+    `short_rows=False` for a table normlab writes whole (compare.csv): a row with fewer fields
+    than the header was cut short and is refused."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -90,10 +94,10 @@ def read_table(path: str | Path, what: str, required: Sequence[str] = ()) -> Tab
         if not any(cell.strip() for cell in record):
             continue  # a blank line
         number = len(rows) + 1
-        if len(record) > len(header):
+        if len(record) > len(header) or (len(record) < len(header) and not short_rows):
             raise ConfigError(
                 f"{path}: row {number} (line {line}): {len(record)} fields, the header has "
-                f"{len(header)} columns"
+                f"{len(header)} columns" + ("" if short_rows else " (a row cut short?)")
             )
         cells = dict(zip(header, [*record, *[""] * (len(header) - len(record))], strict=True))
         rows.append(Row(number, line, cells))

@@ -101,6 +101,9 @@ def check_out(out: Path, run_dir: Path, overwrite: bool) -> None:
             "replaces; export elsewhere"
         )
     if not out.exists() and not out.is_symlink():
+        from normlab.launch.out_path import check_out_dir
+
+        check_out_dir(out)  # the one checked path: below a file, read-only: one line
         return
     if not overwrite:
         raise RunDirError(f"--out {out} already exists; choose a new directory or --overwrite")

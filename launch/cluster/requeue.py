@@ -11,7 +11,6 @@ one stopped by TERM: that is scancel (stop) or scheduler preemption (SLURM reque
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -22,11 +21,12 @@ SUMMARY = "summary.json"
 
 def decide(run_dir: Path, stopped_by: str) -> tuple[bool, str]:
     """(requeue?, reason) from the batch shell's signal and the run's summary."""
-    path = run_dir / SUMMARY
+    from normlab.launch.rundir.runfiles import DamagedFile, read_summary
+
     try:
-        status = json.loads(path.read_text()).get("status")
-    except (OSError, ValueError):
-        status = None
+        status = read_summary(run_dir / SUMMARY).get("status")
+    except DamagedFile:
+        status = None  # in the batch shell: a damaged summary is not requeued, and says so below
     if status == "completed":
         return False, "the run is complete"
     if stopped_by != "USR1":

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-from normlab.launch.config.loader import build
+from normlab.launch.config.loader import build, read_strict_yaml
 from normlab.launch.errors import ConfigError
 
 # SLURM --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
@@ -67,12 +66,9 @@ def load_cluster(path: str | Path | None) -> ClusterSpec:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"cluster file {p} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(
-            f"cluster file {p} is not valid YAML: {str(exc).splitlines()[0]}"
-        ) from None
+    data = read_strict_yaml(p, "cluster file") or {}  # the one YAML reader: no key twice
+    if not isinstance(data, dict):
+        raise ConfigError(f"cluster file {p}: expected a mapping of cluster settings")
     spec = build(ClusterSpec, data, "cluster.")
     return spec
 

@@ -16,7 +16,7 @@ import math
 
 from normlab.launch.errors import ConfigError
 from normlab.launch.histories.options import add_history_options
-from normlab.launch.report.outdir import DEFAULT_OUT
+from normlab.launch.out_path import DEFAULT_OUT, WRITES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run directories, TensorBoard directories or .jsonl/.csv histories",
     )  # fmt: skip
     p.add_argument(
-        "--out", default=DEFAULT_OUT, help=f"where the report goes (default: ./{DEFAULT_OUT})"
+        "--out", default=DEFAULT_OUT, help=f"where the report goes (default: {DEFAULT_OUT})"
     )
     p.add_argument(
         "--plateau",
@@ -48,5 +48,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plateau is not None and not (math.isfinite(args.plateau) and args.plateau > 0):
         raise ConfigError(f"--plateau must be a positive finite loss, got {args.plateau}")
-    compare(compare_inputs(args.runs, history_options(args)), args.out, plateau=args.plateau)
+    compare(
+        compare_inputs(args.runs, history_options(args)),
+        args.out,
+        plateau=args.plateau,
+        writes=WRITES["compare"],
+    )
     return 0

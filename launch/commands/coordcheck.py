@@ -19,8 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from normlab.launch.errors import ConfigError
+from normlab.launch.out_path import (
+    WRITES,
+    check_out_dir,
+    default_out,
+    make_out_dir,
+    write_text,
+)
 from normlab.launch.progress import Stages
-from normlab.launch.report.outdir import check_out_dir, make_out_dir, write_text
 
 DEFAULT_WIDTHS = "64,128,256,512"
 DEFAULT_STEPS, DEFAULT_SEEDS = 4, 6  # docs/SCIENCE.md 21.5: the loss falls at every step
@@ -56,7 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--no-controls", action="store_true", help="skip the negative controls (no power claim)"
     )
-    p.add_argument("--out", default="coordcheck", help="report folder (default ./coordcheck)")
+    p.add_argument(
+        "--out", default=default_out("coordcheck"), help="report folder (default: runs/coordcheck)"
+    )
     p.set_defaults(func=run)
 
 
@@ -89,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     out = Path(args.out)
-    check_out_dir(out)
+    check_out_dir(out, writes=WRITES["coordcheck"])
     torch.set_num_threads(cfg.training.threads or 1)
     model_cfg = cfg.model_config()
     start = time.monotonic()
@@ -110,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                     )
                 except ValueError as exc:
                     raise ConfigError(f"--{setup.axis}s: {exc}") from None
-    make_out_dir(out)
+    make_out_dir(out, writes=WRITES["coordcheck"])
     title = f"{cfg.name} ({model_cfg.parametrization})"
     checks: list[dict] = []
     report = {"recipe": cfg.name, "parametrization": model_cfg.parametrization, "checks": checks}

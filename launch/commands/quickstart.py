@@ -32,7 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--recipes", default=",".join(DEFAULT), help="comma-separated recipe names")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per recipe")
-    p.add_argument("--out", default="runs/quickstart", help="parent of the run directories")
+    p.add_argument(
+        "--out",
+        default="runs/quickstart",
+        help="parent of the run directories (default: runs/quickstart)",
+    )
     p.add_argument(
         "--jobs", type=int, default=2, help="runs trained at once, each in its own process"
     )
@@ -74,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--recipes names no recipe: {args.recipes!r}")
     paths = [find_recipe(n) for n in names]
     out = Path(args.out)
+    from normlab.launch.out_path import check_out_dir
+
+    # a file, below a file, read-only, a folder of other files: one line before training (it
+    # holds one run directory per recipe and report/, from an earlier quickstart)
+    check_out_dir(out, writes=[*(p.stem for p in paths), "report"])
     configs = [load_config(p, _overrides(args, out / p.stem)) for p in paths]
     start = time.perf_counter()
     console.print("preparing the bundled corpus (cached after the first run)")

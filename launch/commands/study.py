@@ -204,6 +204,11 @@ def run(args: argparse.Namespace) -> int:
     check_lock_settings()  # before the study directory is written
     spec = spec_from_args(args)
     out = Path(args.out or ("study" if spec.path is None else f"studies/{spec.name}"))
+    from normlab.launch.out_path import check_out_dir
+
+    # a file, below a file, read-only, a folder of a user's files: one line before anything is
+    # written (a folder holding plan.json or study.json is a study's: trained on or rebuilt)
+    check_out_dir(out, writes=None if args.report_only else ())
     if args.merge and not args.report_only:
         raise ConfigError("--merge joins finished runs: give it with --report-only")
     if args.report_only:

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from normlab.launch.errors import ConfigError
-from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
+from normlab.launch.out_path import (
+    WRITES,
+    OutDirError,
+    check_out_dir,
+    default_out,
+    make_out_dir,
+    write_text,
+)
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -33,7 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "theory", help="Post-LN vs Pre-LN at initialisation (Xiong et al. 2020): table and plots"
     )
-    p.add_argument("--out", default="theory", help="where the report goes (default: ./theory)")
+    p.add_argument(
+        "--out", default=default_out("theory"), help="where the report goes (default: runs/theory)"
+    )
     p.add_argument("--d-model", type=int, default=128, help="model width d (default 128)")
     p.add_argument(
         "--d-ff-mult",
@@ -79,13 +88,13 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     out = Path(args.out)
-    check_out_dir(out)  # before the measurement, not after it
+    check_out_dir(out, writes=WRITES["theory"])  # before the measurement, not after it
     torch.set_num_threads(args.threads)
     start, cpu = time.perf_counter(), time.process_time()
     res = measure(setup)
     found = checks(res)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    make_out_dir(out)
+    make_out_dir(out, writes=WRITES["theory"])
     try:
         pngs = write_plots(res, out)
     except OSError as exc:

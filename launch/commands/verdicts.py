@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from normlab.launch.histories.options import add_history_options
+from normlab.launch.out_path import default_out
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,7 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0.1,
         help="margin in nats for the loss and sensitivity claims (default 0.1)",
     )
-    p.add_argument("--out", default="verdicts", help="output folder (default ./verdicts)")
+    p.add_argument(
+        "--out", default=default_out("verdicts"), help="output folder (default: runs/verdicts)"
+    )
     p.add_argument(
         "--aa",
         type=int,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from normlab.launch.histories.options import add_history_options
+from normlab.launch.out_path import default_out
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,7 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "runs", nargs="+", metavar="DIR",
         help="study or run directories, TensorBoard directories or .jsonl/.csv histories",
     )  # fmt: skip
-    p.add_argument("--out", default="warnings", help="output folder (default ./warnings)")
+    p.add_argument(
+        "--out", default=default_out("warnings"), help="output folder (default: runs/warnings)"
+    )
     add_history_options(p)
     p.set_defaults(func=run)
 

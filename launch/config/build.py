@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from normlab.launch.config.checks import validate
-from normlab.launch.config.loader import apply_overrides, build, deep_merge, load_yaml, suggest
+from normlab.launch.config.loader import (
+    RECIPES_DIR,
+    apply_overrides,
+    build,
+    deep_merge,
+    load_yaml,
+    suggest,
+)
 from normlab.launch.config.schema import RunConfig
 from normlab.launch.errors import ConfigError
 from normlab.model.presets import PRESETS
@@ -20,7 +27,13 @@ def load_config(recipe: str | Path, overrides: list[str] | None = None) -> RunCo
     data = apply_overrides(load_yaml(recipe), overrides or [])
     if data.get("name") is None:  # absent or null: the recipe file's stem
         data["name"] = Path(recipe).stem
-    return from_dict(data)
+    try:
+        return from_dict(data)
+    except ConfigError as exc:  # a bad value in a user's recipe file: the line names the file
+        mine = RECIPES_DIR not in Path(recipe).resolve().parents
+        if not mine or str(recipe) in str(exc):
+            raise
+        raise type(exc)(f"{recipe}: {exc}") from None
 
 
 def from_dict(data: dict[str, Any]) -> RunConfig:

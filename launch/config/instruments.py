@@ -129,9 +129,11 @@ class EarlyWarningSettings:
         allowed = ", ".join(WARNING_SIGNALS)
         if not self.signals:
             raise ConfigError(f"{where}.signals must be a list of {allowed}")
-        for sig in self.signals:
+        for i, sig in enumerate(self.signals):
             if sig not in WARNING_SIGNALS:
                 raise ConfigError(f"{where}.signals: unknown signal {sig!r}; allowed: {allowed}")
+            if sig in self.signals[:i]:  # watched twice would feed the detector twice a step
+                raise ConfigError(f"{where}.signals lists {sig!r} twice; list each signal once")
         for sig, level in self.levels.items():
             if sig not in self.signals:
                 raise ConfigError(

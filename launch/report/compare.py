@@ -4,12 +4,12 @@ spike report card, write compare.md, compare.csv and the figures."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from normlab.launch.out_path import OutDirError, check_out_dir, make_out_dir, write_text
 from normlab.launch.report.card import card_markdown, print_card, report_card
-from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
 from normlab.launch.report.plots import untrained_note, write_plots
 from normlab.launch.report.provenance import mixed_warnings
 from normlab.launch.report.table import csv_text, depth_markdown, markdown, print_table, summarize
@@ -22,6 +22,7 @@ def compare(
     out: str | Path | None,
     console: Console | None = None,
     plateau: float | None = None,
+    writes: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """Read every run (all are checked before anything is written), then report. `plateau`:
     the data's unigram loss where the caller knows it (study, quickstart), drawn in loss.png.
@@ -33,7 +34,7 @@ def compare(
     if not run_dirs:
         raise NotARunError("give at least one run directory")
     if out is not None:
-        check_out_dir(Path(out))
+        check_out_dir(Path(out), writes=writes)  # writes: a user's folder is refused
     runs: list[Run] = [p if isinstance(p, Run) else load_run(p) for p in run_dirs]
     rows = [summarize(run) for run in runs]
     console = console or Console(width=None if sys.stdout.isatty() else 240)
@@ -47,7 +48,7 @@ def compare(
     print_card(cards, console)
     files: list[Path] = []
     if out is not None:
-        out_dir = make_out_dir(Path(out))
+        out_dir = make_out_dir(Path(out), writes=writes)
         depth = depth_markdown(runs)
         try:
             pngs = write_plots(runs, out_dir, plateau)

@@ -44,7 +44,7 @@ def _check(table: tb.Table, row: tb.Row, column: str, spec: str) -> None:
 
 def read_compare(path: str | Path) -> CompareTable:
     """(columns, run name -> cells) of a compare.csv, checked (module docstring)."""
-    table = tb.read_table(path, COMPARE_CSV, ("run",))
+    table = tb.read_table(path, COMPARE_CSV, ("run",), short_rows=False)  # normlab writes it whole
     specs = {key: spec for key, _, spec in COLUMNS if key in table.header}
     rows: dict[str, dict[str, str]] = {}
     first: dict[str, int] = {}

@@ -87,15 +87,9 @@ def check_run_dir(run_dir: Path, cfg: RunConfig, force: bool) -> list[str]:
                 "choose another run_dir"
             )
         return []
-    try:
-        old = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        why = str(exc).replace("\n", " ")
-        raise RunDirError(f"{cfg_path} is not valid YAML ({why}); fix or move it") from None
-    if not isinstance(old, dict):
-        raise RunDirError(
-            f"{cfg_path} holds a {type(old).__name__}, not a run config mapping; fix or move it"
-        )
+    from normlab.launch.rundir.runfiles import read_config
+
+    old = read_config(cfg_path)  # the one config.yaml reader: damage is one line
     diff = config_diff(with_absolute_paths(old), saved_form(cfg))
     if diff and not force:
         raise RunDirError(
@@ -133,12 +127,12 @@ def _write_whole(path: Path, text: str) -> None:
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    """summary.json, None when it is missing or unreadable (it is rewritten, never trusted)."""
-    try:
-        summary = json.loads((run_dir / SUMMARY).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
+    """summary.json through the one summary reader (rundir/runfiles.py), None when the run has
+    not written one; a damaged one is one DamagedFile line naming it (it is written atomically,
+    so damage is a person's edit or a bad disk, not a crash)."""
+    from normlab.launch.rundir.runfiles import read_summary as read_checked
+
+    return read_checked(run_dir / SUMMARY) or None
 
 
 # --- one owner per run directory ------------------------------------------------------------------

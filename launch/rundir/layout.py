@@ -17,9 +17,10 @@ or a tensor-shape RuntimeError (DeepSpeed):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from normlab.launch.json_file import BadJSON, read_json
 
 DCP_DIR, DS_DIR, ENGINE_FILE = "dcp", "deepspeed", "engine.json"
 
@@ -50,9 +51,9 @@ def _engine_meta(ckpt_dir: Path) -> dict[str, Any] | str | None:
     if not path.is_file():
         return None
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        return f"{path} is unreadable ({exc})"
+        meta = read_json(path, "engine metadata")  # the one JSON reader
+    except BadJSON as exc:
+        return str(exc)
     return meta if isinstance(meta, dict) else f"{path} is not a JSON object"
 
 

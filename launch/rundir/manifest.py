@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from normlab.launch.errors import CheckpointError
+from normlab.launch.json_file import read_json
 from normlab.launch.rundir.layout import missing_file
 
 MANIFEST = "manifest.json"
@@ -64,13 +65,9 @@ def read_manifest(ckpt_dir: Path) -> dict[str, Any] | None:
     path = ckpt_dir / MANIFEST
     if not path.exists():
         return None
-    try:
-        manifest = json.loads(path.read_text())
-        files = manifest["files"]
-        if not isinstance(files, dict):
-            raise TypeError("files is not a mapping")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path} is unreadable ({exc})") from None
+    manifest = read_json(path, "checkpoint manifest", CheckpointError)  # the one JSON reader
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{path} is unreadable (no 'files' mapping)")
     return manifest
 
 

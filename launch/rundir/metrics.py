@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -35,29 +34,17 @@ def _step_of(line: str) -> int:
 
 
 def last_rows(path: Path, n: int) -> list[dict[str, Any]]:
-    """The last n training rows (those with a loss) of a metrics.jsonl; unreadable lines skipped."""
-    rows: deque[dict[str, Any]] = deque(maxlen=n)
-    if path.is_file():
-        with path.open() as fh:
-            for line in fh:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict) and "loss" in row:
-                    rows.append(row)
-    return list(rows)
+    """The last n training rows (those with a loss) of a metrics.jsonl, read through the one
+    metrics reader (rundir/runfiles.py: a damaged file is one line naming it)."""
+    return [row for row in read_jsonl(path) if "loss" in row][-n:] if n > 0 else []
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete line of a metrics file."""
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    """Every complete row of a metrics file ([] when absent), checked by the one metrics reader
+    (rundir/runfiles.read_metrics): a line cut short at the end is left out, damage refused."""
+    from normlab.launch.rundir.runfiles import read_metrics
+
+    return read_metrics(Path(path))
 
 
 class MetricsWriter:

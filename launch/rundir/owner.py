@@ -6,24 +6,27 @@ trainer takes a directory, and submission (cluster/jobs.py) before a job does.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from normlab.launch import slurm
 from normlab.launch.errors import RunDirError
+from normlab.launch.json_file import read_json
 
 RECORD = "slurm.json"
 
 
 def read_record(run_dir: Path) -> dict[str, Any]:
+    """slurm.json ({"jobs": []} when absent); a damaged one is one RunDirError line, not an empty
+    record (the owner check and the next submission would otherwise forget the run's jobs)."""
     path = Path(run_dir) / RECORD
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    if not path.is_file():
         return {"jobs": []}
-    return data if isinstance(data, dict) and isinstance(data.get("jobs"), list) else {"jobs": []}
+    data = read_json(path, "job record", RunDirError, "fix or move it")
+    if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
+        raise RunDirError(f"{path}: expected a mapping with a 'jobs' list; fix or move it")
+    return data
 
 
 def last_job_id(run_dir: Path) -> str | None:

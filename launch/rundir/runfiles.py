@@ -9,33 +9,33 @@ before the last one, a config that is not a mapping, values of the wrong type ar
 from __future__ import annotations
 
 import dataclasses
-import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from normlab.launch.config.loader import coerce, key_of, type_hints
+from normlab.launch import json_file as jf
+from normlab.launch.config.loader import StrictLoader, coerce, key_of, type_hints, yaml_problem
 from normlab.launch.config.schema import RunConfig
 from normlab.launch.errors import ConfigError, NormlabError
 
 FIX = "fix or move it"
-# summary.json field -> the types it may hold (None: not measured yet)
-SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
-    "name": (str, type(None)),
-    "status": (str,),
-    "steps": (int,),
-    "final_loss": (int, float, type(None)),
-    "min_loss": (int, float, type(None)),
-    "eval_loss": (int, float, type(None)),
-    "tokens_per_s": (int, float, type(None)),
-    "train_s": (int, float),
-    "tokens_per_step": (int, type(None)),
-    "events": (list,),  # SCIENCE.md 23.1: [{kind, step}]
+# summary.json field -> (the check its value passes, what it must be); None is "not measured yet"
+# where the field allows it
+SUMMARY_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "name": (lambda v: v is None or isinstance(v, str), "str or null"),
+    "status": (lambda v: isinstance(v, str), "str"),
+    "steps": (jf.count, "int >= 0"),
+    "final_loss": (lambda v: v is None or jf.loss(v), "a loss >= 0 (nan: diverged) or null"),
+    "min_loss": (lambda v: v is None or jf.loss(v), "a loss >= 0 (nan: diverged) or null"),
+    "eval_loss": (lambda v: v is None or jf.loss(v), "a loss >= 0 (nan: diverged) or null"),
+    "tokens_per_s": (lambda v: v is None or jf.nonnegative(v), "a number >= 0 or null"),
+    "train_s": (jf.nonnegative, "a number >= 0"),
+    "tokens_per_step": (lambda v: v is None or jf.count(v), "int >= 0 or null"),
+    "events": (lambda v: isinstance(v, list), "a list of {kind, step}"),  # SCIENCE.md 23.1
 }
-NON_FINITE = {"nan", "inf", "-inf"}
-SECTIONS = [
-    f.name for f in dataclasses.fields(RunConfig) if f.name not in ("name", "run_dir")
-]  # how metrics.jsonl writes non-finite floats
+LOSS_KEYS = ("loss", "eval_loss")  # metrics.jsonl keys (and eval_loss/<source>) that are losses
+SECTIONS = [f.name for f in dataclasses.fields(RunConfig) if f.name not in ("name", "run_dir")]
 
 
 class DamagedFile(NormlabError):
@@ -43,27 +43,14 @@ class DamagedFile(NormlabError):
 
 
 def _text(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise DamagedFile(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise DamagedFile(
-            f"{path} is damaged: bytes that are not UTF-8 text on line {line} "
-            f"(byte {exc.start}); {FIX}"
-        ) from None
+    return jf.text_of(path, "run file", lambda message: DamagedFile(f"{message}; {FIX}"))
 
 
 def read_config(path: Path) -> dict[str, Any]:
     """config.yaml as a mapping whose sections are mappings."""
     try:
-        data = yaml.safe_load(_text(path))
+        data = yaml.load(_text(path), Loader=StrictLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
-        from normlab.launch.config.loader import yaml_problem
-
         raise DamagedFile(f"{path} is not valid YAML ({yaml_problem(exc)}); {FIX}") from None
     if not isinstance(data, dict):
         raise DamagedFile(f"{path} holds {_kind(data)}, not a run config mapping; {FIX}")
@@ -74,8 +61,11 @@ def read_config(path: Path) -> dict[str, Any]:
             )
     _check_types(path, data)
     steps = (data.get("training") or {}).get("steps", 0)
-    if not _is_int(steps) or steps < 0:
+    if not jf.count(steps):
         raise DamagedFile(f"{path}: training.steps is {steps!r}, not a step count; {FIX}")
+    lr = (data.get("optim") or {}).get("lr")
+    if lr is not None and not (jf.nonnegative(lr) and lr > 0):
+        raise DamagedFile(f"{path}: optim.lr is {lr!r}, expected a positive number; {FIX}")
     for key in ("name", "run_dir"):
         if not isinstance(data.get(key), str | None):
             raise DamagedFile(f"{path}: '{key}' is {data[key]!r}, not a string; {FIX}")
@@ -101,63 +91,56 @@ def _check_types(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_summary(path: Path) -> dict[str, Any]:
-    """summary.json ({} when the run has not written one), every known field type-checked."""
+    """summary.json ({} when the run has not written one), every known field type- and
+    range-checked (steps whole and >= 0, losses >= 0, times and rates >= 0)."""
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(_text(path))
-    except json.JSONDecodeError as exc:
-        raise DamagedFile(
-            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); {FIX}"
-        ) from None
+    data = jf.read_json(path, "summary", DamagedFile, FIX)
     if not isinstance(data, dict):
         raise DamagedFile(f"{path} holds {_kind(data)}, not a summary mapping; {FIX}")
-    for key, types in SUMMARY_TYPES.items():
-        value = data.get(key)
-        if key in data and (isinstance(value, bool) or not isinstance(value, types)):
-            want = " or ".join("null" if t is type(None) else t.__name__ for t in types)
-            raise DamagedFile(f"{path}: '{key}' is {value!r}, expected {want}; {FIX}")
+    for key, (ok, want) in SUMMARY_FIELDS.items():
+        if key in data and not ok(data[key]):
+            raise DamagedFile(f"{path}: '{key}' is {data[key]!r}, expected {want}; {FIX}")
+    for i, event in enumerate(data.get("events") or [], start=1):
+        if not (isinstance(event, dict) and isinstance(event.get("kind"), str)) or not jf.count(
+            event.get("step")
+        ):
+            raise DamagedFile(
+                f"{path}: events[{i}] is {event!r}, expected {{kind: str, step: int >= 0}}; {FIX}"
+            )
     return data
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Every row of metrics.jsonl ([] when absent); a last line cut short by a crash is left out.
-    Each row is a JSON object whose `step` is a count and whose values are numbers (or the
-    'nan'/'inf' strings non-finite values are written as)."""
+    Each row is a JSON object naming no key twice, whose `step` is an integer >= 0, whose values
+    are numbers (or the 'nan'/'inf' strings non-finite values are written as) and whose losses
+    are >= 0 or non-finite. A step may appear on several rows: eval rows share the train row's
+    step, and a spike-policy rollback logs the steps it runs again."""
     if not path.is_file():
         return []
-    lines = _text(path).splitlines()
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):
-                break  # half-written by a run that is running or was killed
-            raise DamagedFile(f"{path} is damaged: line {number} is not JSON; {FIX}") from None
-        rows.append(_check_row(path, number, row))
-    return rows
+    return [
+        _check_row(path, number, row)
+        for number, row in jf.read_json_lines(path, "metrics file", DamagedFile, FIX)
+    ]
 
 
 def _check_row(path: Path, number: int, row: Any) -> dict[str, Any]:
     where = f"{path} is damaged: line {number}"
     if not isinstance(row, dict):
         raise DamagedFile(f"{where} holds {_kind(row)}, not a metrics row; {FIX}")
-    if not _is_int(row.get("step")) or row["step"] < 0:
-        raise DamagedFile(f"{where} has step {row.get('step')!r}, not a step number; {FIX}")
-    for key, value in row.items():
-        number_like = isinstance(value, int | float) or (
-            isinstance(value, str) and value in NON_FINITE
+    if not jf.count(row.get("step")):
+        raise DamagedFile(
+            f"{where} has step {row.get('step')!r}, not a step number (an integer >= 0); {FIX}"
         )
-        if not number_like and value is not None:
+    for key, value in row.items():
+        if value is None or key == "step":
+            continue
+        if not jf.is_number(value):
             raise DamagedFile(f"{where}: '{key}' is {value!r}, not a number; {FIX}")
+        if key.split("/")[0] in LOSS_KEYS and not jf.loss(value):
+            raise DamagedFile(f"{where}: '{key}' is {value!r}, expected a loss >= 0; {FIX}")
     return row
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _kind(value: Any) -> str:

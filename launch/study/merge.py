@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from normlab.launch import json_file as jf
 from normlab.launch.errors import ConfigError
 from normlab.launch.report.compare_csv import CompareTable, read_compare
 from normlab.launch.study.merge_checks import check_compare_setups, check_setups
@@ -85,11 +86,14 @@ def merge_runs(spec: StudySpec, out: Path, sources: list[Path]) -> list[str]:
 
 
 def read_json(path: Path) -> dict:
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
+    """A study's study.json through the one JSON reader ({} when absent); a damaged one is one
+    ConfigError line naming it, so --merge never rewrites a record it could not read."""
+    if not path.is_file():
         return {}
-    return found if isinstance(found, dict) else {}
+    found = jf.read_json(path, "study record", ConfigError, "fix or move it")
+    if not isinstance(found, dict):
+        raise ConfigError(f"{path}: holds {type(found).__name__}, not a study record mapping")
+    return found
 
 
 def _time_of(src: Path) -> dict:

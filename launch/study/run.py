@@ -11,6 +11,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from normlab.launch import json_file as jf
+from normlab.launch.errors import ConfigError
 from normlab.launch.progress import Stages
 from normlab.launch.study.plan import (
     plan,
@@ -95,10 +97,9 @@ def report_runs(
     from normlab.launch.study.report import write_study_report
 
     if wall is None:
-        try:
-            record = json.loads((out / "study.json").read_text())
-        except (OSError, ValueError):
-            record = {}
+        record = (out / "study.json").is_file() and jf.read_json(
+            out / "study.json", "study record", ConfigError, "fix or move it"
+        )  # the one JSON reader: damage is one line, not a report with a zero time
         record = record if isinstance(record, dict) else {}
         wall = float(record.get("wall_s", record.get("total_s", 0.0)) or 0.0)
         jobs = jobs or int(record.get("jobs") or spec.jobs)

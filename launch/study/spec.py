@@ -166,7 +166,12 @@ def load_study(name: str) -> StudySpec:
     schedule = data.get("schedule") or {}
     if not isinstance(schedule, dict):
         raise ConfigError(f"{where}'schedule' must be a mapping of schedule keys")
-    overrides += _dotted({f"schedule.{k}": v for k, v in schedule.items()}, "schedule", where)
+    timing = _dotted({f"schedule.{k}": v for k, v in schedule.items()}, "schedule", where)
+    for item in timing:
+        if any(o.partition("=")[0] == item.partition("=")[0] for o in overrides):
+            key = item.partition("=")[0]
+            raise ConfigError(f"{where}{key} is given by both 'set' and 'schedule'; give it once")
+    overrides += timing
     grid = _grid(data.get("grid") or {}, where)
     protocol = dict(PROTOCOL)
     given = data.get("protocol") or {}
@@ -340,6 +345,8 @@ def _dotted(value: Any, what: str, where: str) -> list[str]:
             full = f"{prefix}{key}"
             if isinstance(item, dict) and item:
                 walk(item, f"{full}.")
+            elif full in flat:  # {a: {b: 1}, a.b: 2}: one setting written twice
+                raise ConfigError(f"{where}{what}: {full} is given twice; give it once")
             else:
                 flat[full] = item
 

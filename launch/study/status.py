@@ -8,7 +8,6 @@ stopped (preempted, interrupted or killed: the same study command resumes it), f
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,9 @@ def is_study_dir(path: Path) -> bool:
 
 
 def _plan(study: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((study / PLAN).read_text())
-    except (OSError, ValueError) as exc:
-        raise RunDirError(f"{study / PLAN}: not a readable study plan ({exc})") from None
+    from normlab.launch.json_file import read_json
+
+    data = read_json(study / PLAN, "study plan", RunDirError, "not a readable study plan")
     runs = data.get("runs") if isinstance(data, dict) else None
     if not isinstance(runs, list) or not all(
         isinstance(r, dict) and isinstance(r.get("run_dir"), str) for r in runs
@@ -41,6 +39,7 @@ def run_state(run_dir: Path) -> tuple[str, int, int]:
     from normlab.launch.rundir.directory import read_lock, read_summary, stale_reason
     from normlab.launch.rundir.metrics import last_rows
     from normlab.launch.rundir.owner import last_job_id
+    from normlab.launch.rundir.runfiles import read_config
     from normlab.launch.slurm import job_state
 
     step = 0
@@ -48,13 +47,9 @@ def run_state(run_dir: Path) -> tuple[str, int, int]:
     if rows:
         step = int(rows[-1].get("step", 0))
     total = 0
-    try:
-        import yaml
-
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-        total = int(((cfg.get("training") or {}) if isinstance(cfg, dict) else {}).get("steps", 0))
-    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
-        pass
+    if (run_dir / "config.yaml").is_file():  # not yet there for a run that has not started
+        cfg = read_config(run_dir / "config.yaml")  # damage: one line naming the file
+        total = int((cfg.get("training") or {}).get("steps", 0))
     job = last_job_id(run_dir)
     slurm_state = job_state(job) if job else None
     summary = read_summary(run_dir) or {}

@@ -53,12 +53,17 @@ def _write_jobs(out: Path, entries: dict[str, dict[str, Any]]) -> None:
 
 
 def _previous(out: Path) -> dict[str, dict[str, Any]]:
-    try:
-        data = json.loads((out / "study.json").read_text())
-        entries = data.get("submitted", []) if isinstance(data, dict) else []
-        return {str(e["run_dir"]): e for e in entries if isinstance(e, dict) and "run_dir" in e}
-    except (OSError, ValueError, TypeError, KeyError):
+    """The jobs an earlier submission recorded in study.json; a damaged study.json is one line
+    (through the one JSON reader), not a record silently replaced by this submission's."""
+    from normlab.launch.errors import ConfigError
+    from normlab.launch.json_file import read_json
+
+    if not (out / "study.json").is_file():
         return {}
+    data = read_json(out / "study.json", "study record", ConfigError, "fix or move it")
+    entries = data.get("submitted", []) if isinstance(data, dict) else []
+    entries = entries if isinstance(entries, list) else []
+    return {str(e["run_dir"]): e for e in entries if isinstance(e, dict) and "run_dir" in e}
 
 
 def submit_study(planned: list[Planned], spec: StudySpec, out: Path, cluster: ClusterSpec) -> int:

@@ -131,13 +131,10 @@ CLAIM_KEYS = ("a", "b", "statistic", "expect", "size", "name")
 
 def load_claims(path: str | Path) -> list[Claim]:
     """The claims file: a YAML list of {a, b, statistic, expect?, size?, name?}."""
-    import yaml
+    from normlab.launch.config.loader import read_strict_yaml
 
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read the claims ({str(exc).splitlines()[0]})") from None
+    data = read_strict_yaml(path, "claims file")  # the one YAML reader: UTF-8, no key twice
     if not isinstance(data, list) or not data:
         raise ConfigError(f"{path}: the claims file must be a non-empty YAML list")
     return claims_from_data(data, f"{path}: ")
@@ -173,7 +170,27 @@ def claims_from_data(data: list, where: str = "") -> list[Claim]:
             )
         except ConfigError as exc:
             raise ConfigError(f"{where}claim {i}: {exc}") from None
+    _refuse_twice(claims, where)
     return claims
+
+
+def _refuse_twice(claims: list[Claim], where: str) -> None:
+    """A comparison claimed twice (the same pair, either order, and statistic at an overlapping
+    size: no size means every size) or a name given twice would enter the Holm family twice,
+    weakening every other claim's correction: refused, naming both claims."""
+    for j, later in enumerate(claims):
+        for i, earlier in enumerate(claims[:j]):
+            same_pair = {earlier.a, earlier.b} == {later.a, later.b}
+            overlap = earlier.size is None or later.size is None or earlier.size == later.size
+            if same_pair and earlier.statistic == later.statistic and overlap:
+                raise ConfigError(
+                    f"{where}claim {j + 1} repeats claim {i + 1} ({later.a} vs {later.b}, "
+                    f"{later.statistic}, size {later.size or 'any'}): list each comparison once"
+                )
+            if later.name and later.name == earlier.name:
+                raise ConfigError(
+                    f"{where}claim {j + 1}: name {later.name!r} is already claim {i + 1}'s"
+                )
 
 
 def default_claims(cells: dict[tuple[str, str], Cell]) -> list[Claim]:

@@ -15,8 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from normlab.launch.errors import ConfigError
+from normlab.launch.out_path import (
+    WRITES,
+    check_out_dir,
+    default_out,
+    make_out_dir,
+    write_text,
+)
 from normlab.launch.progress import Stages
-from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
 from normlab.launch.stats import statistics as st
 from normlab.launch.stats.group_sequential import Plan
 from normlab.launch.verdicts import family as vc
@@ -34,7 +40,7 @@ from normlab.launch.verdicts.results_table import build_cells, read_results
 if TYPE_CHECKING:
     from normlab.launch.verdicts.aa_simulation import AAResult
 
-OUR_FILES = {"verdicts.md", "verdicts.json", "results_from_histories.csv"}  # the last: histories
+DEFAULT_VERDICTS = default_out("verdicts")
 SHOWN = {
     st.A_LOWER: "A lower",
     st.B_LOWER: "B lower",
@@ -45,15 +51,8 @@ SHOWN = {
 
 
 def check_verdicts_dir(out: Path) -> None:
-    """Refuse a folder that holds anything but earlier verdicts files."""
-    check_out_dir(out)
-    if out.is_dir():
-        others = sorted(p.name for p in out.iterdir() if p.name not in OUR_FILES)
-        if others:
-            raise OutDirError(
-                f"--out {out} holds other files ({', '.join(others[:3])}): "
-                "choose a new or empty folder"
-            )
+    """Refuse a folder that holds anything but earlier verdicts files (the one checked path)."""
+    check_out_dir(out, writes=WRITES["verdicts"])
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -191,7 +190,7 @@ def run_verdicts(
     plateau: float | None = None,
     l0: float | None = None,
     margin: float = vc.LOSS_MARGIN,
-    out: str | Path = "verdicts",
+    out: str | Path = DEFAULT_VERDICTS,
     aa: int | None = None,
 ) -> list[str]:
     """Decide, write verdicts.md and verdicts.json into `out`, return the lines to print.
@@ -205,7 +204,7 @@ def run_verdicts(
             runs = read_results(results)
             tick(len(runs))
         decided = decide_table(runs, claims, plateau, l0, margin, aa, str(results), stages=stages)
-        make_out_dir(out)
+        make_out_dir(out, writes=WRITES["verdicts"])
         return write_decided(decided, out)
 
 

@@ -152,8 +152,10 @@ def plot(results: Sequence[Result], path: Path) -> None:
 def run_warnings(paths: Sequence[str | Path | Run], out: str | Path) -> list[str]:
     """Evaluate the runs below `paths`; write warnings.md/json and the figure into `out`;
     return the lines to print."""
+    from normlab.launch.out_path import WRITES, check_out_dir, make_out_dir, write_text
     from normlab.launch.progress import Stages
 
+    check_out_dir(Path(out), writes=WRITES["warnings"])  # before reading, not after scoring
     with Stages("warnings") as stages:
         with stages.stage("reading runs") as tick:
             runs = load(paths)
@@ -165,10 +167,9 @@ def run_warnings(paths: Sequence[str | Path | Run], out: str | Path) -> list[str
         with stages.stage("scoring signals on tuning and held-out runs", len(runs)) as tick:
             results, tuning, held = evaluate(runs)
             tick(len(runs))
-    outdir = Path(out)
-    outdir.mkdir(parents=True, exist_ok=True)
+    outdir = make_out_dir(Path(out), writes=WRITES["warnings"])
     text = markdown(results, tuning, held)
-    (outdir / "warnings.md").write_text(text)
+    write_text(outdir / "warnings.md", text)
     data = {
         "tuning_runs": [r.name for r in tuning],
         "held_out_runs": [r.name for r in held],
@@ -176,7 +177,7 @@ def run_warnings(paths: Sequence[str | Path | Run], out: str | Path) -> list[str
         "curves": {r.signal.name: r.curve for r in results},
         "conclusion": conclusion(results, held),
     }
-    (outdir / "warnings.json").write_text(json.dumps(data, indent=1, default=_json) + "\n")
+    write_text(outdir / "warnings.json", json.dumps(data, indent=1, default=_json) + "\n")
     if results:
         plot(results, outdir / FIGURE)
     return [text, f"written: {outdir / 'warnings.md'}, warnings.json, {FIGURE}"]
