@@ -4,8 +4,10 @@ Two trainers with the same tiny recipe (one with every observing instrument of
 launch/registry.py on, one with none) are built once and driven in paired repeats: each repeat
 runs one log window (log_every steps, the last a log step whose values cross to the host) of
 each, in alternating order, so that machine load hits both alike. The overhead of a repeat is
-its "on" window's seconds per step over its "off" window's, minus one; the line printed is the
-median over the repeats:
+its "on" window's seconds per step over its "off" window's, minus one, on the wall clock and on
+this process's CPU time (the default for the line below: on a shared machine the wall time
+also counts the waits for a core, which drown a few percent); the line printed is the median
+over the repeats:
 
     instruments overhead: X % at log_every 10
 
@@ -77,15 +79,17 @@ def build(size: str, log_every: int, names: list[str], fp8: bool, root: Path, th
     return trainer
 
 
-def window(trainer: Trainer, log_every: int) -> float:
-    """Seconds per step over one log window: log_every steps, then the host copy of the log."""
-    start = time.perf_counter()
+def window(trainer: Trainer, log_every: int) -> tuple[float, float]:
+    """(wall, CPU) seconds per step over one log window: log_every steps, then the host copy of
+    the log. CPU: this process's (time.process_time), which on a shared machine does not count
+    the waits for a core that the wall time does."""
+    start, cpu = time.perf_counter(), time.process_time()
     pending = []
     for _ in range(log_every):
         trainer.step += 1
         pending.append(trainer._train_step(trainer.step))
     to_host(pending)
-    return (time.perf_counter() - start) / log_every
+    return (time.perf_counter() - start) / log_every, (time.process_time() - cpu) / log_every
 
 
 def paired(size: str, log_every: int, names: list[str], fp8: bool, repeats: int, threads: int):
@@ -94,25 +98,27 @@ def paired(size: str, log_every: int, names: list[str], fp8: bool, repeats: int,
         off = build(size, log_every, [], fp8, Path(tmp), threads)
         on = build(size, log_every, names + (["fp8"] if fp8 else []), fp8, Path(tmp), threads)
         window(off, log_every), window(on, log_every)  # warm-up: allocator, first dispatch
-        ratios, t_off, t_on = [], [], []
+        pairs: list[dict[str, tuple[float, float]]] = []
         for i in range(repeats):
-            first, second = (off, on) if i % 2 else (on, off)
-            times = {id(first): window(first, log_every)}
-            times[id(second)] = window(second, log_every)
-            t_off.append(times[id(off)])
-            t_on.append(times[id(on)])
-            ratios.append(times[id(on)] / times[id(off)] - 1.0)
-    return {
+            first, second = ("off", "on") if i % 2 else ("on", "off")
+            arms = {"off": off, "on": on}
+            times = {first: window(arms[first], log_every)}
+            times[second] = window(arms[second], log_every)
+            pairs.append(times)
+    row: dict = {
         "size": size,
         "fp8": fp8,
         "log_every": log_every,
         "instruments": names + (["fp8"] if fp8 else []),
         "repeats": repeats,
-        "median_off_ms": 1e3 * statistics.median(t_off),
-        "median_on_ms": 1e3 * statistics.median(t_on),
-        "overhead_pct": 100.0 * statistics.median(ratios),
-        "pair_overheads_pct": [100.0 * r for r in ratios],
     }
+    for k, clock in enumerate(("wall", "cpu")):
+        ratios = [p["on"][k] / p["off"][k] - 1.0 for p in pairs]
+        row[f"{clock}_median_off_ms"] = 1e3 * statistics.median(p["off"][k] for p in pairs)
+        row[f"{clock}_median_on_ms"] = 1e3 * statistics.median(p["on"][k] for p in pairs)
+        row[f"{clock}_overhead_pct"] = 100.0 * statistics.median(ratios)
+        row[f"{clock}_pair_overheads_pct"] = [100.0 * r for r in ratios]
+    return row
 
 
 def main() -> None:
@@ -124,6 +130,13 @@ def main() -> None:
     parser.add_argument("--fp8", action="store_true", help="also the FP8 row (needs torchao)")
     parser.add_argument("--without", default="", help="comma list of observers left off")
     parser.add_argument("--only", default="", help="comma list: just these observers on")
+    parser.add_argument(
+        "--clock",
+        default="cpu",
+        choices=["cpu", "wall"],
+        help="the clock of the overhead line: cpu (this process's CPU time, steady under load; "
+        "with --threads 1 the training's own) or wall",
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else OBSERVERS
@@ -138,16 +151,19 @@ def main() -> None:
             row = paired(size, args.log_every, names, fp8, args.repeats, args.threads)
             rows.append(row)
             label = f"{size}{' fp8' if fp8 else ''}"
-            print(
-                f"{label}: off {row['median_off_ms']:.1f} ms/step, on {row['median_on_ms']:.1f} "
-                f"ms/step (medians); pairs {min(row['pair_overheads_pct']):+.1f} .. "
-                f"{max(row['pair_overheads_pct']):+.1f} %",
-                flush=True,
-            )
+            for clock in ("wall", "cpu"):
+                spread = row[f"{clock}_pair_overheads_pct"]
+                print(
+                    f"{label} {clock}: off {row[f'{clock}_median_off_ms']:.1f} ms/step, on "
+                    f"{row[f'{clock}_median_on_ms']:.1f} ms/step (medians); overhead "
+                    f"{row[f'{clock}_overhead_pct']:+.1f} % (pairs {min(spread):+.1f} .. "
+                    f"{max(spread):+.1f} %)",
+                    flush=True,
+                )
             prefix = ("" if size == "tiny" else f"{size} ") + ("FP8 " if fp8 else "")
             print(
-                f"{prefix}instruments overhead: {row['overhead_pct']:.1f} % at log_every "
-                f"{args.log_every}",
+                f"{prefix}instruments overhead: {row[f'{args.clock}_overhead_pct']:.1f} % at "
+                f"log_every {args.log_every}",
                 flush=True,
             )
     if args.json:

@@ -6,17 +6,20 @@ HF's LlamaForCausalLM holds normlab's weights (model.hf.to_hf). x-transformers' 
 (TransformerConfig.llama_like, d_ff rounded to 384 like normlab's tiny) have the same shapes and
 their own initialisations (parameter counts printed). All run eager (no torch.compile) in fp32
 on the same batches, with the same loss (mean cross-entropy) and torch.optim.AdamW. Rounds
-alternate between the models so that background load hits them alike; the median step time of
-each is reported, and normlab's tokens/s over each other's (issue 50: within 3 %, i.e. >= 0.97,
-on the CPU). x-transformers and OLMo-core are optional (pip install x-transformers ai2-olmo-core);
-a missing one is named and left out.
+alternate between the models (the order reversed every other round) so that background load
+hits them alike. Reported per model: median tokens/s (wall) and median CPU seconds per step of
+this process (time.process_time: with 1 thread the steadier measure on a shared machine, where
+the wall time also counts the waits for a core), each as normlab's speed over the model's
+(issue 50: within 3 %, i.e. >= 0.97, on the CPU). x-transformers and OLMo-core are optional
+(pip install x-transformers ai2-olmo-core); a missing one is named and left out.
 
-    python benchmarks/bench_train_vs_hf.py [--threads 2] [--rounds 7] [--steps 5] [--sizes tiny]
+    python benchmarks/bench_train_vs_hf.py [--threads 1] [--rounds 7] [--steps 5] [--sizes tiny]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -47,11 +50,13 @@ def step_fn(model: torch.nn.Module, logits_of: Callable, tokens: torch.Tensor) -
     return step
 
 
-def time_steps(step: Callable, n: int) -> float:
-    t0 = time.perf_counter()
+def time_steps(step: Callable, n: int) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) per step over n steps. On a shared machine the
+    CPU time is the steadier of the two: waiting for a core counts in the wall time only."""
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(n):
         step()
-    return (time.perf_counter() - t0) / n
+    return (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
 
 
 def x_transformers_model(cfg: ModelConfig) -> torch.nn.Module | None:
@@ -109,7 +114,7 @@ def bench(name: str, rounds: int, steps: int) -> dict[str, float]:
         else:
             models[label] = model.train()
     runs = {k: step_fn(m, forward.get(k, lambda m, x: m(x)), tokens) for k, m in models.items()}
-    times: dict[str, list[float]] = {k: [] for k in runs}
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
     for step in runs.values():  # warm-up: allocator, first-call dispatch
         time_steps(step, 2)
     for i in range(rounds):
@@ -117,18 +122,22 @@ def bench(name: str, rounds: int, steps: int) -> dict[str, float]:
         for k, step in order if i % 2 == 0 else reversed(order):
             times[k].append(time_steps(step, steps))
     tok = batch * seq
-    tps = {k: tok / statistics.median(v) for k, v in times.items()}
-    print(f"{name}: L={cfg.n_layers} d={cfg.d_model} V={cfg.vocab_size} B={batch} T={seq}")
+    tps = {k: tok / statistics.median(w for w, _ in v) for k, v in times.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in times.items()}
+    print(f"{name}: L={cfg.n_layers} d={cfg.d_model} V={cfg.vocab_size} B={batch} T={seq}; "
+          f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")  # fmt: skip
+    print(f"  {'model':<24} {'params':>7} {'tok/s':>10} {'wall ratio':>11} {'CPU s/step':>11} "
+          f"{'CPU ratio':>10}   (ratios: normlab's speed over the model's)")  # fmt: skip
     for k, m in models.items():
         params = sum(p.numel() for p in m.parameters()) / 1e6
-        ratio = tps["normlab"] / tps[k]
-        print(f"  {k:<24} {params:6.2f}M params {tps[k]:10,.0f} tok/s   normlab / it {ratio:.3f}")
+        print(f"  {k:<24} {params:6.2f}M {tps[k]:10,.0f} {tps['normlab'] / tps[k]:11.3f} "
+              f"{cpu[k]:11.4f} {cpu[k] / cpu['normlab']:10.3f}")  # fmt: skip
     return tps
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--sizes", default="tiny")
