@@ -193,11 +193,13 @@ def _hooked_metrics(run_dir: Path) -> dict[int, dict[str, float]]:
     }
 
 
+@pytest.mark.parametrize("scope", ["model", "blocks"])
 def test_hooks_armed_after_the_first_trace_run_under_compile(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    scope: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Step 1 (no log) is traced without hooks, step 2 (a log step) needs them: compiled values
-    equal the uncompiled run's (Dynamo's eager backend runs the same kernels)."""
+    equal the uncompiled run's (Dynamo's eager backend runs the same kernels), whether the
+    single engine compiles the whole model or each block (engine.compile_scope)."""
     names = ["activations", "attention_logits", "kurtosis", "attn_entropy", "output_logits"]
     base = [
         *SMALL, "training.steps=2", "training.log_every=2", "instruments={}",
@@ -207,6 +209,7 @@ def test_hooks_armed_after_the_first_trace_run_under_compile(
     for compiled in (False, True):
         run_dir = tmp_path / f"compile_{compiled}"
         extra = [f"engine.compile={str(compiled).lower()}", "engine.compile_backend=eager"]
+        extra.append(f"engine.compile_scope={scope}")
         cfg = load_config(REPO / "recipes" / "pre.yaml", [*base, *extra, f"run_dir={run_dir}"])
         _run(cfg, None, monkeypatch)
         results[compiled] = _hooked_metrics(run_dir)
