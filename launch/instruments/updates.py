@@ -46,7 +46,9 @@ from normlab.launch.instruments.gradients import local_parts
 from normlab.launch.instruments.spikes import run_window
 
 
-def _flat(trainer: TrainerView, params: list[list[torch.nn.Parameter]]):  # noqa: ANN202
+def _flat(
+    trainer: TrainerView, params: list[list[torch.nn.Parameter]]
+) -> tuple[list[torch.Tensor], list[int]]:
     """(this rank's tensors, the row of each: 2 * block + (0 sharded, 1 replicated)) over every
     block's parameters, parts absent on this rank left out."""
     tensors, rows = [], []
