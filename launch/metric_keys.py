@@ -52,3 +52,12 @@ def block_keys(kind: str, keys: Iterable[str]) -> list[str]:
 
 S_MAX, CLIPS, CLIP_EVENTS = "s_max", "qk_clips", "qk_clip_events"  # QK-Clip (optim.qk_clip)
 
+
+# Outlier kurtosis per block (launch/instruments/outlier_kurtosis.py, docs/SCIENCE.md 24). The
+# element kurtosis (raw, about zero) keeps the names runs logged before, which compare's FP8
+# columns and the early-warning signal `kurtosis` read; He et al.'s neuron-norm kurtosis is
+# logged beside it.
+ELEMENT_KURTOSIS, NEURON_KURTOSIS = "kurtosis", "neuron_kurtosis"  # block outputs (kurtosis)
+# instruments.fp8: the down projection's input (the SwiGLU product) and the block outputs
+ELEMENT_KURTOSIS_SWIGLU, NEURON_KURTOSIS_SWIGLU = "kurtosis_swiglu", "neuron_kurtosis_swiglu"
+ELEMENT_KURTOSIS_RESID, NEURON_KURTOSIS_RESID = "kurtosis_resid", "neuron_kurtosis_resid"

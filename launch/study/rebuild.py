@@ -77,7 +77,7 @@ def rebuild(
         raise ConfigError(f"--report-only: no run of study {spec.name} is in {out}/{source}")
     start = time.perf_counter()
     decided = decide_study(
-        rows, spec.claims_to_decide(), plateau, spec.protocol["margin"], aa, source
+        rows, spec.claims_to_decide(), plateau, spec.protocol["margin"], aa, source, spec.looks
     )
     seconds = time.perf_counter() - start
     decided.notes += notes
@@ -116,7 +116,7 @@ def rebuild(
             from normlab.launch.transfer.ladder_report import write_ladder
 
             protocol = sensitivity_markdown(curves, spec.protocol["margin"])
-            protocol += write_ladder(curves, out, spec.protocol.get("ladder_target"))
+            protocol += write_ladder(curves, out, spec.protocol.get("ladder_target"), spec.looks)
             text = replace_protocol(text, protocol)
             if stale:  # say so under the figure, which still shows the runs it was drawn from
                 text = text.replace(LOGITS_FIGURE, f"{LOGITS_FIGURE}\n\n*{stale}.*", 1)

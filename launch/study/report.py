@@ -311,7 +311,9 @@ def write_study_report(
     if claims:
         assert plateau is not None
         start = time.perf_counter()
-        decided = decide_study(rows, claims, plateau, spec.protocol["margin"], source=RESULTS_CSV)
+        decided = decide_study(
+            rows, claims, plateau, spec.protocol["margin"], source=RESULTS_CSV, plan=spec.looks
+        )
         seconds = time.perf_counter() - start
         write_verdicts(decided, out)
         section = verdict_section(decided)
@@ -330,7 +332,7 @@ def write_study_report(
         protocol_md = sensitivity_markdown(curves, spec.protocol["margin"], left_out)
         from normlab.launch.transfer.ladder_report import write_ladder
 
-        protocol_md += write_ladder(curves, out, spec.protocol.get("ladder_target"))
+        protocol_md += write_ladder(curves, out, spec.protocol.get("ladder_target"), spec.looks)
     if len({r["size"] for r in rows}) == 1:
         write_study_plots(runs, out, plateau)
     title = f"normlab study {spec.name}" + (f": {spec.description}" if spec.description else "")
