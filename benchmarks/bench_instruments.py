@@ -1,20 +1,31 @@
-"""Step time with the stability instruments off and on, side by side, through the Trainer's step.
+"""Step time with every observing instrument on against none, side by side, through the Trainer.
 
-Two trainers with the same config (one with every observational instrument: activations,
-gradients, attention_logits, qk_gains, spike_score; one with none) are built once and driven
-alternately, one log window at a time (log_every steps, the last a log step whose values cross to
-the host), so machine load hits both alike. Reports the min and median seconds per step of each
-and the overhead of "on" over "off" at log_every 10 and at log_every 1 (every step logged).
+Two trainers with the same tiny recipe (one with every observing instrument of
+launch/registry.py on, one with none) are built once and driven in paired repeats: each repeat
+runs one log window (log_every steps, the last a log step whose values cross to the host) of
+each, in alternating order, so that machine load hits both alike. The overhead of a repeat is
+its "on" window's seconds per step over its "off" window's, minus one, on the wall clock and on
+this process's CPU time (the default for the line below: on a shared machine the wall time
+also counts the waits for a core, which drown a few percent); the line printed is the median
+over the repeats:
 
-    python benchmarks/bench_instruments.py                 # tiny and a larger CPU size
-    python benchmarks/bench_instruments.py --sizes tiny --windows 6 --json out.json
-    python benchmarks/bench_instruments.py --observers update_spikes   # one instrument alone
+    instruments overhead: X % at log_every 10
+
+The FP8 row does the same with precision.fp8 (emulated on a CPU) and the fp8 instrument added.
+The actions (spike_policy, fp16_clamp, early_warning) and init_loss are not observers and stay
+off. update_spikes measures every step by definition (launch/instruments/updates.py): it is on
+unless `--without update_spikes`, and its own cost is what `--only update_spikes` prints.
+
+    python benchmarks/bench_instruments.py                         # tiny, fp32, CPU
+    python benchmarks/bench_instruments.py --repeats 15 --fp8 --json out.json
+    python benchmarks/bench_instruments.py --only update_spikes    # one instrument alone
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -27,13 +38,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from normlab.launch.config import load_config  # noqa: E402
+from normlab.launch.registry import INSTRUMENTS  # noqa: E402
 from normlab.launch.training.host_rows import to_host  # noqa: E402
 from normlab.launch.training.trainer import Trainer  # noqa: E402
 
-OBSERVERS = ["activations", "gradients", "attention_logits", "qk_gains", "spike_score"]
+NOT_OBSERVERS = {"spike_policy", "fp16_clamp", "early_warning", "init_loss", "fp8"}
+OBSERVERS = sorted(set(INSTRUMENTS) - NOT_OBSERVERS)  # fp8: added on the FP8 row
 SIZES = {
-    "tiny": [],  # recipes/base/tiny.yaml: 4 layers, d 128, 4 heads, seq 128, batch 8
+    "tiny": ["model.qk_norm=head"],  # recipes/base/tiny.yaml (+ QK-Norm: qk_gains logs)
     "small": [  # a larger CPU size: 8 layers, d 256, 8 heads, seq 256, batch 8
+        "model.qk_norm=head",
         "model.n_layers=8",
         "model.d_model=256",
         "model.n_heads=8",
@@ -43,10 +57,9 @@ SIZES = {
 }
 
 
-def build(
-    size: str, log_every: int, on: bool, root: Path, threads: int, observers: list[str]
-) -> Trainer:
-    tag = f"{size}-{log_every}-{'on' if on else 'off'}"
+def build(size: str, log_every: int, names: list[str], fp8: bool, root: Path, threads: int):
+    """A Trainer ready to step (engine, model, data built; callbacks started)."""
+    tag = f"{size}-{log_every}-{'fp8' if fp8 else 'plain'}-{len(names)}"
     overrides = [
         *SIZES[size],
         "training.steps=100000",
@@ -54,9 +67,11 @@ def build(
         "training.device=cpu",
         f"training.threads={threads}",
         "schedule.warmup_steps=0",
+        "instruments={}",
         f"run_dir={root / tag}",
+        *[f"instruments.{name}=true" for name in names],
     ]
-    overrides += [f"instruments.{name}=true" for name in observers] if on else []
+    overrides += ["precision.fp8={}"] if fp8 else []
     trainer = Trainer(load_config(REPO / "recipes" / "pre.yaml", overrides), console=Console())
     trainer._build()  # engine, model, data: what Trainer.run does before its loop
     for cb in trainer.callbacks:
@@ -64,71 +79,96 @@ def build(
     return trainer
 
 
-def window(trainer: Trainer, log_every: int) -> float:
-    """Seconds per step over one log window: log_every steps, then the host copy of the log."""
-    start = time.perf_counter()
+def window(trainer: Trainer, log_every: int) -> tuple[float, float]:
+    """(wall, CPU) seconds per step over one log window: log_every steps, then the host copy of
+    the log. CPU: this process's (time.process_time), which on a shared machine does not count
+    the waits for a core that the wall time does."""
+    start, cpu = time.perf_counter(), time.process_time()
     pending = []
     for _ in range(log_every):
         trainer.step += 1
         pending.append(trainer._train_step(trainer.step))
     to_host(pending)
-    return (time.perf_counter() - start) / log_every
+    return (time.perf_counter() - start) / log_every, (time.process_time() - cpu) / log_every
 
 
-def bench(
-    sizes: list[str], windows: int, threads: int, observers: list[str] = OBSERVERS
-) -> list[dict]:
-    results = []
+def paired(size: str, log_every: int, names: list[str], fp8: bool, repeats: int, threads: int):
+    """Median over paired repeats of on/off - 1 (percent), with the medians of each arm."""
     with tempfile.TemporaryDirectory() as tmp:
-        for size in sizes:
-            for log_every in (10, 1):
-                pair = {
-                    on: build(size, log_every, on, Path(tmp), threads, observers)
-                    for on in (False, True)
-                }
-                times: dict[bool, list[float]] = {False: [], True: []}
-                n = windows if log_every > 1 else windows * 5
-                for i in range(n + 1):
-                    for on in (False, True) if i % 2 else (True, False):
-                        t = window(pair[on], log_every)
-                        if i > 0:  # the first window warms up both
-                            times[on].append(t)
-                row = {"size": size, "log_every": log_every, "windows": n}
-                for stat, fn in (("median", statistics.median), ("min", min)):
-                    off, on_t = fn(times[False]), fn(times[True])
-                    row[f"{stat}_off_ms"], row[f"{stat}_on_ms"] = 1e3 * off, 1e3 * on_t
-                    row[f"{stat}_overhead_pct"] = 100.0 * (on_t - off) / off
-                results.append(row)
-                print_row(row)  # as measured: a long run shows its rows as it goes
-    return results
-
-
-def print_row(r: dict) -> None:
-    for stat in ("min", "median"):
-        print(
-            f"{r['size']:<6} {r['log_every']:>9} {stat:>6} {r[f'{stat}_off_ms']:>8.1f} "
-            f"{r[f'{stat}_on_ms']:>8.1f} {r[f'{stat}_overhead_pct']:>8.1f}%",
-            flush=True,
-        )
+        off = build(size, log_every, [], fp8, Path(tmp), threads)
+        on = build(size, log_every, names + (["fp8"] if fp8 else []), fp8, Path(tmp), threads)
+        window(off, log_every), window(on, log_every)  # warm-up: allocator, first dispatch
+        pairs: list[dict[str, tuple[float, float]]] = []
+        for i in range(repeats):
+            first, second = ("off", "on") if i % 2 else ("on", "off")
+            arms = {"off": off, "on": on}
+            times = {first: window(arms[first], log_every)}
+            times[second] = window(arms[second], log_every)
+            pairs.append(times)
+    row: dict = {
+        "size": size,
+        "fp8": fp8,
+        "log_every": log_every,
+        "instruments": names + (["fp8"] if fp8 else []),
+        "repeats": repeats,
+    }
+    for k, clock in enumerate(("wall", "cpu")):
+        ratios = [p["on"][k] / p["off"][k] - 1.0 for p in pairs]
+        row[f"{clock}_median_off_ms"] = 1e3 * statistics.median(p["off"][k] for p in pairs)
+        row[f"{clock}_median_on_ms"] = 1e3 * statistics.median(p["on"][k] for p in pairs)
+        row[f"{clock}_overhead_pct"] = 100.0 * statistics.median(ratios)
+        row[f"{clock}_pair_overheads_pct"] = [100.0 * r for r in ratios]
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="tiny,small", help="comma list of: tiny, small")
-    parser.add_argument("--windows", type=int, default=6, help="log windows per variant")
+    parser.add_argument("--sizes", default="tiny", help="comma list of: tiny, small")
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=15, help="paired windows per row")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--fp8", action="store_true", help="also the FP8 row (needs torchao)")
+    parser.add_argument("--without", default="", help="comma list of observers left off")
+    parser.add_argument("--only", default="", help="comma list: just these observers on")
     parser.add_argument(
-        "--observers",
-        default=",".join(OBSERVERS),
-        help="comma list of the instruments switched on (default: %(default)s)",
+        "--clock",
+        default="cpu",
+        choices=["cpu", "wall"],
+        help="the clock of the overhead line: cpu (this process's CPU time, steady under load; "
+        "with --threads 1 the training's own) or wall",
     )
+    parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
-    print("ms per step, instruments off vs on; min and median over interleaved log windows")
-    print(f"{'size':<6} {'log_every':>9} {'stat':>6} {'off':>8} {'on':>8} {'overhead':>9}")
-    results = bench(args.sizes.split(","), args.windows, args.threads, args.observers.split(","))
+    names = args.only.split(",") if args.only else OBSERVERS
+    names = [n for n in names if n not in args.without.split(",")]
+    load = os.getloadavg()[0]
+    print(
+        f"instruments on: {', '.join(names)}; {args.repeats} paired repeats; 1-min load {load:.1f}"
+    )
+    rows = []
+    for size in args.sizes.split(","):
+        for fp8 in (False, True) if args.fp8 else (False,):
+            row = paired(size, args.log_every, names, fp8, args.repeats, args.threads)
+            rows.append(row)
+            label = f"{size}{' fp8' if fp8 else ''}"
+            for clock in ("wall", "cpu"):
+                spread = row[f"{clock}_pair_overheads_pct"]
+                print(
+                    f"{label} {clock}: off {row[f'{clock}_median_off_ms']:.1f} ms/step, on "
+                    f"{row[f'{clock}_median_on_ms']:.1f} ms/step (medians); overhead "
+                    f"{row[f'{clock}_overhead_pct']:+.1f} % (pairs {min(spread):+.1f} .. "
+                    f"{max(spread):+.1f} %)",
+                    flush=True,
+                )
+            prefix = ("" if size == "tiny" else f"{size} ") + ("FP8 " if fp8 else "")
+            print(
+                f"{prefix}instruments overhead: {row[f'{args.clock}_overhead_pct']:.1f} % at "
+                f"log_every {args.log_every}",
+                flush=True,
+            )
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        meta = {"command": " ".join(sys.argv), "load_1min_at_start": load, "cpus": os.cpu_count()}
+        args.json.write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

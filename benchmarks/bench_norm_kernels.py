@@ -3,9 +3,11 @@
 For each op, tokens x hidden, the forward and the backward time (median, triton.testing.do_bench)
 and the achieved bandwidth counted as in SCIENCE.md §10: the (tokens, hidden) tensors an op must
 read and write, at the dtype's element size (RMSNorm bf16: forward 4 B/element, backward 6 B plus
-the small dg partials). The ratio is to a device-to-device copy measured in the same run.
-Targets on an H100/H200: forward >= 85% of copy bandwidth, backward >= 70%, backward >= 1.2x
-torch.compile.
+the small dg partials). Two ratios: to the device's peak memory bandwidth (NVIDIA's datasheet
+figure, PEAK_GBS, or --peak-gbs) and to a device-to-device copy measured in the same run.
+Targets on an H100/H200 (issue 50): forward >= 85% of peak bandwidth, backward >= 70%, for
+RMSNorm at hidden >= 4096 (QuACK's RMSNorm reaches 87-90% of H100 bandwidth); and backward
+>= 1.2x torch.compile. Without a known peak the targets are judged against the copy.
 
     python benchmarks/bench_norm_kernels.py [--ops rmsnorm pre_rms] [--out results.jsonl]
 """
@@ -43,6 +45,22 @@ OPS = {
 }
 EPS = 1e-6
 TARGETS = {"fwd_pct": 85.0, "bwd_pct": 70.0, "bwd_vs_compile": 1.2}
+# peak HBM bandwidth in GB/s by torch.cuda.get_device_name() (NVIDIA datasheets: H200 4.8 TB/s,
+# H100 SXM 3.35, H100 NVL 3.9, H100 PCIe 2.0, A100 80GB SXM 2.039, PCIe 1.935, A100 40GB 1.555)
+PEAK_GBS = {
+    "NVIDIA H200": 4800.0,
+    "NVIDIA H100 80GB HBM3": 3350.0,
+    "NVIDIA H100 NVL": 3900.0,
+    "NVIDIA H100 PCIe": 2000.0,
+    "NVIDIA A100-SXM4-80GB": 2039.0,
+    "NVIDIA A100 80GB PCIe": 1935.0,
+    "NVIDIA A100-SXM4-40GB": 1555.0,
+}
+
+
+def peak_bandwidth(name: str, given: float | None) -> float | None:
+    """GB/s: `given`, else the datasheet figure of a known device (None when unknown)."""
+    return given if given is not None else PEAK_GBS.get(name)
 
 
 def eager_fn(op: Op, w: torch.Tensor, b: torch.Tensor | None) -> Callable:
@@ -146,7 +164,9 @@ def time_impl(run: Callable, x, f, params, upstream, rep_ms: int) -> tuple[float
     return fwd, bwd
 
 
-def bench_shape(name, op, tokens, hidden, dtype, impl_names, rep_ms, copy_gbs) -> list[dict]:
+def bench_shape(
+    name, op, tokens, hidden, dtype, impl_names, rep_ms, copy_gbs, peak_gbs=None
+) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def rand(*shape, req=True):
@@ -176,8 +196,12 @@ def bench_shape(name, op, tokens, hidden, dtype, impl_names, rep_ms, copy_gbs) -
         rows.append(
             dict(op=name, tokens=tokens, hidden=hidden, impl=impl, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
                  fwd_gbs=fwd_gbs, bwd_gbs=bwd_gbs, fwd_pct=100 * fwd_gbs / copy_gbs,
-                 bwd_pct=100 * bwd_gbs / copy_gbs, copy_gbs=copy_gbs)
+                 bwd_pct=100 * bwd_gbs / copy_gbs, copy_gbs=copy_gbs, peak_gbs=peak_gbs)
         )  # fmt: skip
+        if peak_gbs:
+            rows[-1].update(
+                fwd_peak_pct=100 * fwd_gbs / peak_gbs, bwd_peak_pct=100 * bwd_gbs / peak_gbs
+            )
         del out
     del x, f, w, b, upstream, ref, impls
     torch.cuda.empty_cache()
@@ -195,9 +219,10 @@ def summarize(rows: list[dict]) -> list[dict]:
             if other in same:
                 line[f"fwd_vs_{other}"] = same[other]["fwd_ms"] / r["fwd_ms"]
                 line[f"bwd_vs_{other}"] = same[other]["bwd_ms"] / r["bwd_ms"]
+        fwd, bwd = r.get("fwd_peak_pct", r["fwd_pct"]), r.get("bwd_peak_pct", r["bwd_pct"])
         line["meets"] = (
-            r["fwd_pct"] >= TARGETS["fwd_pct"]
-            and r["bwd_pct"] >= TARGETS["bwd_pct"]
+            fwd >= TARGETS["fwd_pct"]
+            and bwd >= TARGETS["bwd_pct"]
             and line.get("bwd_vs_compile", 0.0) >= TARGETS["bwd_vs_compile"]
         )
         lines.append(line)
@@ -208,16 +233,20 @@ def print_table(lines: list[dict], copy_gbs: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Triton norm kernels; device copy {copy_gbs:.0f} GB/s")
+    peak = lines[0].get("peak_gbs")
+    title = f"Triton norm kernels; device copy {copy_gbs:.0f} GB/s, peak "
+    table = Table(title=title + (f"{peak:.0f} GB/s" if peak else "unknown"))
     cols = [
         "op",
         "tokens",
         "hidden",
         "fwd_ms",
         "fwd_GB/s",
+        "fwd_%peak",
         "fwd_%copy",
         "bwd_ms",
         "bwd_GB/s",
+        "bwd_%peak",
         "bwd_%copy",
         "bwd_x_compile",
         "bwd_x_eager",
@@ -231,11 +260,15 @@ def print_table(lines: list[dict], copy_gbs: float) -> None:
     def ratio(line, key):
         return f"{line[key]:.2f}" if key in line else "-"
 
+    def pct(line, key):
+        return f"{line[key]:.0f}%" if key in line else "-"
+
     for ln in lines:
         table.add_row(
             ln["op"], f"{ln['tokens'] // 1024}K", str(ln["hidden"]), f"{ln['fwd_ms']:.3f}",
-            f"{ln['fwd_gbs']:.0f}", f"{ln['fwd_pct']:.0f}%", f"{ln['bwd_ms']:.3f}",
-            f"{ln['bwd_gbs']:.0f}", f"{ln['bwd_pct']:.0f}%", ratio(ln, "bwd_vs_compile"),
+            f"{ln['fwd_gbs']:.0f}", pct(ln, "fwd_peak_pct"), f"{ln['fwd_pct']:.0f}%",
+            f"{ln['bwd_ms']:.3f}", f"{ln['bwd_gbs']:.0f}", pct(ln, "bwd_peak_pct"),
+            f"{ln['bwd_pct']:.0f}%", ratio(ln, "bwd_vs_compile"),
             ratio(ln, "bwd_vs_eager"), ratio(ln, "bwd_vs_liger"), ratio(ln, "fwd_vs_compile"),
             "yes" if ln["meets"] else "no",
         )  # fmt: skip
@@ -253,6 +286,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rep-ms", type=int, default=60, help="timing budget per measurement")
     p.add_argument("--bwd-programs-per-sm", type=int, default=None, help="backward grid knob")
     p.add_argument("--bwd-stages", type=int, default=None, help="backward rows in flight knob")
+    p.add_argument("--peak-gbs", type=float, default=None, help="peak memory GB/s (else PEAK_GBS)")
     p.add_argument("--out", default=None, help="append one JSON line per measurement here")
     p.add_argument("--from-jsonl", default=None, help="only print the table of an --out file")
     return p.parse_args(argv)
@@ -266,7 +300,10 @@ def run_all(args: argparse.Namespace) -> list[dict]:
     functions.BWD_STAGES = args.bwd_stages
     dtype = getattr(torch, args.dtype)
     copy_gbs = copy_bandwidth(args.rep_ms)
-    print(f"{torch.cuda.get_device_name()}: device copy {copy_gbs:.0f} GB/s", flush=True)
+    device = torch.cuda.get_device_name()
+    peak_gbs = peak_bandwidth(device, args.peak_gbs)
+    peak = f"{peak_gbs:.0f} GB/s" if peak_gbs else "unknown (--peak-gbs)"
+    print(f"{device}: device copy {copy_gbs:.0f} GB/s, peak {peak}", flush=True)
     # Every op's eager form shares one code object: allow a graph per (op, hidden) and start
     # each op afresh, or dynamo would silently fall back to eager after its recompile limit.
     cfg = torch._dynamo.config
@@ -277,7 +314,7 @@ def run_all(args: argparse.Namespace) -> list[dict]:
         for hidden in args.hidden:
             for tokens in args.tokens:
                 new = bench_shape(name, OPS[name], tokens, hidden, dtype, args.impls, args.rep_ms,
-                                  copy_gbs)  # fmt: skip
+                                  copy_gbs, peak_gbs)  # fmt: skip
                 rows += new
                 print("\n".join(json.dumps(r) for r in new), flush=True)
                 if args.out:
@@ -293,7 +330,14 @@ def report(rows: list[dict]) -> None:
         return
     print_table(lines, lines[0]["copy_gbs"])
     met = sum(ln["meets"] for ln in lines)
-    print(f"targets met (fwd >= 85% copy, bwd >= 70%, bwd >= 1.2x compile): {met}/{len(lines)}")
+    basis = "peak" if "fwd_peak_pct" in lines[0] else "copy"
+    print(f"targets met (fwd >= 85% {basis}, bwd >= 70%, bwd >= 1.2x compile): {met}/{len(lines)}")
+    wide = [ln for ln in lines if ln["op"] == "rmsnorm" and ln["hidden"] >= 4096]
+    if wide and "fwd_peak_pct" in wide[0]:
+        fwd = min(ln["fwd_peak_pct"] for ln in wide)
+        bwd = min(ln["bwd_peak_pct"] for ln in wide)
+        print(f"RMSNorm at hidden >= 4096: forward >= {fwd:.0f}% of peak (goal 85), backward >= "
+              f"{bwd:.0f}% (goal 70), over {len(wide)} shapes")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -186,6 +186,9 @@ class FP8Section:
     emulate: Literal["auto", "on", "off"] | bool = "auto"
     # engine fsdp, recipe tensorwise: all-gather the weights in FP8 (torchao)
     fsdp_float8_all_gather: bool = True
+    # skip: leave in high precision the layers torchao's auto filter judges too small for FP8 to
+    # pay (its H100 tables; torchtitan's auto_filter_small_kn); convert: every layer keep allows
+    small_gemms: Literal["convert", "skip"] = "convert"
 
 
 @dataclass
@@ -235,6 +238,10 @@ class EngineSection:
     # torch.compile backend: inductor (the speed-up), aot_eager or eager (debugging: dynamo
     # and autograd tracing without code generation)
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    # engine single: compile the whole model (model) or each block (blocks: one block's graph
+    # serves every block, so compilation stays short at any depth; torchtitan's choice); the
+    # sharded engines always compile each block
+    compile_scope: Literal["model", "blocks"] = "model"
     # fsdp with grad_accum > 1: reduce-scatter gradients after every micro-batch ("micro_batch":
     # torchtitan's default, each rank keeps only its gradient shard) or once per step ("step":
     # one reduce-scatter, but every rank holds the whole unsharded fp32 gradient meanwhile)

@@ -37,11 +37,35 @@ def matches(name: str, pattern: str) -> bool:
     return f".{pattern.strip('.')}." in f".{name}."
 
 
-def fp8_targets(module: nn.Module, keep: list[str]) -> tuple[list[str], dict[str, int]]:
-    """(names of the linear layers FP8 converts, layers each keep-pattern matched)."""
+def fp8_targets(
+    module: nn.Module, keep: list[str], skip_small: str | None = None
+) -> tuple[list[str], dict[str, int]]:
+    """(names of the linear layers FP8 converts, layers each keep-pattern matched);
+    `skip_small`: the recipe whose small-GEMM filter also leaves layers out (`pays_in_fp8`)."""
     linears = [n for n, m in module.named_modules() if isinstance(m, nn.Linear)]
     hits = {p: sum(matches(n, p) for n in linears) for p in keep}
-    return [n for n in linears if not any(matches(n, p) for p in keep)], hits
+    targets = [n for n in linears if not any(matches(n, p) for p in keep)]
+    if skip_small is not None:
+        targets = [n for n in targets if pays_in_fp8(module.get_submodule(n), skip_small)]
+    return targets, hits
+
+
+def section_targets(module: nn.Module, section: FP8Section) -> tuple[list[str], dict[str, int]]:
+    """fp8_targets with the section's keep patterns and its small_gemms choice."""
+    skip = section.recipe if section.small_gemms == "skip" else None
+    return fp8_targets(module, section.keep, skip)
+
+
+def pays_in_fp8(layer: nn.Module, recipe: str) -> bool:
+    """Whether torchao's auto filter converts this linear layer for `recipe`: dimensions
+    divisible by 16 and above the sizes below which torchao's H100 tables measured float8
+    slower than bf16 (tensorwise: not K <= 4096 with N <= 1024; rowwise: N > 2048, K > 1024,
+    not N <= 4096 with K <= 2048). torchtitan exposes the same filter as auto_filter_small_kn.
+    rowwise_with_gw_hp, which torchao's filter does not cover, is judged as rowwise."""
+    from torchao.float8 import _auto_filter_for_recipe
+
+    name = "rowwise" if recipe == "rowwise_with_gw_hp" else recipe
+    return bool(_auto_filter_for_recipe(name, filter_fqns=[])(layer, ""))
 
 
 # torchtitan's float8 guide: FP8 "only benefits large GEMMs", rule of thumb K, N > 4096 (layers
@@ -55,7 +79,7 @@ def small_gemm_note(module: nn.Module, section: FP8Section) -> str | None:
     then cost more than its matmuls save (None when one has, or FP8 is off)."""
     shapes = [
         (m.in_features, m.out_features)
-        for m in map(module.get_submodule, fp8_targets(module, section.keep)[0])
+        for m in map(module.get_submodule, section_targets(module, section)[0])
         if isinstance(m, nn.Linear)  # every one is (fp8_targets names linear layers): for typing
     ]
     if not shapes or any(min(s) >= LARGE_GEMM for s in shapes):
@@ -101,7 +125,7 @@ def check_fp8(cfg: RunConfig, device_type: str, local: bool = True) -> None:
     from normlab.launch.engines.construct import build_on_meta
 
     model, _ = build_on_meta(cfg.model_config())
-    targets, hits = fp8_targets(model, fp8.keep)
+    targets, hits = section_targets(model, fp8)
     unmatched = [p for p, n in hits.items() if n == 0]
     if unmatched:
         example = ", ".join(repr(n) for n in [*targets[:1], "head"])
@@ -110,7 +134,13 @@ def check_fp8(cfg: RunConfig, device_type: str, local: bool = True) -> None:
             f"whole dotted parts of a layer name ({example}, 'down_proj', 'blocks.0')"
         )
     if not targets:
-        raise ConfigError("precision.fp8.keep keeps every linear layer: nothing runs in FP8")
+        why = (
+            "precision.fp8.small_gemms 'skip' leaves out every layer torchao's filter judges "
+            "too small for FP8 to pay, and precision.fp8.keep the rest"
+            if fp8.small_gemms == "skip"
+            else "precision.fp8.keep keeps every linear layer"
+        )
+        raise ConfigError(f"{why}: nothing runs in FP8")
     if not emulate:
         shapes = {n: tuple(model.get_submodule(n).weight.shape) for n in targets}  # type: ignore[arg-type]
         odd = [n for n in targets if any(d % 16 for d in shapes[n])]
@@ -150,14 +180,15 @@ def convert_fp8(
         return 0
     from torchao.float8 import convert_to_float8_training
 
-    targets = set(fp8_targets(module, fp8.keep)[0])
+    targets = set(section_targets(module, fp8)[0])
     convert_to_float8_training(
         module,
         module_filter_fn=lambda _m, name: name in targets,
         config=float8_config(fp8, device_type, fsdp, smooth),
     )
-    for _, layer in float8_linears(module):
-        layer.register_forward_pre_hook(_autocast_input)
+    if device_type != "cuda":  # Float8Linear casts under CUDA autocast itself: no hook there
+        for _, layer in float8_linears(module):
+            layer.register_forward_pre_hook(_autocast_input)
     return len(targets)
 
 

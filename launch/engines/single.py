@@ -43,7 +43,7 @@ class SingleEngine(Engine):
         module, plan = build_on_meta(model_cfg)  # allocated once, on the device
         self._model: nn.Module = apply_transforms(
             module, self.section, self.precision.fp8, self._device.type,
-            smooth=model_cfg.smooth_swiglu, whole_model=True,
+            smooth=model_cfg.smooth_swiglu, whole_model=self.section.compile_scope == "model",
         )  # fmt: skip
         materialize(module, plan, self.run.seed, self._device)
         self._module = module

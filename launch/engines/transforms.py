@@ -37,9 +37,22 @@ def apply_transforms(
         apply_activation_checkpointing(module, compiled=section.compile)
     if not section.compile:
         return module
+    guard_hooks()
     if whole_model:
         # torch.compile of a Module returns an OptimizedModule (a Module); its stub says Callable
         return cast(nn.Module, torch.compile(module, backend=section.compile_backend))
     for block in module.blocks:
         block.compile(backend=section.compile_backend)
     return module
+
+
+def guard_hooks() -> None:
+    """Make compiled code see forward hooks added or removed after it was traced.
+
+    Dynamo skips guards on nn.Module hooks by default (`skip_nnmodule_hook_guards`): a graph
+    traced without hooks then never runs the hooks the instruments arm for a log step (they log
+    zeros and -inf), and one traced with them armed runs them on every step, with the tensors of
+    the first arm. With the guards on, the first log step compiles one more variant (hooks
+    present; new hook closures reuse it) and every step runs the variant that matches its hooks,
+    as eager would (tests/launch/instruments/test_off_log_steps.py)."""
+    torch._dynamo.config.skip_nnmodule_hook_guards = False

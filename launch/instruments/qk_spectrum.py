@@ -49,10 +49,12 @@ class QKSpectrum(Callback):
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         checked_settings(self.name, settings)
 
-    @torch.no_grad()
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
-        if not is_log_step(trainer, step):
-            return
+        if is_log_step(trainer, step):  # no_grad inside: off log steps nothing, not even that
+            with torch.no_grad():
+                self._log(trainer, metrics)
+
+    def _log(self, trainer: TrainerView, metrics: dict[str, Any]) -> None:
         storage = trainer.engine.storage
         for i, block in enumerate(blocks(trainer)):
             att = attention_of(block)

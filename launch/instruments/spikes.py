@@ -129,7 +129,7 @@ class SpikeScore(Callback):
         self.grad = RollingSpikeScore(s.window, s.k)
         self.nonfinite = self.scaler_skips = 0
         self.restored, self.fp16 = False, False
-        self._pending: list[torch.Tensor] = []
+        self._pending: list[torch.Tensor | float] = []
 
     def on_train_start(self, trainer: TrainerView) -> None:
         if not self.restored:  # a resumed run keeps the window it started with
@@ -138,8 +138,8 @@ class SpikeScore(Callback):
         self.fp16 = trainer.cfg.precision.dtype == "fp16"
 
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
-        self._pending.append(metrics["loss"].detach().float().reshape(()))
-        self._pending.append(torch.as_tensor(metrics["grad_norm"]).detach().float().reshape(()))
+        # references only: no tensor op off log steps (the conversions run in _flush)
+        self._pending += [metrics["loss"], metrics["grad_norm"]]
         if is_log_step(trainer, step):
             self._flush()
             for key, rolling in ((SPIKE_LOSS, self.loss), (SPIKE_GRAD, self.grad)):
@@ -152,7 +152,10 @@ class SpikeScore(Callback):
     def _flush(self) -> None:
         if not self._pending:
             return
-        values = torch.stack([t.to(self._pending[0].device) for t in self._pending]).tolist()
+        device = next((t.device for t in self._pending if isinstance(t, torch.Tensor)), None)
+        values = torch.stack(
+            [torch.as_tensor(t, device=device).detach().float().reshape(()) for t in self._pending]
+        ).tolist()
         self._pending = []
         losses, grads = values[0::2], values[1::2]
         for loss, grad in zip(losses, grads, strict=True):

@@ -17,7 +17,8 @@ restore, not an update: it is not scored either.
 Logged on log steps, per block: `update_norm/ii` (this step's u_t), `update_spikes/ii` (spikes
 so far), `update_ratio_max/ii` (the largest r_t so far); and `update_spike_steps` (steps at
 which some block spiked). The norms stay on the device between log steps (one host copy per log
-step); keeping W_before costs one copy of the blocks' parameters per step. Sharded engines hand
+step); keeping W_before costs one fused copy of the blocks' parameters per step into buffers kept
+from step to step (no allocation), and the norms a few fused ops. Sharded engines hand
 over their local parts (launch.instruments.gradients): shards summed, replicas counted once.
 """
 
@@ -41,12 +42,22 @@ from normlab.launch.instruments.common import (
     blocks,
     is_log_step,
 )
-from normlab.launch.instruments.gradients import Parts, local_parts, sum_squares
+from normlab.launch.instruments.gradients import local_parts
 from normlab.launch.instruments.spikes import run_window
 
 
-def _copy(parts: Parts) -> Parts:
-    return [(None if t is None else t.detach().clone(), sharded) for t, sharded in parts]
+def _flat(
+    trainer: TrainerView, params: list[list[torch.nn.Parameter]]
+) -> tuple[list[torch.Tensor], list[int]]:
+    """(this rank's tensors, the row of each: 2 * block + (0 sharded, 1 replicated)) over every
+    block's parameters, parts absent on this rank left out."""
+    tensors, rows = [], []
+    for i, ps in enumerate(params):
+        for t, sharded in local_parts(trainer, ps, "param"):
+            if t is not None:
+                tensors.append(t.detach())
+                rows.append(2 * i + (0 if sharded else 1))
+    return tensors, rows
 
 
 class BlockUpdateSpikes:
@@ -92,7 +103,9 @@ class UpdateSpikes(Callback):
         self.blocks: list[BlockUpdateSpikes] = []
         self.spike_steps = 0
         self.restored: dict[str, Any] | None = None
-        self._before: list[Parts] | None = None
+        self._before: list[torch.Tensor] = []  # W_before, copied into the same buffers each step
+        self._rows: torch.Tensor | None = None  # the block row of each buffer (_flat)
+        self._armed = False
         self._pending: list[torch.Tensor] = []
         self._last: list[float] = []
         self._rollbacks = 0.0
@@ -109,27 +122,31 @@ class UpdateSpikes(Callback):
             self.spike_steps = int(self.restored["spike_steps"])
 
     def on_after_backward(self, trainer: TrainerView, step: int) -> None:
-        self._before = [_copy(local_parts(trainer, ps, "param")) for ps in self._params]
+        tensors, rows = _flat(trainer, self._params)
+        if [t.shape for t in self._before] != [t.shape for t in tensors]:
+            self._before = [torch.empty_like(t) for t in tensors]
+            self._rows = torch.tensor(rows, device=trainer.engine.device)
+        torch._foreach_copy_(self._before, tensors)  # one fused copy, no allocation per step
+        self._armed = True
 
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
-        if self._before is None:
+        if not self._armed or self._rows is None:
             return
-        diffs = []
-        for ps, olds in zip(self._params, self._before, strict=True):
-            now = local_parts(trainer, ps, "param")
-            diffs.append(
-                [
-                    (None if t is None or o is None else t.detach() - o, s)
-                    for (t, s), (o, _) in zip(now, olds, strict=True)
-                ]
-            )
-        norms = sum_squares(trainer, diffs).sqrt()
+        self._armed = False
+        now, _ = _flat(trainer, self._params)
+        # ||W_after - W_before|| per part in a few fused ops, summed per block: shards across
+        # the ranks, replicas counted once (as gradients.sum_squares)
+        diffs = torch._foreach_sub(now, self._before)
+        squares = torch.stack(torch._foreach_norm(diffs, dtype=torch.float32)).square()
+        n = len(self._params)
+        sums = torch.zeros(2 * n, device=squares.device).index_add_(0, self._rows, squares)
+        sums = sums.view(n, 2)
+        norms = (trainer.engine.all_reduce(sums[:, 0].contiguous(), "sum") + sums[:, 1]).sqrt()
         rollbacks = float(metrics.get(ROLLBACKS, self._rollbacks))
         if rollbacks != self._rollbacks:  # the policy restored a checkpoint this step
             norms = torch.full_like(norms, math.nan)
             self._rollbacks = rollbacks
         self._pending.append(norms)
-        self._before = None
         if is_log_step(trainer, step):
             self._flush()
             for i, block in enumerate(self.blocks):

@@ -191,9 +191,27 @@ def test_norm_add_matches_unfused(rows, n, dtype, rms):
     _close_all(_grads(y, [dy], [x, f, w, b]), _grads(y_ref, [dy], [x, f, w, b]), dtype, rows)
 
 
+def _as_on_cuda(monkeypatch):
+    """Make F.layer_norm / F.rms_norm refuse an input whose dtype is not its weight's, as eager
+    CUDA does ("expected scalar type BFloat16 but found Float"; CPU's mixed-type path accepts
+    it): a reference that would fail on a GPU then fails here too (the H200 run of 2026-12-04
+    lost test_fused_mixed_dtypes[norm_add] to exactly that)."""
+    for name in ("layer_norm", "rms_norm"):
+        plain = getattr(F, name)
+
+        def strict(x, shape, weight=None, *args, _plain=plain, _name=name, **kwargs):
+            if weight is not None and weight.dtype != x.dtype:
+                raise RuntimeError(f"{_name}: input {x.dtype}, weight {weight.dtype}")
+            return _plain(x, shape, weight, *args, **kwargs)
+
+        monkeypatch.setattr(F, name, strict)
+
+
 @pytest.mark.parametrize("op", ["add_norm", "add_then_norm", "norm_add"])
-def test_fused_mixed_dtypes(op):
-    """fp32 residual with a bf16 branch (autocast): promoted output, each grad in its own dtype."""
+def test_fused_mixed_dtypes(op, monkeypatch):
+    """fp32 residual with a bf16 branch (autocast): promoted output, each grad in its own dtype.
+    The references hold to eager CUDA's dtype rule on every device (`_as_on_cuda`)."""
+    _as_on_cuda(monkeypatch)
     rows, n, alpha = 9, 96, 1.7
     x = _rand(rows, n, dtype=torch.float32, scale=2.0)
     f = _rand(rows, n, dtype=torch.bfloat16, seed=4)
