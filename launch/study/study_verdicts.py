@@ -214,25 +214,6 @@ def verdict_section(decided: Decided, growth: list[Any] | None = None) -> list[s
     return lines
 
 
-def replace_section(text: str, section: list[str]) -> str:
-    """study.md with its verdict section (old "## Verdicts" or SECTION) replaced by `section`,
-    or inserted before "Every run:" (else at the end)."""
-    lines = text.split("\n")
-    start = next((i for i, x in enumerate(lines) if x.startswith("## Verdicts")), None)
-    if start is None:
-        at = next((i for i, x in enumerate(lines) if x.startswith("Every run:")), len(lines))
-        return "\n".join(lines[:at] + section + lines[at:])
-    end = next(
-        (
-            i
-            for i in range(start + 1, len(lines))
-            if lines[i].startswith(("## ", "![", "Every run:"))
-        ),
-        len(lines),
-    )
-    return "\n".join(lines[:start] + section + lines[end:])
-
-
 def _read_csv(path: Path) -> list[dict[str, str]]:
     """A table the study wrote (sensitivity.csv, sensitivity_grid.csv), through the one reader."""
     return [row.cells for row in read_table(path, path.name).rows]
@@ -396,27 +377,6 @@ def _regrid(found: list[Any], path: Path) -> None:
         writer = csv.DictWriter(fh, columns, restval="", extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-
-
-# the sections the protocol writes: the first, then any of the others after it
-PROTOCOL_HEADS = ("## LR sensitivity", "## Ladder fits", "## Does the best learning rate transfer")
-
-
-def replace_protocol(text: str, section: list[str]) -> str:
-    """study.md with its "## LR sensitivity" section and the ladder section after it (each up to
-    the next "## ") replaced by `section`; unchanged when it has none."""
-    lines = text.split("\n")
-    start = next((i for i, x in enumerate(lines) if x.startswith(PROTOCOL_HEADS[0])), None)
-    if start is None:
-        return text
-
-    def next_head(i: int) -> int:
-        return next((j for j in range(i + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
-
-    end = next_head(start)
-    while end < len(lines) and lines[end].startswith(PROTOCOL_HEADS[1:]):
-        end = next_head(end)
-    return "\n".join(lines[:start] + section + lines[end:])
 
 
 def write_verdicts(decided: Decided, out: Path) -> None:
