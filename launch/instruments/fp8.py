@@ -35,13 +35,27 @@ from normlab.launch.config.instruments import checked_settings
 from normlab.launch.engines.fp8 import E4M3_MAX, float8_linears
 from normlab.launch.engines.recompute import recomputing
 from normlab.launch.instruments.common import block_key, is_log_step, unwrap
+from normlab.launch.metric_keys import (
+    FP8_IN_AMAX,
+    FP8_IN_OVER,
+    FP8_IN_SCALE,
+    FP8_IN_UNDER,
+    FP8_OVER,
+    FP8_UNDER,
+    FP8_W_AMAX,
+    FP8_W_OVER,
+    FP8_W_SCALE,
+    FP8_W_UNDER,
+    KURTOSIS_RESID,
+    KURTOSIS_SWIGLU,
+)
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 # per layer: amax, scale (reduced by max and min), under count, over count, elements (summed)
 IN_AMAX, IN_SCALE, W_AMAX, W_SCALE = 0, 1, 2, 3
 IN_UNDER, IN_OVER, IN_N, W_UNDER, W_OVER, W_N = 0, 1, 2, 3, 4, 5
-KURTOSIS = ("kurtosis_swiglu", "kurtosis_resid")
+KURTOSIS = (KURTOSIS_SWIGLU, KURTOSIS_RESID)
 
 
 @torch.no_grad()
@@ -170,24 +184,24 @@ class FP8Stats(Callback):
             counts = engine.all_reduce(self._counts.clone(), "sum")
             n_in, n_w = counts[:, IN_N].clamp_min(1), counts[:, W_N].clamp_min(1)
             shares = {
-                "fp8_in_under": counts[:, IN_UNDER] / n_in,
-                "fp8_in_over": counts[:, IN_OVER] / n_in,
-                "fp8_w_under": counts[:, W_UNDER] / n_w,
-                "fp8_w_over": counts[:, W_OVER] / n_w,
+                FP8_IN_UNDER: counts[:, IN_UNDER] / n_in,
+                FP8_IN_OVER: counts[:, IN_OVER] / n_in,
+                FP8_W_UNDER: counts[:, W_UNDER] / n_w,
+                FP8_W_OVER: counts[:, W_OVER] / n_w,
             }
             values = {
-                "fp8_in_amax": amax[:, 0],
-                "fp8_w_amax": amax[:, 1],
-                "fp8_in_scale": scale[:, 0],
-                "fp8_w_scale": scale[:, 1],
+                FP8_IN_AMAX: amax[:, 0],
+                FP8_W_AMAX: amax[:, 1],
+                FP8_IN_SCALE: scale[:, 0],
+                FP8_W_SCALE: scale[:, 1],
                 **shares,
             }
             for j, (block, sub, _) in enumerate(self._layers):
                 for kind, column in values.items():
                     metrics[block_key(kind, block, sub)] = column[j].float()
-            under = torch.stack([shares["fp8_in_under"], shares["fp8_w_under"]])
-            over = torch.stack([shares["fp8_in_over"], shares["fp8_w_over"]])
-            metrics["fp8_under"], metrics["fp8_over"] = under.amax().float(), over.amax().float()
+            under = torch.stack([shares[FP8_IN_UNDER], shares[FP8_W_UNDER]])
+            over = torch.stack([shares[FP8_IN_OVER], shares[FP8_W_OVER]])
+            metrics[FP8_UNDER], metrics[FP8_OVER] = under.amax().float(), over.amax().float()
         moments = engine.all_reduce(self._moments.clone(), "sum")
         for k, kind in enumerate(KURTOSIS):
             for i in range(moments.shape[1]):

@@ -18,9 +18,8 @@ import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import block_key, blocks, is_log_step
+from normlab.launch.metric_keys import KURTOSIS
 from torch.utils.hooks import RemovableHandle
-
-KURTOSIS = "kurtosis"
 
 
 def kurtosis_from_sums(sums: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from normlab.launch.lr_sensitivity.protocol import (
     run_metrics,
     sensitivity_markdown,
 )
+from normlab.launch.metric_keys import MAX_LOGIT
 from normlab.launch.report.domains import domain_stats
 from normlab.launch.report.table import summarize
 from normlab.launch.rundir.runs import Run, load_run
@@ -85,7 +86,7 @@ def shown_loss(row: dict[str, Any]) -> float:
 STATS = [
     ("eval", "eval loss", shown_loss),
     ("growth", "act. growth", growth_of),
-    ("max_logit", "max logit", lambda r: _num(r.get("max_logit"))),
+    (MAX_LOGIT, "max logit", lambda r: _num(r.get(MAX_LOGIT))),
     ("grad_spikes", "grad spike %", lambda r: _num(r.get("spike_grad"))),
 ]
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from normlab.launch.csv_table import read_table
+from normlab.launch.metric_keys import ACT_GROWTH, MAX_LOGIT
 from normlab.launch.report.compare_csv import read_compare
 from normlab.launch.verdicts.aa_simulation import B_DEFAULT
 from normlab.launch.verdicts.decide import NOT_TESTED
@@ -250,7 +251,7 @@ def write_runs(runs: list[Run], path: Path) -> Path:
 
 def _measured(row: dict[str, str]) -> dict[str, float]:
     """A compare.csv row's run metrics the study report reads besides the losses."""
-    return {"act_growth": _float(row.get("act_growth")), "max_logit": _float(row.get("max_logit"))}
+    return {ACT_GROWTH: _float(row.get(ACT_GROWTH)), MAX_LOGIT: _float(row.get(MAX_LOGIT))}
 
 
 def results_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, Any]], list[str]]:
@@ -346,9 +347,9 @@ def _figure_metrics(row: dict[str, Any]) -> dict[str, float]:
     """A row's per-run metrics for the curves: results.csv's (METRICS), the max logit from
     compare.csv where results.csv does not carry it."""
     extra = dict(row.get("metrics") or {})
-    known = math.isfinite(extra.get("max_logit", math.nan))
-    if not known and math.isfinite(row.get("max_logit", math.nan)):
-        extra["max_logit"] = row["max_logit"]
+    known = math.isfinite(extra.get(MAX_LOGIT, math.nan))
+    if not known and math.isfinite(row.get(MAX_LOGIT, math.nan)):
+        extra[MAX_LOGIT] = row[MAX_LOGIT]
     return extra
 
 
