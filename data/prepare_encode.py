@@ -23,6 +23,7 @@ import numpy as np
 from normlab.data.tokenizer import Kind, encoder
 from normlab.data.tokenizer_checks import encode_error
 from normlab.data.writer import SplitWriter, route
+from normlab.launch.progress import Stages, interactive
 
 Batch = tuple[list[str], np.ndarray, np.ndarray, int]  # texts, is_val, eos, utf-8 bytes
 _STATE: dict[str, Any] = {}
@@ -120,7 +121,10 @@ def encode_all(
     t0 = time.perf_counter()
     pool = _pool(init, num_proc) if num_proc > 1 else None  # forked before any display thread
     try:
-        with _progress(total_bytes) as bar:
+        # a terminal: the bar; a log: a line per stage and, while long, its estimate
+        log = Stages("prepare", live=False, quiet=interactive(sys.stderr))
+        stage = log.stage("tokenizing (bytes)", total_bytes)
+        with _progress(total_bytes) as bar, log, stage as tick:
             task = bar.add_task("tokenizing", total=total_bytes, rate="")
             tokens = 0
 
@@ -129,6 +133,7 @@ def encode_all(
                 tokens += writer.append(*result)
                 rate = tokens / max(time.perf_counter() - t0, 1e-9)
                 bar.update(task, advance=nbytes, rate=f"{tokens:,} tok  {rate:,.0f} tok/s")
+                tick(nbytes)
 
             if pool is None:
                 init_worker(*init)

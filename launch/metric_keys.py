@@ -38,7 +38,6 @@ ADAM_UPDATE_RMS, ADAM_M_NORM, ADAM_V_NORM = "adam_update_rms", "adam_m_norm", "a
 EPS_FLOOR, GRAD_MOM_COS, HEAD_NORM = "eps_floor", "grad_mom_cos", "head_norm"
 ATTN_ENTROPY = "attn_entropy"  # per block, min over heads (instruments.attn_entropy)
 QK_ENTROPY = "qk_entropy"  # per block, min over heads (instruments.qk_spectrum)
-KURTOSIS = "kurtosis"  # per block: the block output's kurtosis (instruments.kurtosis)
 # instruments.output_logits (init_loss: the loss before step 0, logged at step 0)
 INIT_LOSS = "init_loss"
 LOGZ_MEAN, LOGZ_MIN, LOGZ_MAX = "logz_mean", "logz_min", "logz_max"
@@ -50,8 +49,6 @@ FP8_IN_OVER, FP8_W_OVER = "fp8_in_over", "fp8_w_over"
 FP8_IN_AMAX, FP8_W_AMAX = "fp8_in_amax", "fp8_w_amax"
 FP8_IN_SCALE, FP8_W_SCALE = "fp8_in_scale", "fp8_w_scale"
 FP8_UNDER, FP8_OVER = "fp8_under", "fp8_over"  # the largest share over the layers (one key)
-# instruments.fp8, per block: kurtosis of the SwiGLU product and of the block output
-KURTOSIS_SWIGLU, KURTOSIS_RESID = "kurtosis_swiglu", "kurtosis_resid"
 # compare's column: the residual stream's growth over depth (launch.report.table), read by the
 # study report and the growth claims
 ACT_GROWTH = "act_growth"
@@ -75,3 +72,13 @@ def block_keys(kind: str, keys: Iterable[str]) -> list[str]:
     ordered by block."""
     found = [(p[1], k) for k in keys if (p := parse_block_key(k)) and p[0] == kind and p[2] is None]
     return [k for _, k in sorted(found)]
+
+
+# Outlier kurtosis per block (launch/instruments/outlier_kurtosis.py, docs/SCIENCE.md 24). The
+# element kurtosis (raw, about zero) keeps the names runs logged before, which compare's FP8
+# columns and the early-warning signal `kurtosis` read; He et al.'s neuron-norm kurtosis is
+# logged beside it.
+ELEMENT_KURTOSIS, NEURON_KURTOSIS = "kurtosis", "neuron_kurtosis"  # block outputs (kurtosis)
+# instruments.fp8: the down projection's input (the SwiGLU product) and the block outputs
+ELEMENT_KURTOSIS_SWIGLU, NEURON_KURTOSIS_SWIGLU = "kurtosis_swiglu", "neuron_kurtosis_swiglu"
+ELEMENT_KURTOSIS_RESID, NEURON_KURTOSIS_RESID = "kurtosis_resid", "neuron_kurtosis_resid"

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from normlab.launch.errors import ConfigError
+from normlab.launch.progress import Stages
 from normlab.launch.report.outdir import check_out_dir, make_out_dir, write_text
 
 DEFAULT_WIDTHS = "64,128,256,512"
@@ -92,18 +93,23 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(cfg.training.threads or 1)
     model_cfg = cfg.model_config()
     start = time.monotonic()
-
-    def progress(line: str) -> None:
-        print(f"[{time.monotonic() - start:5.1f}s] {line}", file=sys.stderr, flush=True)
-
     verdicts = []
-    for setup in setups:
-        try:
-            verdicts.append(
-                run_check(model_cfg, setup, cfg.optim, not args.no_controls, progress=progress)
-            )
-        except ValueError as exc:
-            raise ConfigError(f"--{setup.axis}s: {exc}") from None
+    with Stages("coordcheck") as stages:
+        for setup in setups:
+            with stages.stage(f"{setup.axis}s {list(setup.sizes)}") as tick:
+
+                def progress(line: str, tick: Callable[..., None] = tick) -> None:
+                    stages.line(f"[{time.monotonic() - start:5.1f}s] {line}")  # a stage's step
+                    tick()
+
+                try:
+                    verdicts.append(
+                        run_check(
+                            model_cfg, setup, cfg.optim, not args.no_controls, progress=progress
+                        )
+                    )
+                except ValueError as exc:
+                    raise ConfigError(f"--{setup.axis}s: {exc}") from None
     make_out_dir(out)
     title = f"{cfg.name} ({model_cfg.parametrization})"
     checks: list[dict] = []

@@ -42,17 +42,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from normlab.launch.export import export, resolve_run_dir
+    from normlab.launch.progress import Stages
 
     run_dir = resolve_run_dir(args.run_dir)
-    lines = export(
-        run_dir,
-        Path(args.out),
-        args.step,
-        not args.no_hf,
-        args.overwrite,
-        args.tokenizer,
-        args.allow_unverified,
-    )
+    with Stages("export") as stages, stages.stage(f"{run_dir} -> {args.out}") as tick:
+        lines = export(
+            run_dir,
+            Path(args.out),
+            args.step,
+            not args.no_hf,
+            args.overwrite,
+            args.tokenizer,
+            args.allow_unverified,
+        )
+        tick()
     for line in lines:
         print(line)
     return 0

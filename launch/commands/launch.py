@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from normlab.launch.config import RunConfig
 
 
+# launch.rundir.signals.NODE_ARGS_ENV (not imported: it loads torch; tests check they agree)
+NODE_ARGS_ENV = "NORMLAB_LAUNCH_NODE_ARGS"
+
+
 class LaunchError(NormlabError):
     """The job cannot start as asked (rendezvous unreachable, bad node arguments)."""
 
@@ -158,6 +162,14 @@ def torchrun_command(args: argparse.Namespace, cfg: RunConfig, port: int) -> lis
     ]  # fmt: skip
 
 
+def node_args(args: argparse.Namespace, port: int) -> str:
+    """This node's part of the resume command its ranks print (launch.rundir.signals)."""
+    return shlex.join([
+        "--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
+        "--master-addr", args.master_addr, "--master-port", str(port),
+    ])  # fmt: skip
+
+
 def check_run(args: argparse.Namespace, cfg: RunConfig, world: int) -> None:
     """What every rank would refuse about the run directory, once, before torchrun: another
     config without --force, a live SLURM job owning it, a --from that names no checkpoint, a
@@ -214,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
     from normlab.launch.rundir.directory import TOKEN_ENV, RunDirLock
 
     env = {**os.environ, EXPECTED_WORLD_ENV: str(world), "PYTHONUNBUFFERED": "1"}
+    env[NODE_ARGS_ENV] = node_args(args, port)
     env.setdefault("OMP_NUM_THREADS", "1")
     # seconds torchrun gives signalled ranks to checkpoint before it SIGKILLs them
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))

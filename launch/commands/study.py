@@ -176,6 +176,24 @@ def spec_from_args(args: argparse.Namespace) -> StudySpec:
     return spec_from_flags(recipes, lrs, seeds, args.steps, args.set)
 
 
+def resume_command(args: argparse.Namespace, out: Path) -> str:
+    """The command that goes on with a stopped study, runnable as printed from any directory:
+    this one's flags, its recipe files and --out as absolute paths (finished runs are reused,
+    stopped ones resume)."""
+    import shlex
+
+    def where(name: str) -> str:
+        return str(Path(name).resolve()) if Path(name).exists() else name
+
+    cmd = ["normlab", "study", *map(where, args.recipes), "--out", str(out.resolve())]
+    for flag, value in (("--steps", args.steps), ("--lrs", args.lrs), ("--seeds", args.seeds),
+                        ("--spike-window", args.spike_window), ("--jobs", args.jobs)):  # fmt: skip
+        cmd += [flag, str(value)] if value is not None else []
+    for item in args.set:
+        cmd += ["--set", item]
+    return shlex.join(cmd)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
@@ -211,7 +229,8 @@ def run(args: argparse.Namespace) -> int:
         return submit_study(planned, spec, out, job_spec(args))
     from normlab.launch.study.run import run_spec
 
-    result = run_spec(spec, out, jobs=args.jobs, window=args.spike_window)
+    result = run_spec(spec, out, jobs=args.jobs, window=args.spike_window,
+                      resume=resume_command(args, out))  # fmt: skip
     if result["stopped"]:  # 130 for Ctrl-C, 143 for SIGTERM: as `train` and `launch` exit
         return 128 + int(result["signal"])
     return 0 if all(r["status"] in ("completed", "diverged") for r in result["runs"]) else 1

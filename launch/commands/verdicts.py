@@ -8,6 +8,9 @@ optionally size, l0/init_loss, eval_loss_25/50/75); see normlab.launch.verdicts.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from normlab.launch.histories.options import add_history_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,8 +21,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "results",
         nargs="?",
         help="CSV: recipe, size, lr, seed, eval_loss, status (+ l0 ...); with --plan: a pilot "
-        "study's table whose seed spread plans the claims",
+        "study's table whose seed spread plans the claims; or a folder of histories laid out "
+        "as DIR/<recipe>/lr<lr>/seed<seed> (docs/guides/external_runs.md)",
     )
+    p.add_argument(
+        "--layout",
+        default=None,
+        metavar="FILE.csv",
+        help="histories named by a mapping (columns path, recipe, lr, seed, size?) instead",
+    )
+    p.add_argument(
+        "--eval-loss",
+        default="final",
+        choices=("final", "smoothed"),
+        help="from histories: the last eval loss, or the median of the last three",
+    )
+    add_history_options(p)
     p.add_argument(
         "--claims",
         default=None,
@@ -86,6 +103,18 @@ def run(args: argparse.Namespace) -> int:
             args.margin, args.l0,
         ):  # fmt: skip
             print(text)
+        return 0
+    if args.layout is not None or (args.results is not None and Path(args.results).is_dir()):
+        from normlab.launch.histories.options import history_options
+        from normlab.launch.histories.results import verdicts_from_histories
+
+        lines = verdicts_from_histories(
+            args.results, args.layout, history_options(args), args.eval_loss, args.out,
+            lambda table: run_verdicts(
+                table, args.claims, args.plateau, args.l0, args.margin, args.out, args.aa
+            ),
+        )  # fmt: skip
+        print("\n".join(lines))
         return 0
     if args.results is None:
         raise ConfigError("a results table is needed (or --plan DELTA with --sd SD)")

@@ -15,10 +15,14 @@ Per converted layer `blocks.i.<...>.<name>`, over the training micro-batches of 
   clip, i.e. how far the tensor has left e4m3's range.
 `fp8_under` and `fp8_over` are the largest shares over the layers.
 
-Per block, `kurtosis_swiglu/i` (the input of the down projection: the SwiGLU product, with
-Smooth-SwiGLU the smoothed product that is cast) and `kurtosis_resid/i` (the block output):
-mean(x^4) / mean(x^2)^2 over every element (3 for a Gaussian; normlab's choice of estimator:
-the raw fourth moment over all elements, no centring; FOG monitors kurtosis [2nd]).
+Per block, at the input of the down projection (the SwiGLU product; with Smooth-SwiGLU the
+smoothed product that is cast) and at the block output, the two estimators of
+launch/instruments/outlier_kurtosis.py (docs/SCIENCE.md 24, normlab's outlier kurtosis; FOG
+monitors kurtosis [2nd]):
+`kurtosis_swiglu/i`, `kurtosis_resid/i`, the element kurtosis mean(x^4) / mean(x^2)^2 over all
+entries, raw (3 for a zero-mean Gaussian), and `neuron_kurtosis_swiglu/i`,
+`neuron_kurtosis_resid/i`, He et al.'s neuron-norm kurtosis (1 when every neuron has the same
+RMS). The block-output pair equals instruments.kurtosis's `kurtosis/i`, `neuron_kurtosis/i`.
 
 Hooks exist only during log steps (armed at the end of the step before): other steps run none.
 The sums stay on the device until the trainer's one copy per log step.
@@ -35,7 +39,14 @@ from normlab.launch.config.instruments import checked_settings
 from normlab.launch.engines.fp8 import E4M3_MAX, float8_linears
 from normlab.launch.engines.recompute import recomputing
 from normlab.launch.instruments.common import block_key, is_log_step, unwrap
+from normlab.launch.instruments.outlier_kurtosis import (
+    moment_row,
+    outlier_hook,
+    report_outlier_kurtosis,
+)
 from normlab.launch.metric_keys import (
+    ELEMENT_KURTOSIS_RESID,
+    ELEMENT_KURTOSIS_SWIGLU,
     FP8_IN_AMAX,
     FP8_IN_OVER,
     FP8_IN_SCALE,
@@ -46,8 +57,8 @@ from normlab.launch.metric_keys import (
     FP8_W_OVER,
     FP8_W_SCALE,
     FP8_W_UNDER,
-    KURTOSIS_RESID,
-    KURTOSIS_SWIGLU,
+    NEURON_KURTOSIS_RESID,
+    NEURON_KURTOSIS_SWIGLU,
 )
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -55,7 +66,6 @@ from torch.utils.hooks import RemovableHandle
 # per layer: amax, scale (reduced by max and min), under count, over count, elements (summed)
 IN_AMAX, IN_SCALE, W_AMAX, W_SCALE = 0, 1, 2, 3
 IN_UNDER, IN_OVER, IN_N, W_UNDER, W_OVER, W_N = 0, 1, 2, 3, 4, 5
-KURTOSIS = (KURTOSIS_SWIGLU, KURTOSIS_RESID)
 
 
 @torch.no_grad()
@@ -98,6 +108,7 @@ class FP8Stats(Callback):
         checked_settings(self.name, settings)
         self._handles: list[RemovableHandle] = []
         self._layers: list[tuple[int, str, nn.Module]] = []
+        self._swiglu_blocks: list[int] = []  # the blocks whose down projection is hooked
 
     def on_train_start(self, trainer: TrainerView) -> None:
         model = unwrap(trainer.engine.model)
@@ -116,16 +127,20 @@ class FP8Stats(Callback):
         self._extreme = torch.zeros(n, 4, device=device, dtype=torch.float64)
         self._extreme[:, [IN_SCALE, W_SCALE]] = float("inf")
         self._counts = torch.zeros(n, 6, device=device, dtype=torch.float64)
-        self._moments = torch.zeros(len(KURTOSIS), len(model.blocks), 3, device=device).double()
+        down = getattr(model.blocks[0].mlp.branch, "down_proj", None)
+        d_ff = down.in_features if down is not None else 0
+        rows = [moment_row(w, device) for w in (d_ff, model.config.d_model)]
+        self._swiglu, self._resid = (torch.stack([r] * len(model.blocks)) for r in rows)
         for j, (_, _, layer) in enumerate(self._layers):
             self._handles.append(layer.register_forward_pre_hook(self._cast_hook(j)))
+        self._swiglu_blocks = []
         for i, block in enumerate(model.blocks):
             down = getattr(block.mlp.branch, "down_proj", None)
             if down is not None and hasattr(block.mlp.branch, "gate_proj"):  # SwiGLU
-                hook = self._moment_hook(self._moments[0, i], pre=True)
+                self._swiglu_blocks.append(i)
+                hook = outlier_hook(self._swiglu[i], pre=True)
                 self._handles.append(down.register_forward_pre_hook(hook))
-            hook = self._moment_hook(self._moments[1, i], pre=False)
-            self._handles.append(block.register_forward_hook(hook))
+            self._handles.append(block.register_forward_hook(outlier_hook(self._resid[i])))
 
     def _cast_hook(self, j: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         extreme, counts = self._extreme[j], self._counts[j]
@@ -149,20 +164,6 @@ class FP8Stats(Callback):
             counts.add_(torch.cat([xs[2:], ws[2:]]))
 
         return hook
-
-    @staticmethod
-    def _moment_hook(cell: torch.Tensor, pre: bool) -> Callable[..., None]:
-        """Add sum x^2, sum x^4 and the element count of the observed tensor into `cell`."""
-
-        def add(module: nn.Module, x: torch.Tensor) -> None:
-            if not module.training or recomputing():
-                return
-            x2 = x.detach().double().square()
-            cell.add_(torch.stack([x2.sum(), x2.square().sum(), x2.new_tensor(x2.numel())]))
-
-        if pre:
-            return lambda module, args: add(module, args[0])
-        return lambda module, args, out: add(module, out)
 
     def _disarm(self) -> None:
         for h in self._handles:
@@ -202,12 +203,12 @@ class FP8Stats(Callback):
             under = torch.stack([shares[FP8_IN_UNDER], shares[FP8_W_UNDER]])
             over = torch.stack([shares[FP8_IN_OVER], shares[FP8_W_OVER]])
             metrics[FP8_UNDER], metrics[FP8_OVER] = under.amax().float(), over.amax().float()
-        moments = engine.all_reduce(self._moments.clone(), "sum")
-        for k, kind in enumerate(KURTOSIS):
-            for i in range(moments.shape[1]):
-                s2, s4, n = moments[k, i]
-                if n > 0:
-                    metrics[block_key(kind, i)] = (s4 / n / (s2 / n).square()).float()
+        swiglu = engine.all_reduce(self._swiglu.clone(), "sum")
+        resid = engine.all_reduce(self._resid.clone(), "sum")
+        report_outlier_kurtosis(
+            metrics, swiglu, ELEMENT_KURTOSIS_SWIGLU, NEURON_KURTOSIS_SWIGLU, self._swiglu_blocks
+        )
+        report_outlier_kurtosis(metrics, resid, ELEMENT_KURTOSIS_RESID, NEURON_KURTOSIS_RESID)
 
     def on_train_end(self, trainer: TrainerView, status: str) -> None:
         self._disarm()

@@ -4,6 +4,7 @@ spike report card, write compare.md, compare.csv and the figures."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,15 @@ from rich.console import Console
 
 
 def compare(
-    run_dirs: list[str | Path],
+    run_dirs: Sequence[str | Path | Run],
     out: str | Path | None,
     console: Console | None = None,
     plateau: float | None = None,
 ) -> dict[str, Any]:
     """Read every run (all are checked before anything is written), then report. `plateau`:
     the data's unigram loss where the caller knows it (study, quickstart), drawn in loss.png.
+    A Run given in place of a directory is used as it is (a history from another trainer,
+    launch/histories).
 
     Returns {'rows': table rows, 'cards': spike report cards, 'files': paths written,
     'warnings': lines on runs that are not comparable, and the runs that did not train}."""
@@ -31,7 +34,7 @@ def compare(
         raise NotARunError("give at least one run directory")
     if out is not None:
         check_out_dir(Path(out))
-    runs: list[Run] = [load_run(p) for p in run_dirs]
+    runs: list[Run] = [p if isinstance(p, Run) else load_run(p) for p in run_dirs]
     rows = [summarize(run) for run in runs]
     console = console or Console(width=None if sys.stdout.isatty() else 240)
     print_table(rows, console)

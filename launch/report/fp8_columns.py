@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from normlab.launch.metric_keys import (
+    ELEMENT_KURTOSIS_RESID,
+    ELEMENT_KURTOSIS_SWIGLU,
     FP8_IN_AMAX,
     FP8_OVER,
     FP8_UNDER,
-    KURTOSIS_RESID,
-    KURTOSIS_SWIGLU,
 )
 from normlab.launch.rundir.runs import Run, last_logged
 
@@ -20,8 +20,8 @@ FP8_COLUMNS = {
     FP8_UNDER: ("FP8 underflow", ".2e"),
     FP8_OVER: ("FP8 >448", ".2e"),
     FP8_IN_AMAX: ("FP8 input amax", ".3g"),
-    KURTOSIS_SWIGLU: ("kurtosis SwiGLU", ".1f"),
-    KURTOSIS_RESID: ("kurtosis resid", ".1f"),
+    ELEMENT_KURTOSIS_SWIGLU: ("kurtosis SwiGLU", ".1f"),
+    ELEMENT_KURTOSIS_RESID: ("kurtosis resid", ".1f"),
 }
 
 

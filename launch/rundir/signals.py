@@ -124,13 +124,19 @@ class GracefulStop:
 
 
 BATCH_SCRIPT = "submit.sbatch"  # launch.cluster.script.SCRIPT_NAME (tests check they agree)
+# what `normlab launch` started this node with (--nnodes, --node-rank, --master-addr,
+# --master-port), for a resume command that runs as printed on a node of a multi-node job
+NODE_ARGS_ENV = "NORMLAB_LAUNCH_NODE_ARGS"
 
 
 def resume_command(run_dir: Path) -> str:
     """The command that resumes this run as it was started: `sbatch RUN/submit.sbatch` for a
     SLURM job of `normlab submit` (its script resumes the run on every node), `normlab train RUN`
-    for one process, `normlab launch RUN --nproc-per-node N [--nnodes M]` for ranks started by
-    torchrun. The run directory's config.yaml holds every override it was started with."""
+    for one process, `normlab launch RUN --nproc-per-node N` for ranks started by torchrun on
+    one node, and on several this node's `--nnodes M --node-rank R --master-addr A
+    --master-port P` (as `normlab launch` started it: NODE_ARGS_ENV), so the command runs as
+    printed on the node that printed it. The run directory's config.yaml holds every override
+    it was started with."""
     script = Path(run_dir) / BATCH_SCRIPT
     if os.environ.get("SLURM_JOB_ID") and script.is_file():
         return f"sbatch {shlex.quote(str(script))}"
@@ -140,8 +146,13 @@ def resume_command(run_dir: Path) -> str:
         return f"normlab train {run}"
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     nodes = max(1, world // max(local, 1))
-    more = f" --nnodes {nodes} (each node with its --node-rank)" if nodes > 1 else ""
-    return f"normlab launch {run} --nproc-per-node {local}{more}"
+    if nodes == 1:
+        return f"normlab launch {run} --nproc-per-node {local}"
+    node = os.environ.get(NODE_ARGS_ENV) or shlex.join([  # torchrun started by hand
+        "--nnodes", str(nodes), "--node-rank", os.environ.get("GROUP_RANK", "0"),
+        "--master-addr", os.environ.get("MASTER_ADDR", "127.0.0.1"),
+    ])  # fmt: skip
+    return f"normlab launch {run} --nproc-per-node {local} {node}"
 
 
 def stop_message(signum: int, step: int, total: int, checkpoint: Path | None, resume: str) -> str:
@@ -150,6 +161,8 @@ def stop_message(signum: int, step: int, total: int, checkpoint: Path | None, re
     name = signal.Signals(signum).name
     requeued = signum == signal.SIGUSR1 and resume.startswith("sbatch ")
     how = f"resume with `{resume}`" + (" if the job is not requeued" if requeued else "")
+    if " --node-rank " in resume:
+        how += " on this node (every other node: the same with its own --node-rank)"
     return (
         f"{stop_status(signum)} by {name} after step {step}/{total}; checkpoint {checkpoint}; {how}"
     )

@@ -287,10 +287,19 @@ def benjamini_hochberg(pvalues: np.ndarray, q: float = ALPHA) -> np.ndarray:
 
 
 def search_seeds(power: Callable[[int], float], target: float, floor: int) -> int | None:
-    for n in range(max(2, floor), MAX_SEEDS + 1):
-        if power(n) >= target:
-            return n
-    return None
+    """The smallest n in [max(2, floor), MAX_SEEDS] with power(n) >= target (None: none), for a
+    power that grows with n (every power here does): doubling steps, then bisection, so about
+    2 log2(n) evaluations instead of n (a family of thousands of claims needs it)."""
+    low = max(2, floor) - 1  # power(low) < target, or low below the range
+    high, step = low + 1, 1
+    while power(high) < target:
+        if high >= MAX_SEEDS:
+            return None
+        low, high, step = high, min(MAX_SEEDS, high + step), 2 * step
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if power(mid) >= target else (mid, high)
+    return high
 
 
 def seeds_for_effect(d: float, alpha: float, sided: int = 2, target: float = POWER) -> int | None:

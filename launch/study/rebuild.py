@@ -87,7 +87,7 @@ def rebuild(
         raise ConfigError(f"--report-only: no run of study {spec.name} is in {out}/{source}")
     start = time.perf_counter()
     decided = decide_study(
-        rows, spec.claims_to_decide(), plateau, spec.protocol["margin"], aa, source
+        rows, spec.claims_to_decide(), plateau, spec.protocol["margin"], aa, source, spec.looks
     )
     seconds = time.perf_counter() - start
     decided.notes += notes
@@ -126,7 +126,7 @@ def rebuild(
             from normlab.launch.study.report import protocol_section
 
             margin, target = spec.protocol["margin"], spec.protocol.get("ladder_target")
-            protocol = protocol_section(curves, margin, out, target, stale=stale)
+            protocol = protocol_section(curves, margin, out, target, spec.looks, stale=stale)
             sections = with_section(sections, protocol, before=None)
         fp8 = Section(FP8, fp8_section(planned, out / "compare.csv"))
         sections = with_section(sections, fp8, before=(VERDICTS, FOOTER))

@@ -71,6 +71,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from normlab.launch.lr_sensitivity.curves import Curve
+    from normlab.launch.stats.group_sequential import Plan
     from normlab.launch.study.plan import Planned
     from normlab.launch.study.spec import StudySpec
 
@@ -261,6 +262,7 @@ def protocol_section(
     margin: float,
     out: Path,
     ladder_target: float | None,
+    looks: Plan | None = None,
     left_out: list[str] | None = None,
     stale: str = "",
 ) -> Section:
@@ -273,7 +275,7 @@ def protocol_section(
     if stale:
         at = lines.index(LOGITS_FIGURE) + 1
         lines[at:at] = ["", f"*{stale}.*"]
-    return Section(PROTOCOL, lines + write_ladder(curves, out, ladder_target))
+    return Section(PROTOCOL, lines + write_ladder(curves, out, ladder_target, looks))
 
 
 def print_verdicts(
@@ -362,7 +364,9 @@ def write_study_report(
     if claims:
         assert plateau is not None
         start = time.perf_counter()
-        decided = decide_study(rows, claims, plateau, spec.protocol["margin"], source=RESULTS_CSV)
+        decided = decide_study(
+            rows, claims, plateau, spec.protocol["margin"], source=RESULTS_CSV, plan=spec.looks
+        )
         seconds = time.perf_counter() - start
         write_verdicts(decided, out)
         section = verdict_section(decided)
@@ -379,7 +383,12 @@ def write_study_report(
         write_lr_plots(curves, out)
         print_sensitivity(curves, console, left_out)
         protocol = protocol_section(
-            curves, spec.protocol["margin"], out, spec.protocol.get("ladder_target"), left_out
+            curves,
+            spec.protocol["margin"],
+            out,
+            spec.protocol.get("ladder_target"),
+            spec.looks,
+            left_out,
         )
     if len({r["size"] for r in rows}) == 1:
         write_study_plots(runs, out, plateau)

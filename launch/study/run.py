@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from normlab.launch.progress import Stages
 from normlab.launch.study.plan import (
     plan,
     spec_from_flags,
@@ -27,8 +28,10 @@ def run_spec(
     console: Console | None = None,
     jobs: int | None = None,
     window: int | None = None,
+    resume: str | None = None,
 ) -> dict[str, Any]:
-    """Train every run (`jobs` at a time), then report.
+    """Train every run (`jobs` at a time), then report. `resume`: the command that goes on with
+    the study, printed when a signal stops it.
 
     Returns {'runs', 'total_s', 'stopped', 'rows', 'files', 'verdicts', 'curves'}; a study
     stopped by a signal returns the first three and 'signal' (no report over unfinished runs)."""
@@ -41,13 +44,19 @@ def run_spec(
     write_plan(spec, planned, out)
     cfgs = [p.cfg for p in planned]
     start = time.perf_counter()
-    timings = train_all(cfgs, console, jobs)
+    # plain lines only: each run shows its own bar on a terminal (one live display at a time)
+    stages = Stages("study", live=False)
+    with stages.stage(f"training {len(cfgs)} runs", len(cfgs)) as tick:
+        timings = train_all(cfgs, console, jobs)
+        tick(len(timings))
     total = round(time.perf_counter() - start, 1)
     if len(timings) < len(cfgs) or any(t["signal"] for t in timings):
+        again = f"resume with `{resume}`" if resume else "run the same command again to go on"
         console.print(
-            f"study stopped after {len(timings)} of {len(cfgs)} runs (a signal); run the same "
-            "command again to go on: finished runs are reused, stopped ones resume",
+            f"study stopped after {len(timings)} of {len(cfgs)} runs (a signal); {again}: "
+            "finished runs are reused, stopped ones resume",
             highlight=False,
+            soft_wrap=True,  # one line: the command stays whole
         )
         # the signal that stopped it (as `launch` exits 128 + it); none recorded: the study
         # process itself was interrupted between runs (Ctrl-C)
@@ -58,7 +67,9 @@ def run_spec(
     record = with_earlier_time(out / "study.json", spec.name, total, timings, warn)
     (out / "study.json").write_text(json.dumps({**record, "jobs": jobs, "runs": timings}, indent=2))
     wall, times = record["wall_s"], record["invocations"]
-    found = report_runs(spec, planned, out, console, plateau, wall, jobs, times, total)
+    with stages.stage("report: tables, figures, verdicts") as tick:
+        found = report_runs(spec, planned, out, console, plateau, wall, jobs, times, total)
+        tick()
     report = found.pop("compare")
     earlier = f" ({wall:.0f} s over {times} invocations)" if times > 1 else ""
     console.print(

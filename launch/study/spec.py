@@ -18,12 +18,19 @@
     claims:                             # decided by SCIENCE.md 22 (launch.verdicts.decide)
       - {name: "z-loss lowers LR sensitivity", a: pre_zloss, b: pre,
          statistic: lr_sensitivity, expect: a_lower}
+    looks: {spending: pocock, seeds: [3, 8]}   # optional: a plan of looks (SCIENCE.md 22.8)
 
 A claim names two recipe labels, a statistic (loss_at_best_lr, lr_sensitivity, trained_range),
 what it expects (a_lower, b_lower, equivalent, any) and optionally a size; a claim whose recipes
 were not run is "not tested". Without `claims:` a study with protocol.claims true decides the
 seed articles' claims (recipes/studies/articles.yaml). A recipe entry may carry its own
 `seeds:` (an A/A study: one recipe under two names with disjoint seeds).
+
+`looks:` pre-registers the verdicts' group-sequential plan (launch.stats.group_sequential): the
+Lan-DeMets spending function (obrien_fleming or pocock) and the seeds per arm at each look, the
+last being the most the study runs; `registered: false` records, honestly, a plan written down
+after seeds were added. Each verdict then uses the nominal level of the look its seeds are at,
+and says so when its seeds are not a planned look or lie past the plan.
 
 Files live in recipes/studies/; a bare name finds them there. Unknown keys and impossible grids
 are a ConfigError (one line naming the key and what is allowed); a dotted recipe key under
@@ -52,6 +59,7 @@ from normlab.launch.config.loader import (
     type_hints,
 )
 from normlab.launch.errors import ConfigError
+from normlab.launch.stats.group_sequential import Plan, plan_from_data
 
 STUDIES_DIR = RECIPES_DIR / "studies"
 LR = "optim.lr"
@@ -69,6 +77,7 @@ KEYS = [
     "spike_window",
     "protocol",
     "claims",
+    "looks",
 ]
 RECIPE_KEYS = ["recipe", "name", "set", "seeds"]
 ARTICLES = "articles"  # the study file whose claims are the seed articles' (the default claims)
@@ -106,6 +115,7 @@ class StudySpec:
     description: str = ""
     path: Path | None = None
     claims: list[Any] | None = None  # verdicts.Claim; None: the seed articles' (when deciding)
+    looks: Plan | None = None  # the plan of looks the verdicts decide under (SCIENCE.md 22.8)
 
     def claims_to_decide(self) -> list[Any]:
         """The claims the report decides: the file's, else the seed articles' (protocol.claims),
@@ -193,6 +203,7 @@ def load_study(name: str) -> StudySpec:
         protocol=protocol,
         path=path,
         claims=_claims(data, protocol, where),
+        looks=None if data.get("looks") is None else plan_from_data(data["looks"], where),
     )
     check_spec(spec, where)
     return spec
@@ -240,6 +251,13 @@ def check_spec(spec: StudySpec, where: str = "") -> None:
             f"{where}the LR-sensitivity protocol needs grid.{LR} with at least 2 learning rates "
             "(or protocol.lr_sensitivity: false)"
         )
+    if spec.looks is not None:
+        most = max(len(r.seeds or spec.seeds) for r in spec.recipes)
+        if most > spec.looks.seeds[-1]:
+            raise ConfigError(
+                f"{where}looks.seeds ends at {spec.looks.seeds[-1]} seeds per arm but a recipe "
+                f"runs {most}: the plan's last look is the most seeds the study runs"
+            )
     labels = [r.label for r in spec.recipes]
     twice = sorted({x for x in labels if labels.count(x) > 1})
     if twice:

@@ -31,10 +31,11 @@ from normlab.launch.metric_keys import ACT_GROWTH, MAX_LOGIT
 from normlab.launch.report.compare_csv import read_compare
 from normlab.launch.verdicts.aa_simulation import B_DEFAULT
 from normlab.launch.verdicts.decide import NOT_TESTED
-from normlab.launch.verdicts.report import SHOWN, Decided, aa_line, decide_table
+from normlab.launch.verdicts.report import SHOWN, Decided, aa_line, decide_table, shown
 from normlab.launch.verdicts.results_table import FRACTIONS, METRICS, NO_SIZE, Run
 
 if TYPE_CHECKING:
+    from normlab.launch.stats.group_sequential import Plan
     from normlab.launch.study.plan import Planned
     from rich.console import Console
 
@@ -102,9 +103,11 @@ def decide_study(
     margin: float,
     aa: int | None = B_DEFAULT,
     source: str = "the study's runs",
+    plan: Plan | None = None,
 ) -> Decided:
-    """The claims' verdicts on the study's rows, rank flips and the A/A self-test (aa: B)."""
-    return decide_table(results_of(rows), claims, plateau, None, margin, aa, source)
+    """The claims' verdicts on the study's rows, rank flips and the A/A self-test (aa: B);
+    `plan`: the study file's `looks:` (launch.stats.group_sequential.Plan)."""
+    return decide_table(results_of(rows), claims, plateau, None, margin, aa, source, plan=plan)
 
 
 def _claim_name(v: Any) -> str:
@@ -124,7 +127,7 @@ def verdict_rows(decided: Decided) -> list[list[str]]:
             interval = f"[{_num(lo)}, {_num(hi)}]"
             level = f"{v.level:.3g}"
         need = str(v.seeds_needed) if v.seeds_needed is not None else "-"
-        verdict = SHOWN[v.verdict] + (f" ({v.note})" if v.note else "")
+        verdict = shown(v) + (f" ({v.note})" if v.note else "")
         expect = "any" if v.expect == "any" else f"{SHOWN[v.expect]} ({v.agrees})"
         out.append(
             [

@@ -27,6 +27,7 @@ from normlab.launch.transfer.transfer_verdict import (
 
 if TYPE_CHECKING:
     from normlab.launch.lr_sensitivity.curves import Curve
+    from normlab.launch.stats.group_sequential import Plan
 
 LABELS = {
     "best_loss": "best loss",
@@ -67,8 +68,11 @@ def rungs_by_recipe(curves: list[Curve]) -> dict[str, list[Rung]]:
     return {r: v for r, v in out.items() if len({x.size for x in v}) >= 2}
 
 
-def write_ladder(curves: list[Curve], out: Path, target: float | None) -> list[str]:
-    """ladder.csv and ladder.png for every recipe with 2+ sizes; the study.md lines ([] none)."""
+def write_ladder(
+    curves: list[Curve], out: Path, target: float | None, plan: Plan | None = None
+) -> list[str]:
+    """ladder.csv and ladder.png for every recipe with 2+ sizes; the study.md lines ([] none);
+    `plan`: the study's plan of looks, which the transfer verdict decides under."""
     ladders = rungs_by_recipe(curves)
     if not ladders:
         return []
@@ -113,9 +117,9 @@ def write_ladder(curves: list[Curve], out: Path, target: float | None) -> list[s
             )
     if target is not None:
         lines.append(f"Forecasts at size {target:g}: the `forecast*` columns of ladder.csv.")
-    verdicts = decide_transfer(ladders)
+    verdicts = decide_transfer(ladders, plan=plan)
     write_transfer_csv(verdicts, out / "transfer.csv")
-    return [*lines, *transfer_lines(verdicts)]
+    return [*lines, *transfer_lines(verdicts, plan)]
 
 
 def plot_ladder(fitted: dict, path: Path) -> Path:

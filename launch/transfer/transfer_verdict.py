@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from normlab.launch.stats import group_sequential as gs
 from normlab.launch.stats import statistics as st
 from normlab.launch.transfer.ladder import Rung, best_lrs
 from normlab.launch.verdicts import family as vc
@@ -156,9 +157,13 @@ def one_sample_seeds(mean: float, sd: float, margin: float, alpha: float) -> int
 
 
 def decide_transfer(
-    ladders: dict[str, list[Rung]], margin: float = MARGIN, alpha: float = st.ALPHA
+    ladders: dict[str, list[Rung]],
+    margin: float = MARGIN,
+    alpha: float = st.ALPHA,
+    plan: gs.Plan | None = None,
 ) -> list[TransferVerdict]:
-    """One verdict per recipe with 2+ rungs, Holm over those with >= 2 seeds at both ends."""
+    """One verdict per recipe with 2+ rungs, Holm over those with >= 2 seeds at both ends;
+    `plan`: the study's plan of looks (SCIENCE.md 22.8), each recipe at the look of its seeds."""
     out: list[TransferVerdict] = []
     for recipe, rungs in ladders.items():
         rungs = sorted(rungs, key=lambda r: r.size)
@@ -189,7 +194,8 @@ def decide_transfer(
         se = v.sd / math.sqrt(len(d))
         tests.append(st.Welch(np.asarray(v.mean), np.asarray(se), np.asarray(len(d) - 1.0)))
     p3 = np.stack([st.margin_pvalues(w.p_below, w.p_above, margin) for w in tests])
-    codes, levels = vc.decide_family(p3, alpha)
+    looks = None if plan is None else [gs.look_at(plan, len(v.shifts)) for v in tested]
+    codes, levels = vc.decide_family(p3, alpha, looks)
     for v, w, code, level, p in zip(tested, tests, codes, levels, p3, strict=True):
         v.verdict = _BY_CODE[int(code)]
         v.level, v.p = float(level), float(p.min())
@@ -204,13 +210,18 @@ def decide_transfer(
         elif any(v.bounds):
             v.note = f"best lr at the grid's edge ({'; '.join(v.edges)}): the verdict holds"
         elif v.verdict == INCONCLUSIVE:
-            need = one_sample_seeds(v.mean, v.sd, margin, v.level)
+            need = one_sample_seeds(v.mean, v.sd, margin, v.level) if v.level > 0 else None
             v.seeds_needed = None if need is None else max(need, len(v.shifts) + 1)
             v.note = (
                 f"needs {v.seeds_needed} seeds for 80% power at the observed shift and spread"
                 if v.seeds_needed is not None
                 else "no seed count decides it at the observed shift (|D| at the margin)"
             )
+    for v, look in zip(tested, looks or [], strict=False):
+        more = look.undecided() if v.verdict == INCONCLUSIVE else ""
+        if not look.fractions:  # past the plan: no level, so no seed count either
+            v.note, v.seeds_needed = "", None
+        v.note = "; ".join(x for x in (v.note, look.note, more) if x)
     return out
 
 
@@ -237,8 +248,8 @@ def write_transfer_csv(verdicts: list[TransferVerdict], path: Path) -> Path:
     return path
 
 
-def transfer_lines(verdicts: list[TransferVerdict]) -> list[str]:
-    """study.md's section: one row per recipe."""
+def transfer_lines(verdicts: list[TransferVerdict], plan: gs.Plan | None = None) -> list[str]:
+    """study.md's section: one row per recipe (and the plan of looks the levels come from)."""
     lines = [
         "",
         "## Does the best learning rate transfer? (SCIENCE.md 21.6 decided by 22)",
@@ -247,7 +258,13 @@ def transfer_lines(verdicts: list[TransferVerdict]) -> list[str]:
         "on that seed's own curve; the one-sample t interval at the Holm level over the recipes; "
         f"margin {MARGIN:g} octave (transfer.csv). A seed whose best lr sits at the grid's first "
         "or last rate gives only a bound on D_s: a verdict stands only if every bound points its "
-        "way.",
+        "way."
+        + (
+            f" Looks: {plan.describe()}; each level is the nominal level of its recipe's look "
+            "(SCIENCE.md 22.8)."
+            if plan is not None
+            else ""
+        ),
         "",
         "| recipe | sizes | D per seed | mean D [interval] | level | verdict |",
         "|---|---|---|---|---|---|",

@@ -10,8 +10,8 @@ the share of replicates with any directional verdict; it passes when FPR <= alph
 SD (independent per grid point), so that a pass is not owed to the residuals' shape.
 
 Power: a synthetic curve, A and B = A + (margin + 3 seed-SDs) with Gaussian seed noise; at the
-seed count the calculator names (minimum-effect test at alpha / K, K the claims in the family)
-the pipeline must find "A lower" for claim (a) in >= 80 % of replicates.
+seed count the calculator names for claim (a) (launch.verdicts.power, simulated at alpha / K, K
+the claims in the family) the pipeline must find "A lower" in >= 80 % of replicates.
 
 All B replicates run as one batch of numpy arrays: seconds for a whole study at B = 2000.
 """
@@ -157,14 +157,17 @@ def power_check(
     seed: int = 0,
 ) -> PowerResult:
     """A true difference of margin + effect_sds * sd on a peaked curve (1 nat per grid step away
-    from the optimum, so the selection is right): the share found 'A lower' at the calculator's
-    n for the minimum-effect test at alpha / K."""
+    from the optimum, so the selection is right): the share found 'A lower' at the n the
+    calculator names for claim (a) at alpha / K (launch.verdicts.power, told this world)."""
+    from normlab.launch.verdicts.power import ArmModel, seeds_for_models
+
     k = len(statistics_for(plateau))
     delta = loss_margin + effect_sds * sd
-    n = st.seeds_needed(-delta, sd, loss_margin, alpha / k)
+    mu = 4.0 + np.abs(np.arange(grid) - grid // 2).astype(float)
+    arm = ArmModel.stated(sd, mu)
+    n = seeds_for_models([(arm, arm)], -delta, loss_margin, alpha / k)
     assert n is not None
     rng = np.random.default_rng(seed)
-    mu = 4.0 + np.abs(np.arange(grid) - grid // 2).astype(float)
     xa = mu + rng.normal(0.0, sd, size=(replicates, n, grid))
     xb = mu + delta + rng.normal(0.0, sd, size=(replicates, n, grid))
     p3 = np.stack(

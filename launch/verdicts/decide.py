@@ -4,8 +4,10 @@ The family: for every (recipe pair, size) three claims, or the claims a file sta
 (a) loss at each recipe's own best LR, leave-one-seed-out cross-fitted (Welch with each arm's
 jackknife variance of the cross-fitted mean, docs/SCIENCE.md 22; the naive min_eta mean is
 reported beside it, and the exact permutation test that redoes the selection in every relabelling
-wherever its floor reaches the level), (b) LR sensitivity per seed S_R(s) (Welch), (c) trained LR
-range per seed W_R(s) (needs the plateau; the exact permutation test is its only test).
+wherever its floor reaches the level; beyond statistics.EXACT_LIMIT relabellings a sequential
+Monte-Carlo p with its MC error, skipped where Welch decides: launch.verdicts.permutation_mc),
+(b) LR sensitivity per seed S_R(s) (Welch), (c) trained LR range per seed W_R(s) (needs the
+plateau; the exact permutation test is its only test).
 Per-seed statistics: launch.verdicts.family. **A diverged, failed or stopped run counts as l_0, the
 initial loss, for every statistic** (and so does a non-finite final loss); an unknown l_0 that a
 run needs makes the claim undecidable (a note), never an exception.
@@ -15,7 +17,10 @@ known where needed, the plateau for (c)); the others are 'inconclusive' with the
 >= 2 seeds") or 'not_tested' (recipes not run, no plateau). Nothing is decided from one seed.
 Where the permutation floor 1/C(n_a+n_b, n_a) exceeds the claim's level the verdict says
 "verdict impossible at n = k: needs n >= ...". Every verdict carries its means, delta, interval,
-level, p, rule, test and the seeds per arm for 80 % power at the observed spread (22.5).
+level, p, rule, test and the seeds per arm for 80 % power at the observed spread (22.5): for (a)
+simulated through the test itself (launch.verdicts.power), for (b) and (c) the noncentral t.
+A decided verdict carries what it means (Verdict.meaning: lower by more than the margin, or
+within it); an inconclusive one says the seed-runs it needs next (needs_next).
 """
 
 from __future__ import annotations
@@ -27,8 +32,18 @@ from pathlib import Path
 
 import numpy as np
 from normlab.launch.errors import ConfigError
+from normlab.launch.progress import Stages
+from normlab.launch.stats import group_sequential as gs
 from normlab.launch.stats import statistics as st
+from normlab.launch.stats.permutation_counts import integer_interval, integer_valued
 from normlab.launch.verdicts import family as vc
+from normlab.launch.verdicts.permutation_mc import exact_in_reach, mc_min_p, skipped_note
+from normlab.launch.verdicts.power import (
+    MAX_SIMULATED,
+    ArmModel,
+    seeds_for_cells,
+    seeds_for_models,
+)
 from normlab.launch.verdicts.results_table import Cell
 
 EXPECTS = (st.A_LOWER, st.B_LOWER, st.EQUIVALENT, "any")
@@ -78,6 +93,8 @@ class Verdict:
     sd: float = math.nan
     seeds_needed: int | None = None
     p_permutation: float | None = None
+    p_permutation_se: float | None = None  # its Monte-Carlo SE where it was resampled
+    permutation_note: str = ""  # how p_permutation was found where not exactly (or why not)
     naive_a: float | None = None  # (a) only: min_eta mean loss, in-sample
     naive_b: float | None = None
     best_lr_a: float | None = None  # (a) only: argmin of the all-seed mean
@@ -86,6 +103,19 @@ class Verdict:
     note: str = ""
     pick_a: list[int] = field(default_factory=list)  # (a): cross-fitted lr index per seed
     pick_b: list[int] = field(default_factory=list)
+
+    @property
+    def meaning(self) -> str:
+        """What a decided verdict says, with its margin ('' when undecided): a directional one
+        means lower by more than the margin, not merely lower."""
+        unit = "grid steps" if self.statistic == vc.RANGE else "nats"
+        lower = {st.A_LOWER: (self.a, self.b), st.B_LOWER: (self.b, self.a)}
+        if self.verdict in lower:
+            low, high = lower[self.verdict]
+            return f"{low} lower than {high} by more than {self.margin:g} {unit}"
+        if self.verdict == st.EQUIVALENT:
+            return f"{self.a} and {self.b} within ±{self.margin:g} {unit}"
+        return ""
 
     @property
     def agrees(self) -> str:
@@ -194,8 +224,12 @@ def decide(
     plateau: float | None = None,
     loss_margin: float = vc.LOSS_MARGIN,
     alpha: float = st.ALPHA,
+    plan: gs.Plan | None = None,
+    stages: Stages | None = None,
 ) -> list[Verdict]:
-    """Every claim's verdict (claims None: the default family), Holm over the testable ones."""
+    """Every claim's verdict (claims None: the default family), Holm over the testable ones;
+    `plan`: the study's plan of looks (SCIENCE.md 22.8), each claim at the look of its seeds;
+    `stages`: where the command shows its progress (launch.progress)."""
     verdicts = _expand(claims if claims is not None else default_claims(cells), cells)
     tested: list[tuple[Verdict, Cell, Cell]] = []
     for v in verdicts:
@@ -210,13 +244,27 @@ def decide(
         tested.append((v, ca, cb))
     if not tested:
         return verdicts
-    p3 = np.stack(
-        [vc.claim_p3(v.statistic, ca.loss, cb.loss, plateau, loss_margin) for v, ca, cb in tested]
-    )
-    codes, levels = vc.decide_family(p3, alpha)
-    for (v, ca, cb), code, level, p in zip(tested, codes, levels, p3, strict=True):
-        v.verdict = st.OUTCOMES[int(code)]  # before _fill: "needs k seeds" only when undecided
-        _fill(v, ca, cb, plateau, loss_margin, float(level), p)
+    shown = stages or Stages("verdicts", live=False, quiet=True)
+    rows = []
+    with shown.stage("testing claims", len(tested)) as tick:
+        for v, ca, cb in tested:
+            rows.append(vc.claim_p3(v.statistic, ca.loss, cb.loss, plateau, loss_margin))
+            tick()
+    p3 = np.stack(rows)
+    looks = None if plan is None else [gs.look_at(plan, ca.n, cb.n) for _, ca, cb in tested]
+    codes, levels = vc.decide_family(p3, alpha, looks)
+    with shown.stage("intervals, permutation p, seeds needed", len(tested)) as tick:
+        for i, ((v, ca, cb), code, level, p) in enumerate(
+            zip(tested, codes, levels, p3, strict=True)
+        ):
+            v.verdict = st.OUTCOMES[int(code)]  # before _fill: "needs k seeds" only when undecided
+            _fill(v, ca, cb, plateau, loss_margin, float(level), p)
+            if looks is not None:
+                v.rule = v.rule.replace("): ", f"; {looks[i].words()}): ", 1)
+                more = looks[i].undecided() if v.verdict == st.INCONCLUSIVE else ""
+                own = v.note if looks[i].fractions else ""  # past the plan: no seed count
+                v.note = "; ".join(x for x in (own, looks[i].note, more) if x)
+            tick()
     return verdicts
 
 
@@ -247,7 +295,11 @@ def _fill(
     reachable = floor <= level + st.TOL
     if v.statistic == vc.RANGE:
         v.test = "exact permutation (Fisher-Pitman)"
-        v.interval = st.permutation_interval(a, b, level)
+        v.interval = (
+            integer_interval(a, b, level)
+            if not exact_in_reach(len(a), len(b)) and integer_valued(np.concatenate([a, b]))
+            else st.permutation_interval(a, b, level)
+        )
         v.p_permutation = v.p
         if not reachable:
             need = st.permutation_floor_n(level)
@@ -259,8 +311,15 @@ def _fill(
         lo, hi = w.interval(level)
         v.interval = (float(lo), float(hi))
         if reachable and (v.statistic != vc.LOSS or ca.lrs == cb.lrs):
-            v.p_permutation = _permutation_min_p(v.statistic, ca.loss, cb.loss, a, b, m)
-    v.seeds_needed = st.seeds_needed(v.delta, v.sd, m, level, permutation=v.statistic == vc.RANGE)
+            _side_permutation(v, ca.loss, cb.loss, a, b, m)
+    if not level > 0:  # past a plan's last look (group_sequential): no level, no seed count
+        v.seeds_needed = None
+    elif v.statistic == vc.LOSS:  # simulated: cross-fitting, the jackknife Welch, this level
+        v.seeds_needed = seeds_for_cells(ca, cb, v.delta, m, level)
+    else:
+        v.seeds_needed = st.seeds_needed(
+            v.delta, v.sd, m, level, permutation=v.statistic == vc.RANGE
+        )
     if v.verdict == st.INCONCLUSIVE and v.seeds_needed is not None:
         # the calculator's pooled-SD power (df 2n - 2) can name the seeds already run when the
         # arms' spreads differ (the test's Welch df is then near n - 1): never "needs" <= n
@@ -276,8 +335,49 @@ def _fill(
         v.best_lr_b = cb.lrs[int(np.argmin(cb.loss.mean(axis=0)))]
         v.pick_a = [int(i) for i in vc.cross_fitted(ca.loss)[1]]
         v.pick_b = [int(i) for i in vc.cross_fitted(cb.loss)[1]]
-    if v.verdict == st.INCONCLUSIVE and not v.note and v.seeds_needed is not None:
-        v.note = f"needs {v.seeds_needed} seeds per arm for 80% power at the observed spread"
+    if v.verdict == st.INCONCLUSIVE and not v.note:
+        v.note = needs_next(v, ca.lrs, cb.lrs)
+
+
+def needs_next(v: Verdict, lrs_a: tuple[float, ...], lrs_b: tuple[float, ...]) -> str:
+    """What an inconclusive claim needs next: the seeds per arm for 80 % power at the observed
+    difference and spread, and the seed-runs to add (each over its recipe's whole lr grid: the
+    replication unit is a seed-run, and claim (a)'s selection needs every lr)."""
+    how = " (simulated)" if v.statistic == vc.LOSS else ""
+    if v.seeds_needed is None:
+        most = MAX_SIMULATED if v.statistic == vc.LOSS else st.MAX_SEEDS
+        return (
+            f"more than {most} seeds per arm for 80% power{how} at the observed difference "
+            "and spread: adding seeds alone is unlikely to decide it"
+        )
+    k = v.seeds_needed
+    grid = (
+        f"lr {_lrs(lrs_a)}"
+        if lrs_a == lrs_b
+        else f"lr {_lrs(lrs_a)} for {v.a}, {_lrs(lrs_b)} for {v.b}"
+    )
+    return (
+        f"needs {k} seeds per arm for 80% power{how} at the observed difference and spread: "
+        f"{k - v.n_a} more seed-runs of {v.a} and {k - v.n_b} of {v.b}, each at every {grid}"
+    )
+
+
+def _lrs(lrs: tuple[float, ...]) -> str:
+    return ", ".join(f"{lr:g}" for lr in lrs)
+
+
+def _side_permutation(
+    v: Verdict, xa: np.ndarray, xb: np.ndarray, a: np.ndarray, b: np.ndarray, margin: float
+) -> None:
+    """The permutation p beside Welch: exact where every relabelling is enumerated; beyond,
+    skipped where Welch decides the claim, else a sequential Monte-Carlo p with its MC SE."""
+    if exact_in_reach(len(a), len(b)):
+        v.p_permutation = _permutation_min_p(v.statistic, xa, xb, a, b, margin)
+    elif v.verdict != st.INCONCLUSIVE:
+        v.permutation_note = skipped_note(len(a), len(b))
+    else:
+        mc = mc_min_p(v.statistic, xa, xb, margin)
+        v.p_permutation, v.p_permutation_se, v.permutation_note = mc.p, mc.se, mc.text()
 
 
 def _permutation_min_p(
@@ -321,17 +421,33 @@ def seeds_plan(
     family_size: int = 3,
     loss_margin: float = vc.LOSS_MARGIN,
     alpha: float = st.ALPHA,
+    pilot: Cell | None = None,
 ) -> tuple[int | None, str]:
     """Seeds per arm to plan a claim before it runs: 80 % power for a true difference `delta` at
     between-seed SD `sd` (stated, or pilot_sd of a pilot study), at the smallest Holm level of a
-    family of `family_size` claims, alpha / family_size (22.5)."""
+    family of `family_size` claims, alpha / family_size (22.5). Claim (a) is simulated
+    (launch.verdicts.power): on the pilot cell's curve and spread for both arms when one is
+    given, else on a one-point grid at the stated SD (no lr selection to simulate)."""
     margin = vc.margin_of(statistic, loss_margin)
     level = alpha / family_size
-    n = st.seeds_needed(delta, sd, margin, level, permutation=statistic == vc.RANGE)
+    how = ""
+    if statistic == vc.LOSS:
+        if pilot is not None:
+            n = seeds_for_cells(pilot, pilot, -delta, margin, level)
+            how = ", simulated on the pilot's curve and spread"
+        else:
+            arm = ArmModel.stated(sd)
+            n = seeds_for_models([(arm, arm)], -delta, margin, level)
+            how = ", simulated without lr selection"
+        most = MAX_SIMULATED
+    else:
+        n = st.seeds_needed(delta, sd, margin, level, permutation=statistic == vc.RANGE)
+        most = st.MAX_SEEDS
     unit = "grid-step" if statistic == vc.RANGE else "nat"
     at = (
-        f"at a {margin:g}-{unit} margin (SD {sd:.3g}, true difference {delta:g}, level {level:.3g})"
+        f"at a {margin:g}-{unit} margin (SD {sd:.3g}, true difference {delta:g}, level "
+        f"{level:.3g}{how})"
     )
     if n is None:
-        return None, f"this claim cannot reach 80% power with <= {st.MAX_SEEDS} seeds per arm {at}"
+        return None, f"this claim cannot reach 80% power with <= {most} seeds per arm {at}"
     return n, f"this claim needs {n} seeds per arm {at}"

@@ -60,7 +60,7 @@ def render(study_dir: Path) -> list[str]:
         if v["verdict"] == "inconclusive" and v.get("note"):
             verdict += f" ({seeds}; {v['note'].split(' for 80%')[0]})"
         elif v["verdict"] != "not_tested":
-            verdict += f" ({seeds})"
+            verdict += f" ({seeds}; {v['meaning']})" if v.get("meaning") else f" ({seeds})"
         else:
             verdict += f" ({v.get('note') or 'not run'})"
         expect = SHOWN.get(v["expect"], v["expect"])

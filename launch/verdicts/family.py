@@ -19,10 +19,12 @@ row rejects, and that row is the verdict (statistics.outcome_from_p).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
+from normlab.launch.stats import group_sequential as gs
 from normlab.launch.stats import statistics as st
-from normlab.launch.stats.permutation_counts import integer_tails, integer_valued
+from normlab.launch.stats.permutation_counts import cumulative_tails, integer_tails, integer_valued
 from normlab.launch.stats.separation import TRAINED_MARGIN
 
 LOSS, SENS, RANGE = "loss_at_best_lr", "lr_sensitivity", "trained_range"
@@ -56,11 +58,27 @@ def cross_fitted(x: np.ndarray, units: np.ndarray | None = None) -> tuple[np.nda
     return y, pick
 
 
+_JACKKNIFED: dict[tuple[tuple[int, ...], bytes], np.ndarray] = {}  # one arm's, by its values
+JACKKNIFE_CACHE = 512
+
+
 def jackknife_var(x: np.ndarray, units: np.ndarray | None = None) -> np.ndarray:
     """Delete-one-seed jackknife variance of the arm's cross-fitted mean (n >= 3): each replicate
     redoes the whole cross-fitting on the n - 1 remaining seeds. It counts the selection noise
     that the seeds share (their y values are positively correlated, so var(y) / n is too small:
-    docs/SCIENCE.md, verdict statistics)."""
+    docs/SCIENCE.md, verdict statistics). One arm's (a cell's curves, no units) is remembered by
+    its values: a family of every pair asks for each cell's once per claim it is in."""
+    if units is None and x.ndim == 2:
+        key = (x.shape, np.ascontiguousarray(x, dtype=float).tobytes())
+        if key not in _JACKKNIFED:
+            if len(_JACKKNIFED) >= JACKKNIFE_CACHE:
+                _JACKKNIFED.clear()
+            _JACKKNIFED[key] = _jackknife_var(x, None)
+        return _JACKKNIFED[key]
+    return _jackknife_var(x, units)
+
+
+def _jackknife_var(x: np.ndarray, units: np.ndarray | None) -> np.ndarray:
     n = x.shape[-2]
     reps = np.stack(
         [
@@ -139,9 +157,12 @@ def permutation_p3(a: np.ndarray, b: np.ndarray, margin: float) -> np.ndarray:
     pooled = np.concatenate(
         [np.broadcast_to(a, (*batch_shape, na)), np.broadcast_to(b, (*batch_shape, nb))], axis=-1
     ).reshape(-1, na + nb)
-    if math.comb(na + nb, na) > COUNT_FROM and integer_valued(pooled):
-        # many relabellings of integer seeds: counted exactly (launch.stats.permutation_counts)
-        out = np.stack([integer_tails(r[:na], r[na:], margin, st.TOL) for r in pooled])
+    relabelled = math.comb(na + nb, na)
+    if relabelled > COUNT_FROM and integer_valued(pooled):
+        # many relabellings of integer seeds: counted exactly (launch.stats.permutation_counts);
+        # beyond enumeration's reach without the joint table (the same counts, faster)
+        tails = cumulative_tails if relabelled > st.EXACT_LIMIT else integer_tails
+        out = np.stack([tails(r[:na], r[na:], margin, st.TOL) for r in pooled])
         return out[0] if single else out.reshape(*batch_shape, 3)
     choose = st.relabellings(na, nb)
     k_a = (choose < na).sum(axis=1)  # original A seeds in each relabelled A arm
@@ -194,8 +215,21 @@ def claim_p3(
     return welch_p3(a, b, margin)
 
 
-def decide_family(p3: np.ndarray, alpha: float = st.ALPHA) -> tuple[np.ndarray, np.ndarray]:
-    """(outcome index, Holm level) per claim of a family p3 (..., K, 3); outcome 0 a_lower,
-    1 b_lower, 2 equivalent, 3 inconclusive."""
-    _, level = st.holm(p3.min(axis=-1), alpha)
+def decide_family(
+    p3: np.ndarray, alpha: float = st.ALPHA, looks: Sequence[gs.Look | None] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(outcome index, level) per claim of a family p3 (..., K, 3); outcome 0 a_lower,
+    1 b_lower, 2 equivalent, 3 inconclusive. `looks` (one per claim, of a family (K, 3)): where
+    each claim sits in the study's plan of looks (SCIENCE.md 22.8); its level is then the nominal
+    level of its look's boundary under a plan that spends the claim's Holm level, and Holm orders
+    the claims by the plan level each p needs (closed testing with sequential Bonferroni tests)."""
+    p = p3.min(axis=-1)
+    if looks is None:
+        _, level = st.holm(p, alpha)
+        return st.outcome_from_p(p3, level), level
+    q = np.array([gs.sequential_p(float(x), look, alpha) for x, look in zip(p, looks, strict=True)])
+    _, holm_level = st.holm(q, alpha)
+    level = np.array(
+        [gs.nominal_level(float(a), look) for a, look in zip(holm_level, looks, strict=True)]
+    )
     return st.outcome_from_p(p3, level), level

@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from normlab.launch.errors import ConfigError
+from normlab.launch.progress import Stages
 from normlab.launch.report.outdir import OutDirError, check_out_dir, make_out_dir, write_text
 from normlab.launch.stats import statistics as st
+from normlab.launch.stats.group_sequential import Plan
 from normlab.launch.verdicts import family as vc
 from normlab.launch.verdicts.decide import NOT_TESTED, Verdict, decide, load_claims
+from normlab.launch.verdicts.power import MAX_SIMULATED
 from normlab.launch.verdicts.rank_flips import (
     PointDifference,
     RankFlip,
@@ -31,7 +34,7 @@ from normlab.launch.verdicts.results_table import build_cells, read_results
 if TYPE_CHECKING:
     from normlab.launch.verdicts.aa_simulation import AAResult
 
-OUR_FILES = {"verdicts.md", "verdicts.json"}
+OUR_FILES = {"verdicts.md", "verdicts.json", "results_from_histories.csv"}  # the last: histories
 SHOWN = {
     st.A_LOWER: "A lower",
     st.B_LOWER: "B lower",
@@ -59,9 +62,15 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def shown(v: Verdict) -> str:
+    """The verdict's name with what it means ('A lower (a lower than b by more than 0.1
+    nats)')."""
+    return f"{SHOWN[v.verdict]} ({v.meaning})" if v.meaning else SHOWN[v.verdict]
+
+
 def line(v: Verdict) -> str:
     """One verdict with its numbers, interval, level and rule."""
-    head = f"{v.a} vs {v.b} [{v.size}] {v.statistic}: {SHOWN[v.verdict]}"
+    head = f"{v.a} vs {v.b} [{v.size}] {v.statistic}: {shown(v)}"
     if v.verdict == NOT_TESTED or math.isnan(v.delta):
         return f"{head} ({v.note})" if v.note else head
     lo, hi = v.interval
@@ -72,19 +81,35 @@ def line(v: Verdict) -> str:
         f"p {_fmt(v.p, 3)}",
     ]
     if v.p_permutation is not None and v.test.startswith("Welch"):
-        parts.append(f"permutation p {_fmt(v.p_permutation, 3)}")
+        how = f" ({v.permutation_note})" if v.permutation_note else ""
+        parts.append(f"permutation p {_fmt(v.p_permutation, 3)}{how}")
+    elif v.permutation_note:
+        parts.append(v.permutation_note)
     if v.naive_a is not None:
         parts.append(f"naive best A {_fmt(v.naive_a)} B {_fmt(v.naive_b)}")
-    parts.append(f"seeds for 80% power {v.seeds_needed if v.seeds_needed else '>10000'}")
+    most = MAX_SIMULATED if v.statistic == vc.LOSS else st.MAX_SEEDS
+    parts.append(f"seeds for 80% power {v.seeds_needed if v.seeds_needed else f'>{most}'}")
     parts.append(f"rule: {v.test}; {v.rule}")
     text = f"{head}: " + "; ".join(parts)
     return f"{text} ({v.note})" if v.note else text
 
 
+def _note(v: Verdict) -> str:
+    """The table's note: the verdict's, and how its permutation p was found where not exactly."""
+    if not v.permutation_note:
+        return v.note
+    shown = f"permutation p {_fmt(v.p_permutation, 3)} ({v.permutation_note})"
+    shown = shown if v.p_permutation is not None else v.permutation_note
+    return f"{v.note}; {shown}" if v.note else shown
+
+
 def as_dict(v: Verdict, flip: RankFlip | None) -> dict:
     d = asdict(v)
+    if v.p_permutation_se is None and not v.permutation_note:  # exact, or none: as before
+        del d["p_permutation_se"], d["permutation_note"]
     d["interval"] = [_json_num(x) for x in v.interval]
     d["agrees"] = v.agrees
+    d["meaning"] = v.meaning
     for key, value in d.items():
         if isinstance(value, float):
             d[key] = _json_num(value)
@@ -124,10 +149,10 @@ def markdown(
     for v in verdicts:
         lo, hi = v.interval
         out.append(
-            f"| {v.a} | {v.b} | {v.size} | {v.statistic} | {SHOWN[v.verdict]} | {v.expect} "
+            f"| {v.a} | {v.b} | {v.size} | {v.statistic} | {shown(v)} | {v.expect} "
             f"({v.agrees}) | {_fmt(v.mean_a)} | {_fmt(v.mean_b)} | {_fmt(v.delta, 3)} "
             f"| [{_fmt(lo, 3)}, {_fmt(hi, 3)}] | {_fmt(v.level, 3)} | {_fmt(v.p, 3)} | {v.test} "
-            f"| {v.seeds_needed if v.seeds_needed is not None else '-'} | {v.note} |"
+            f"| {v.seeds_needed if v.seeds_needed is not None else '-'} | {_note(v)} |"
         )
     out += ["", "Rules:", ""]
     out += sorted({f"- {v.statistic}: {v.rule}" for v in verdicts if v.rule})
@@ -174,11 +199,14 @@ def run_verdicts(
     check_options(plateau, l0, margin, aa)
     out = Path(out)
     check_verdicts_dir(out)
-    runs = read_results(results)
     claims = load_claims(claims_file) if claims_file is not None else None
-    decided = decide_table(runs, claims, plateau, l0, margin, aa, str(results))
-    make_out_dir(out)
-    return write_decided(decided, out)
+    with Stages("verdicts") as stages:
+        with stages.stage("reading the table") as tick:
+            runs = read_results(results)
+            tick(len(runs))
+        decided = decide_table(runs, claims, plateau, l0, margin, aa, str(results), stages=stages)
+        make_out_dir(out)
+        return write_decided(decided, out)
 
 
 def check_options(plateau: float | None, l0: float | None, margin: float, aa: int | None) -> None:
@@ -240,6 +268,8 @@ def decide_table(
     margin: float = vc.LOSS_MARGIN,
     aa: int | None = None,
     source: str = "",
+    plan: Plan | None = None,
+    stages: Stages | None = None,
 ) -> Decided:
     """The verdicts of a table of runs (results_table.Run), its rank flips, exploratory
     differences and (aa: replicates) the simulated A/A self-test."""
@@ -247,7 +277,7 @@ def decide_table(
 
     start = time.perf_counter()
     cells = build_cells(runs, l0)
-    verdicts = decide(cells, claims, plateau, margin)
+    verdicts = decide(cells, claims, plateau, margin, plan=plan, stages=stages)
     tested = list(
         dict.fromkeys(
             (v.a, v.b, v.size)
@@ -256,15 +286,22 @@ def decide_table(
         )
     )
     pairs = tested if claims is not None else pairs_of(cells)
-    flips = rank_flips(cells, pairs, margin)
-    points = exploratory(cells, pairs)
+    shown = stages or Stages("verdicts", quiet=True)
+    with shown.stage("rank flips and per-lr differences", len(pairs)) as tick:
+        flips = rank_flips(cells, pairs, margin)
+        points = exploratory(cells, pairs)
+        tick(len(pairs))
     notes = [f"{r} [{s}]: {n}" for (r, s), c in cells.items() for n in c.notes]
+    if plan is not None:  # a study's plan of looks (SCIENCE.md 22.8): the levels are its looks'
+        notes.append(f"looks: {plan.describe()}; each level is its look's nominal level")
     mid = time.perf_counter()
     found = []
     if aa:
         from normlab.launch.verdicts.aa_simulation import aa_study
 
-        found = aa_study(cells, aa, plateau, margin)
+        with shown.stage(f"A/A self-test ({aa} replicates per cell)", len(cells)) as tick:
+            found = aa_study(cells, aa, plateau, margin)
+            tick(len(cells))
         if not found:
             notes.append("A/A: no cell has >= 2 seeds and a known l_0")
     end = time.perf_counter()
@@ -324,5 +361,6 @@ def plan_lines(
             continue
         for s in stats:
             pilot = pilot_sd(cell, s, plateau)
-            out.append(f"{recipe} [{size}] {s}: {seeds_plan(s, pilot, delta, family, margin)[1]}")
+            _, text = seeds_plan(s, pilot, delta, family, margin, pilot=cell)
+            out.append(f"{recipe} [{size}] {s}: {text}")
     return out

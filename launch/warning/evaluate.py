@@ -246,5 +246,13 @@ def _paired(r: Result, base: Result) -> None:
     )
 
 
-def load(paths: Sequence[str | Path]) -> list[RunData]:
-    return [run_data(load_run(p)) for p in find_run_dirs(paths)]
+def load(paths: Sequence[str | Path | Run]) -> list[RunData]:
+    """The runs below `paths`; a Run given in place of a path (a history from another trainer,
+    launch/histories) is used as it is."""
+    out: list[RunData] = []
+    for p in paths:
+        if isinstance(p, Run):
+            out.append(run_data(p))
+        else:
+            out += [run_data(load_run(d)) for d in find_run_dirs([p])]
+    return out

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from normlab.launch.rundir.runs import Run
 from normlab.launch.warning.evaluate import (
     ALPHA,
     FA_BUDGET,
@@ -148,15 +149,22 @@ def plot(results: Sequence[Result], path: Path) -> None:
     plt.close(fig)
 
 
-def run_warnings(paths: Sequence[str], out: str | Path) -> list[str]:
+def run_warnings(paths: Sequence[str | Path | Run], out: str | Path) -> list[str]:
     """Evaluate the runs below `paths`; write warnings.md/json and the figure into `out`;
     return the lines to print."""
-    runs = load(paths)
-    if not runs:
-        from normlab.launch.errors import RunDirError
+    from normlab.launch.progress import Stages
 
-        raise RunDirError(f"no normlab runs under {', '.join(paths)}")
-    results, tuning, held = evaluate(runs)
+    with Stages("warnings") as stages:
+        with stages.stage("reading runs") as tick:
+            runs = load(paths)
+            tick(len(runs))
+        if not runs:
+            from normlab.launch.errors import RunDirError
+
+            raise RunDirError(f"no normlab runs under {', '.join(map(str, paths))}")
+        with stages.stage("scoring signals on tuning and held-out runs", len(runs)) as tick:
+            results, tuning, held = evaluate(runs)
+            tick(len(runs))
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     text = markdown(results, tuning, held)

@@ -15,8 +15,8 @@ LAUNCH = Path(__file__).resolve().parents[2] / "launch"
 # name, a checkpoint state key, a config field): a string equal to one of them is the metric
 ONLY_METRICS = (
     mk.FP8_IN_UNDER, mk.FP8_W_UNDER, mk.FP8_IN_OVER, mk.FP8_W_OVER, mk.FP8_IN_AMAX, mk.FP8_W_AMAX,
-    mk.FP8_IN_SCALE, mk.FP8_W_SCALE, mk.FP8_UNDER, mk.FP8_OVER, mk.KURTOSIS_SWIGLU,
-    mk.KURTOSIS_RESID, mk.LOGZ_MIN, mk.LOGZ_MAX, mk.LOGIT_MEAN, mk.GRAD_RMS, mk.ACT_GROWTH,
+    mk.FP8_IN_SCALE, mk.FP8_W_SCALE, mk.FP8_UNDER, mk.FP8_OVER, mk.ELEMENT_KURTOSIS_SWIGLU,
+    mk.ELEMENT_KURTOSIS_RESID, mk.LOGZ_MIN, mk.LOGZ_MAX, mk.LOGIT_MEAN, mk.GRAD_RMS, mk.ACT_GROWTH,
     mk.Z_LOSS, mk.ATTN_OUT, mk.MLP_OUT, mk.PRE_NORM, mk.UPDATE_RATIO_MAX,
     mk.SPIKE_LOSS, mk.SPIKE_GRAD, mk.SPIKE_WINDOW, mk.S_MAX, mk.CLIP_EVENTS,
 )  # fmt: skip
@@ -53,7 +53,10 @@ def test_the_check_finds_a_retyped_name(tmp_path: Path) -> None:
 def test_block_keys_round_trip() -> None:
     key = mk.block_key(mk.FP8_IN_UNDER, 3, "attn.q_proj")
     assert key == "fp8_in_under/03/attn.q_proj"
-    assert mk.block_key(mk.KURTOSIS_RESID, 11) == "kurtosis_resid/11"
-    assert mk.parse_block_key("kurtosis_resid/11") == (mk.KURTOSIS_RESID, 11, None)
+    assert mk.block_key(mk.ELEMENT_KURTOSIS_RESID, 11) == "kurtosis_resid/11"
+    assert mk.parse_block_key("kurtosis_resid/11") == (mk.ELEMENT_KURTOSIS_RESID, 11, None)
     keys = ["kurtosis_resid/10", "kurtosis_resid/02", "kurtosis_resid/02/x", "kurtosis_swiglu/00"]
-    assert mk.block_keys(mk.KURTOSIS_RESID, keys) == ["kurtosis_resid/02", "kurtosis_resid/10"]
+    assert mk.block_keys(mk.ELEMENT_KURTOSIS_RESID, keys) == [
+        "kurtosis_resid/02",
+        "kurtosis_resid/10",
+    ]

@@ -50,6 +50,7 @@ def test_fsdp_fp8_all_gather_follows_the_single_process_curve(tiny: dict[str, Pa
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in rows if "loss" in r][-1]
     assert last["fp8_w_amax/01/down_proj"] > 0 and last["kurtosis_resid/01"] > 1
+    assert last["neuron_kurtosis_resid/01"] >= 1 and last["neuron_kurtosis_swiglu/01"] >= 1
 
 
 @pytest.mark.slow

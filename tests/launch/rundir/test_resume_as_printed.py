@@ -153,3 +153,47 @@ def test_slurm_job_resume_as_printed(tiny: dict[str, Path]) -> None:
         assert time.monotonic() < deadline + 300, log.read_text()[-3000:]
         time.sleep(0.2)
     assert max(losses(run)) == 80
+
+
+# --- several nodes (issue 47, item 4): cannot start here, so the printed command is parsed by
+# the real `normlab` parser and checked to name what this node was started with; it used to end
+# in "(each node with its --node-rank)" inside the backquotes, which no shell runs.
+
+
+def _parsed(command: str):
+    from normlab.launch.cli import build_parser
+
+    argv = shlex.split(command)
+    assert argv[0] == "normlab"
+    return build_parser().parse_args(argv[1:])
+
+
+@pytest.mark.parametrize("launched", [True, False], ids=["normlab-launch", "torchrun-by-hand"])
+def test_multi_node_resume_command_runs_as_printed_on_its_node(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, launched: bool
+) -> None:
+    import argparse
+
+    from normlab.launch.commands import launch as launch_cmd
+    from normlab.launch.rundir import signals
+
+    assert launch_cmd.NODE_ARGS_ENV == signals.NODE_ARGS_ENV
+    run = tmp_path / "my run"  # a space: quoted as a shell needs
+    for key, value in {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x",
+                       "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.5"}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    if launched:
+        node = argparse.Namespace(nnodes=2, node_rank=1, master_addr="10.0.0.5")
+        monkeypatch.setenv(signals.NODE_ARGS_ENV, launch_cmd.node_args(node, 29555))
+    else:
+        monkeypatch.delenv(signals.NODE_ARGS_ENV, raising=False)
+    printed = signals.resume_command(run)
+    args = _parsed(printed)
+    assert args.command == "launch"
+    assert Path(args.recipe) == run and args.overrides == []
+    assert (args.nproc_per_node, args.nnodes, args.node_rank) == (4, 2, 1)
+    assert args.master_addr == "10.0.0.5"
+    assert args.master_port == (29555 if launched else None)
+    line = signals.stop_message(signal.SIGTERM, 3, 10, run / "ckpt", printed)
+    assert f"resume with `{printed}` on this node" in line

@@ -25,6 +25,7 @@ from normlab.launch.study.spec import load_study
 from normlab.launch.verdicts.aa_simulation import fpr_threshold
 from normlab.launch.verdicts.doc_blocks import stale
 from rich.console import Console
+from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
@@ -267,16 +268,27 @@ def test_transfer_page_quotes_the_committed_ladders() -> None:
     assert sp["verdict"] == "inconclusive" and sp["seeds"] == "0 1"
     shifts = [f"{float(x):+.2f}" for x in sp["shifts_log2"].split()]
     assert f"({shifts[0]} and {shifts[1]} octaves" in text
-    assert f"about **{sp['seeds_needed']} seeds** to decide at Holm's level {sp['level']}" in text
+    level = float(sp["level"])
+    quoted = f"about **{sp['seeds_needed']} seeds** to decide at its first look's level"
+    assert f"{quoted} {level:.3g}" in text
+    # CompleteP: decided under the study file's plan of looks (n 2, then 8), the page quoting both
+    # the corrected verdict and what the uncorrected reading was
     v = verdicts["completep"]
-    assert v["verdict"] == "transfers" and v["seeds"] == "0 1 2 3 4 5 6 7"
+    assert v["verdict"] == "inconclusive" and v["seeds"] == "0 1 2 3 4 5 6 7"
+    assert load_study("completep_depth").looks is not None
+    assert "`looks: {spending: pocock, seeds: [2, 8], registered: false}`" in text
     shifts = [signed(x) for x in v["shifts_log2"].split()]
     assert f"moved by {', '.join(shifts[:-1])} and {shifts[-1]} octaves" in text
     mean, lo, hi = (signed(v[k]) for k in ("mean_log2", "lo", "hi"))
-    assert f"the mean shift is {mean} octaves and its interval at the Holm level {v['level']}" in (
-        text
-    )
-    assert f"is [{lo}, {hi}], inside ±0.5" in text and -0.5 < float(v["lo"]) < float(v["hi"]) < 0.5
+    level = float(v["level"])
+    quoted = f"the mean shift is {mean} octaves and its interval at the level of the second look, "
+    assert quoted + f"{level:.3g}, is [{lo}, {hi}]: past +0.5" in text and float(v["hi"]) > 0.5
+    assert f"about {v['seeds_needed']} seeds at the observed spread, in a new study" in text
+    assert "last look" in v["note"]
+    d = [float(x) for x in v["shifts_log2"].split()]
+    raw = stats.ttest_1samp(d, 0.0).confidence_interval(1 - 2 * 0.025)  # Holm's first step
+    assert f"Holm's level 0.025 is [{signed(raw.low)}, {signed(raw.high)}]" in text
+    assert -0.5 < raw.low < raw.high < 0.5  # what the uncorrected reading called "transfers"
     assert f"(p {float(v['p']):.3f})" in text and f"(sd {float(v['sd_log2']):.2f} octaves)" in text
     with (study_dir("completep_depth") / "ladder.csv").open() as fh:
         ladder = {(r["recipe"], r["quantity"]): r for r in csv.DictReader(fh)}
@@ -339,7 +351,9 @@ def test_transfer_page_quotes_the_placement_study() -> None:
     # Peri-LN's verdict: the mean of its 7 seeds' shifts and the interval at the Holm level
     peri = verdicts["peri_completep"]
     quoted = f"the mean shift is {signed(peri['mean_log2'])} octaves and its interval at the Holm"
-    assert quoted in text and f"level {peri['level']} is [{signed(peri['lo'])}, " in text
+    level = f"{float(peri['level']):.2g}"
+    assert quoted in text and f"level {level} is [{signed(peri['lo'])}, " in text
+    assert f"Holm's 0.025 becomes {level} at the third look" in text
     assert f"{signed(peri['hi'])}], inside ±0.5" in text
     assert float(peri["lo"]) > -0.5 and float(peri["hi"]) < 0.5
     # below Pre-LN's (completep_depth's completep arm) and OLMo 2's best loss at every depth
@@ -391,17 +405,27 @@ def test_fp8_page_quotes_the_committed_study() -> None:
     eight = [v for v in verdicts if (v["n_a"], v["n_b"]) == (8, 8)]
     assert len(eight) == 10 and {(v["n_a"], v["n_b"]) for v in verdicts} == {(8, 8), (3, 3)}
     assert f"**{len(decided)} of the 14 claims are decided, all as equivalent: " in text
-    assert f"{len(decided)} of the 10 that ran on 8 seeds.**" in text
+    assert f"{len(decided)} of the 10 that ran on 8 seeds**" in text
     assert f"at most {max(abs(v['delta']) for v in decided):.3f} nats" in text
     assert all(v["interval"][0] > -0.1 and v["interval"][1] < 0.1 for v in decided)
-    (open_8,) = [v for v in eight if v["verdict"] == "inconclusive"]
-    assert f"upper end is {open_8['interval'][1]:+.3f}" in text
-    assert f"about {open_8['seeds_needed']} seeds per arm" in text
-    rest = sorted(v["seeds_needed"] for v in verdicts if v["n_a"] == 3)
-    assert f"need {rest[0]}-{rest[1]} and {rest[2]}-{rest[3]} seeds per arm" in text
-    # Holm at alpha/2 for the two looks (3 and 8 seeds): the count the page gives
-    kept = int(holm([v["p"] for v in verdicts], 0.025)[0].sum())
-    assert f"keeps {kept} of the {len(decided)}" in text
+    open_8 = [v for v in eight if v["verdict"] == "inconclusive"]
+    assert "Three claims on 8 seeds stay inconclusive" in text and len(open_8) == 3
+    for v in open_8:  # each quoted by the end of its interval past the margin
+        lo, hi = v["interval"]
+        quoted = f"upper end is {hi:+.3f}" if hi > 0.1 else f"lower end {lo:+.3f}".replace("-", "−")
+        assert quoted in text
+    need = sorted(v["seeds_needed"] for v in open_8)
+    assert f"they need {need[0]}-{need[-1]} seeds per arm" in text
+    olmo2 = sorted(v["seeds_needed"] for v in verdicts if v["n_a"] == 3 and "olmo2" in v["a"])
+    hybrid = [v["seeds_needed"] for v in verdicts if v["n_a"] == 3 and "hybrid" in v["a"]]
+    assert hybrid == [None, None]  # beyond the simulated calculator's 64 seeds per arm
+    assert f"need {olmo2[0]}-{olmo2[1]} and more than 64 seeds per arm" in text
+    # the two looks (3 and 8 seeds) corrected by the study file's plan: the page's counts
+    assert "registered: false}" in text and "Pocock-type alpha spending over n = 3 and 8" in text
+    uncorrected = int(holm([v["p"] for v in verdicts], 0.05)[0].sum())
+    assert f"{uncorrected} of the 14 were equivalent; corrected, {len(decided)} of those" in text
+    levels = sorted(v["level"] for v in eight)
+    assert f"({levels[0]:.4f}-{levels[-1]:.4f} at 8 seeds" in text
     # best rate at the grid's top in both arms on every seed, as the page says
     for a in ("peri_fp8", "peri_qknorm_fp8", "olmo2_noqk_fp8"):
         for v in (v for v in verdicts if v["a"] == a):

@@ -125,7 +125,10 @@ def test_a_study_decides_its_claims_and_says_what_was_not_run() -> None:
     assert second.verdict == "not_tested" and second.note == "not run: peri"
     assert all(r.passed for r in decided.aa)
     section = "\n".join(verdict_section(decided))
-    assert "| Pre-LN lower | pre vs post | - | loss_at_best_lr | A lower |" in section
+    assert (
+        "| Pre-LN lower | pre vs post | - | loss_at_best_lr "
+        "| A lower (pre lower than post by more than 0.1 nats) |"
+    ) in section
     assert "| not run | pre vs peri | - | loss_at_best_lr | not tested (not run: peri) |" in section
     assert "A/A self-test (22.6, B 200" in section and ": pass;" in section
 

@@ -1,11 +1,14 @@
 """`normlab study` at its edges (issue 30, item 8): an empty `--lrs ''` is refused (it used to
 run one run at the recipe's rate), `--submit` without sbatch advises only what exists (study has
-no --dry-run), and a study stopped by Ctrl-C exits 130 like `train` and `launch`."""
+no --dry-run), and a study stopped by Ctrl-C exits 130 like `train` and `launch` and prints the
+command that resumes it, which runs as printed (issue 47, item 4) from another directory."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -76,3 +79,13 @@ def test_ctrl_c_exits_130(tmp_path: Path, tiny_data: Path) -> None:
     assert b"study stopped after" in stdout
     summaries = [json.loads(p.read_text()) for p in out.glob("**/summary.json")]
     assert summaries and {s["status"] for s in summaries} == {"interrupted"}
+    found = re.search(r"resume with `([^`]+)`", stdout.decode())
+    assert found, stdout.decode()[-2000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    again = subprocess.run(shlex.split(found.group(1)), env={**env(), "PATH": path},
+                           cwd=elsewhere, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    summaries = [json.loads(p.read_text()) for p in out.glob("**/summary.json")]
+    assert len(summaries) == 2 and {s["status"] for s in summaries} == {"completed"}

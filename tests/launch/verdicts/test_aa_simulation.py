@@ -71,8 +71,10 @@ def test_simulated_aa_on_committed_tables(name: str) -> None:
 @pytest.mark.parametrize("plateau", [None, 100.0])
 def test_power_at_the_calculators_seed_count(sd: float, plateau: float | None) -> None:
     """A true difference of 3 seed-SDs plus the margin is found >= 80 % of the time at the n the
-    calculator names for the minimum-effect test at alpha / (claims in the family)."""
+    calculator names for claim (a) at alpha / (claims in the family), the whole family decided
+    with Holm; the noncentral t's count is never above it."""
     found = power_check(sd=sd, plateau=plateau, replicates=2000)
     k = 3 if plateau is not None else 2
-    assert found.n == st.seeds_needed(found.delta, sd, 0.1, 0.05 / k)
+    old = st.seeds_needed(found.delta, sd, 0.1, 0.05 / k)
+    assert old is not None and found.n >= old
     assert found.power >= 0.8, found
