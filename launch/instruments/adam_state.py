@@ -32,9 +32,15 @@ from normlab.launch.instruments.common import (
     is_log_step,
     unwrap,
 )
+from normlab.launch.metric_keys import (
+    ADAM_M_NORM,
+    ADAM_UPDATE_RMS,
+    ADAM_V_NORM,
+    EPS_FLOOR,
+    GRAD_MOM_COS,
+    HEAD_NORM,
+)
 
-UPDATE_RMS, M_NORM, V_NORM = "adam_update_rms", "adam_m_norm", "adam_v_norm"
-EPS_FLOOR, GRAD_MOM_COS, HEAD_NORM = "eps_floor", "grad_mom_cos", "head_norm"
 FLOOR = 10.0  # sqrt(v_hat) < FLOOR * eps counts as on the epsilon floor
 # per block sums: u^2, coordinates, m^2, v, floor count, g.m_prev, g^2, m_prev^2
 N_SUMS = 8
@@ -92,9 +98,9 @@ class AdamState(Callback):
         cos = gm / (g2.sqrt() * mp2.sqrt()).clamp_min(1e-30)
         for i in range(n):
             if have[i]:  # a block all under Muon has no Adam state
-                metrics[block_key(UPDATE_RMS, i)] = rms[i]
-                metrics[block_key(M_NORM, i)] = m2[i].sqrt()
-                metrics[block_key(V_NORM, i)] = v[i].sqrt()
+                metrics[block_key(ADAM_UPDATE_RMS, i)] = rms[i]
+                metrics[block_key(ADAM_M_NORM, i)] = m2[i].sqrt()
+                metrics[block_key(ADAM_V_NORM, i)] = v[i].sqrt()
                 metrics[block_key(EPS_FLOOR, i)] = share[i]
                 metrics[block_key(GRAD_MOM_COS, i)] = cos[i]
         metrics[HEAD_NORM] = head_norm(trainer)

@@ -23,11 +23,10 @@ import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import attention_of, block_key, blocks, is_log_step
+from normlab.launch.metric_keys import ATTN_ENTROPY
 from normlab.model.attention_cores import attention_logits
 from torch import nn
 from torch.utils.hooks import RemovableHandle
-
-ATTN_ENTROPY = "attn_entropy"
 
 
 def row_entropy(p: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,16 @@ from normlab.launch.instruments.outlier_kurtosis import (
 from normlab.launch.metric_keys import (
     ELEMENT_KURTOSIS_RESID,
     ELEMENT_KURTOSIS_SWIGLU,
+    FP8_IN_AMAX,
+    FP8_IN_OVER,
+    FP8_IN_SCALE,
+    FP8_IN_UNDER,
+    FP8_OVER,
+    FP8_UNDER,
+    FP8_W_AMAX,
+    FP8_W_OVER,
+    FP8_W_SCALE,
+    FP8_W_UNDER,
     NEURON_KURTOSIS_RESID,
     NEURON_KURTOSIS_SWIGLU,
 )
@@ -175,24 +185,24 @@ class FP8Stats(Callback):
             counts = engine.all_reduce(self._counts.clone(), "sum")
             n_in, n_w = counts[:, IN_N].clamp_min(1), counts[:, W_N].clamp_min(1)
             shares = {
-                "fp8_in_under": counts[:, IN_UNDER] / n_in,
-                "fp8_in_over": counts[:, IN_OVER] / n_in,
-                "fp8_w_under": counts[:, W_UNDER] / n_w,
-                "fp8_w_over": counts[:, W_OVER] / n_w,
+                FP8_IN_UNDER: counts[:, IN_UNDER] / n_in,
+                FP8_IN_OVER: counts[:, IN_OVER] / n_in,
+                FP8_W_UNDER: counts[:, W_UNDER] / n_w,
+                FP8_W_OVER: counts[:, W_OVER] / n_w,
             }
             values = {
-                "fp8_in_amax": amax[:, 0],
-                "fp8_w_amax": amax[:, 1],
-                "fp8_in_scale": scale[:, 0],
-                "fp8_w_scale": scale[:, 1],
+                FP8_IN_AMAX: amax[:, 0],
+                FP8_W_AMAX: amax[:, 1],
+                FP8_IN_SCALE: scale[:, 0],
+                FP8_W_SCALE: scale[:, 1],
                 **shares,
             }
             for j, (block, sub, _) in enumerate(self._layers):
                 for kind, column in values.items():
                     metrics[block_key(kind, block, sub)] = column[j].float()
-            under = torch.stack([shares["fp8_in_under"], shares["fp8_w_under"]])
-            over = torch.stack([shares["fp8_in_over"], shares["fp8_w_over"]])
-            metrics["fp8_under"], metrics["fp8_over"] = under.amax().float(), over.amax().float()
+            under = torch.stack([shares[FP8_IN_UNDER], shares[FP8_W_UNDER]])
+            over = torch.stack([shares[FP8_IN_OVER], shares[FP8_W_OVER]])
+            metrics[FP8_UNDER], metrics[FP8_OVER] = under.amax().float(), over.amax().float()
         swiglu = engine.all_reduce(self._swiglu.clone(), "sum")
         resid = engine.all_reduce(self._resid.clone(), "sum")
         report_outlier_kurtosis(

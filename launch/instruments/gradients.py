@@ -74,7 +74,7 @@ class GradientStats(Callback):
         if self._before is None or self._grad_sq is None:
             return
         share = (self._grad_sq[:-1] / self._grad_sq[-1]).sqrt()
-        norms = share * torch.as_tensor(metrics["grad_norm"]).float()
+        norms = share * torch.as_tensor(metrics[GRAD]).float()
         diffs = []
         for ps, olds in zip(self._params, self._before, strict=True):
             now = local_parts(trainer, ps, "param")

@@ -25,14 +25,18 @@ import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import is_log_step, unwrap
+from normlab.launch.metric_keys import (
+    GRAD,
+    GRAD_RMS,
+    HEAD_MEAN_NORM,
+    INIT_LOSS,
+    LOGIT_MEAN,
+    LOGZ_MAX,
+    LOGZ_MEAN,
+    LOGZ_MIN,
+)
 from torch import nn
 from torch.utils.hooks import RemovableHandle
-
-INIT_LOSS = "init_loss"
-LOGZ_MEAN, LOGZ_MIN, LOGZ_MAX = "logz_mean", "logz_min", "logz_max"
-LOGIT_MEAN = "logit_mean"
-HEAD_MEAN_NORM = "head_mean_norm"
-GRAD_RMS = "grad_rms"
 
 
 class InitLoss(Callback):
@@ -109,7 +113,7 @@ class OutputLogits(Callback):
                 metrics[LOGZ_MAX] = extremes[1]
             if self._mean_norm is not None:
                 metrics[HEAD_MEAN_NORM] = self._mean_norm
-            grad = metrics.get("grad_norm")
+            grad = metrics.get(GRAD)
             if grad is not None:
                 metrics[GRAD_RMS] = grad / math.sqrt(max(self._numel, 1))
         if is_log_step(trainer, step + 1):

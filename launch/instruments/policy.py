@@ -40,9 +40,10 @@ import torch
 from normlab.launch.callbacks import Callback, StopRun, TrainerView
 from normlab.launch.config.instruments import checked_settings
 from normlab.launch.instruments.common import ROLLBACKS, ROLLED_BACK, SKIPPED
+from normlab.launch.metric_keys import GRAD
 from normlab.launch.rundir.checkpoint import STEP_DIR
 
-KEYS = ("loss", "grad_norm")
+KEYS = ("loss", GRAD)
 
 
 class SpikePolicy(Callback):
@@ -71,7 +72,7 @@ class SpikePolicy(Callback):
         """Why this step is bad, or None when it is good."""
         for key, v in values.items():
             if not math.isfinite(v):
-                if key == "grad_norm" and fp16:
+                if key == GRAD and fp16:
                     continue  # the loss scaler skips it and lowers the scale
                 return f"non-finite {key} ({v})"
             win = self.windows[key]
@@ -87,7 +88,7 @@ class SpikePolicy(Callback):
     ) -> bool:
         pair = torch.stack([loss.detach().float().reshape(()), grad_norm.detach().float()])
         loss_v, grad_v = trainer.engine.all_reduce(pair, "mean").tolist()  # one sync per step
-        values = {"loss": loss_v, "grad_norm": grad_v}
+        values = {"loss": loss_v, GRAD: grad_v}
         reason = self.judge(values, trainer.cfg.precision.dtype == "fp16")
         if reason is None:
             self._accept([values])
@@ -156,9 +157,7 @@ class SpikePolicy(Callback):
 
     @staticmethod
     def judge_nonfinite(values: dict[str, float], fp16: bool) -> bool:
-        return any(
-            not math.isfinite(v) and not (key == "grad_norm" and fp16) for key, v in values.items()
-        )
+        return any(not math.isfinite(v) and not (key == GRAD and fp16) for key, v in values.items())
 
     def _roll_back(self, trainer: TrainerView, step: int, target: Path) -> None:
         # model, optimizer, scaler (data and step go on); verified, and the recipe's optimizer

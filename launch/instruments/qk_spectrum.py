@@ -27,8 +27,7 @@ from normlab.launch.instruments.common import (
     blocks,
     is_log_step,
 )
-
-QK_ENTROPY = "qk_entropy"
+from normlab.launch.metric_keys import QK_ENTROPY
 
 
 def spectral_entropy(wq: torch.Tensor, wk: torch.Tensor) -> torch.Tensor:

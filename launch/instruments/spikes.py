@@ -38,6 +38,7 @@ from normlab.launch.instruments.common import (
     SPIKE_WINDOW,
     is_log_step,
 )
+from normlab.launch.metric_keys import GRAD
 from numpy.lib.stride_tricks import sliding_window_view
 
 CHUNK_ELEMENTS = 1 << 20  # window rows per numpy pass: bounded memory for any series length
@@ -139,7 +140,7 @@ class SpikeScore(Callback):
 
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         # references only: no tensor op off log steps (the conversions run in _flush)
-        self._pending += [metrics["loss"], metrics["grad_norm"]]
+        self._pending += [metrics["loss"], metrics[GRAD]]
         if is_log_step(trainer, step):
             self._flush()
             for key, rolling in ((SPIKE_LOSS, self.loss), (SPIKE_GRAD, self.grad)):

@@ -13,15 +13,6 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-from normlab.launch.instruments.output_logits import (
-    GRAD_RMS,
-    HEAD_MEAN_NORM,
-    INIT_LOSS,
-    LOGIT_MEAN,
-    LOGZ_MAX,
-    LOGZ_MEAN,
-    LOGZ_MIN,
-)
 from normlab.launch.lr_sensitivity.curves import (
     DID_NOT_TRAIN,
     PROTOCOL_LRS,
@@ -31,6 +22,16 @@ from normlab.launch.lr_sensitivity.curves import (
     curves,
     ranking,
     summary_row,
+)
+from normlab.launch.metric_keys import (
+    GRAD_RMS,
+    HEAD_MEAN_NORM,
+    INIT_LOSS,
+    LOGIT_MEAN,
+    LOGZ_MAX,
+    LOGZ_MEAN,
+    LOGZ_MIN,
+    MAX_LOGIT,
 )
 from normlab.launch.rundir.metrics import JSONL, read_jsonl
 from normlab.launch.rundir.runs import Run, finite
@@ -70,16 +71,16 @@ def _series(run: Run, key: str) -> list[float]:
 def run_metrics(run: Run) -> dict[str, float]:
     """What the run's instruments measured, as the figures read it (results_table.METRICS;
     nan: not measured): max attention logit over training, log Z, mean logit, ..."""
-    logits = _series(run, "max_logit")
+    logits = _series(run, MAX_LOGIT)
     logz, logz_min, logz_max, logit_mean, head_mean, grad_rms = (
         _series(run, k)
         for k in (LOGZ_MEAN, LOGZ_MIN, LOGZ_MAX, LOGIT_MEAN, HEAD_MEAN_NORM, GRAD_RMS)
     )
     return {
-        "max_logit": max(logits) if logits else math.nan,
+        MAX_LOGIT: max(logits) if logits else math.nan,
         "logz_mean_final": logz[-1] if logz else math.nan,
-        "logz_min": min(logz_min) if logz_min else math.nan,
-        "logz_max": max(logz_max) if logz_max else math.nan,
+        LOGZ_MIN: min(logz_min) if logz_min else math.nan,
+        LOGZ_MAX: max(logz_max) if logz_max else math.nan,
         "logit_mean_final": logit_mean[-1] if logit_mean else math.nan,
         "head_mean_norm_final": head_mean[-1] if head_mean else math.nan,
         "grad_rms_final": grad_rms[-1] if grad_rms else math.nan,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from normlab.launch import csv_table as tb
 from normlab.launch.errors import ConfigError
+from normlab.launch.metric_keys import MAX_LOGIT
 from normlab.launch.report.table import COLUMNS
 
 COMPARE_CSV = "compare.csv"
@@ -38,7 +39,7 @@ def _check(table: tb.Table, row: tb.Row, column: str, spec: str) -> None:
             raise ConfigError(f"{where}: {text!r} is not a whole number >= 0")
     elif spec:
         value = tb.number(text, where, nonfinite=True)
-        if value == -math.inf and column != "max_logit":
+        if value == -math.inf and column != MAX_LOGIT:
             raise ConfigError(f"{where}: {text!r} is not a measurement")
 
 

@@ -6,15 +6,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from normlab.launch.metric_keys import (
+    ELEMENT_KURTOSIS_RESID,
+    ELEMENT_KURTOSIS_SWIGLU,
+    FP8_IN_AMAX,
+    FP8_OVER,
+    FP8_UNDER,
+)
 from normlab.launch.rundir.runs import Run, last_logged
 
 # key kind -> (column label, format); every column is the max over layers or blocks
 FP8_COLUMNS = {
-    "fp8_under": ("FP8 underflow", ".2e"),
-    "fp8_over": ("FP8 >448", ".2e"),
-    "fp8_in_amax": ("FP8 input amax", ".3g"),
-    "kurtosis_swiglu": ("kurtosis SwiGLU", ".1f"),
-    "kurtosis_resid": ("kurtosis resid", ".1f"),
+    FP8_UNDER: ("FP8 underflow", ".2e"),
+    FP8_OVER: ("FP8 >448", ".2e"),
+    FP8_IN_AMAX: ("FP8 input amax", ".3g"),
+    ELEMENT_KURTOSIS_SWIGLU: ("kurtosis SwiGLU", ".1f"),
+    ELEMENT_KURTOSIS_RESID: ("kurtosis resid", ".1f"),
 }
 
 

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter  # noqa: E402
 from normlab.launch.lr_sensitivity.curves import DID_NOT_TRAIN  # noqa: E402
 from normlab.launch.metric_keys import (  # noqa: E402
+    GRAD,  # noqa: E402
     MAX_LOGIT,
     PRE_NORM,
     RESID,
@@ -203,7 +204,7 @@ def loss_figure(runs: list[Run], plateau: float | None = None) -> plt.Figure | N
 def grad_norm_figure(runs: list[Run]) -> plt.Figure | None:
     made = _line_plot(
         runs,
-        "grad_norm",
+        GRAD,
         "global gradient norm before clipping",
         "gradient L2 norm (log scale)",
         log_y=True,

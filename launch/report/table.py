@@ -10,8 +10,10 @@ from typing import Any
 
 import numpy as np
 from normlab.launch.metric_keys import (
+    ACT_GROWTH,
     CLIP_EVENTS,
     FP16_CLAMPS,
+    GRAD,
     MAX_LOGIT,
     NONFINITE,
     RESID,
@@ -60,13 +62,13 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("spike_window", "spike window", "d"),
     ("skipped", "skipped", "d"),
     ("nonfinite", "non-finite", "d"),
-    ("scaler_skips", "scaler skips", "d"),
+    (SCALER_SKIPS, "scaler skips", "d"),
     ("grad_max", "max grad norm", ".3g"),
     ("grad_p99", "p99 grad norm", ".3g"),
-    ("act_growth", "act. growth", ".2f"),
-    ("max_logit", "max logit", ".2f"),
+    (ACT_GROWTH, "act. growth", ".2f"),
+    (MAX_LOGIT, "max logit", ".2f"),
     ("qk_clips", "QK-Clip events", "d"),
-    ("fp16_clamps", "fp16 clamps", "d"),
+    (FP16_CLAMPS, "fp16 clamps", "d"),
     *((key, label, spec) for key, (label, spec, _) in STABILIZER_COLUMNS.items()),
     *((key, label, spec) for key, (label, spec) in NORM_COLUMNS.items()),
     *((key, label, spec) for key, (label, spec) in FP8_COLUMNS.items()),
@@ -183,7 +185,7 @@ def summarize(run: Run) -> dict[str, Any]:
     """The table row of one run (None where a value was not measured)."""
     s, cfg = run.summary, run.config
     losses = [r["loss"] for r in run.train]
-    grads = finite([r.get("grad_norm") for r in run.train])
+    grads = finite([r.get(GRAD) for r in run.train])
     steps = max([int(r["step"]) for r in run.train] + [int(s.get("steps") or 0)])
     resid_row = next((r for r in reversed(run.train) if run.blocks(RESID, r)), None)
     growth = None
@@ -194,7 +196,7 @@ def summarize(run: Run) -> dict[str, Any]:
     logits = finite([r[k] for r in run.train for k in (MAX_LOGIT, S_MAX) if k in r])
     fp16 = (cfg.get("precision") or {}).get("dtype") == "fp16"  # a scaler skip is no failure
     bad_rows = sum(
-        not (math.isfinite(r["loss"]) and (fp16 or math.isfinite(r.get("grad_norm", 0.0))))
+        not (math.isfinite(r["loss"]) and (fp16 or math.isfinite(r.get(GRAD, 0.0))))
         for r in run.train
     )
     tps = s.get("tokens_per_s") or (
@@ -225,13 +227,13 @@ def summarize(run: Run) -> dict[str, Any]:
         "skipped": _last(run, SKIPPED) or 0,
         "spike_window": _last(run, SPIKE_WINDOW),
         "nonfinite": max(int(_last(run, NONFINITE) or 0), bad_rows),
-        "scaler_skips": _last(run, SCALER_SKIPS),
+        SCALER_SKIPS: _last(run, SCALER_SKIPS),
         "grad_max": max(grads) if grads else None,
         "grad_p99": float(np.percentile(grads, 99)) if grads else None,
-        "act_growth": growth,
-        "max_logit": max(logits) if logits else None,
+        ACT_GROWTH: growth,
+        MAX_LOGIT: max(logits) if logits else None,
         "qk_clips": _last(run, CLIP_EVENTS),
-        "fp16_clamps": _last(run, FP16_CLAMPS),
+        FP16_CLAMPS: _last(run, FP16_CLAMPS),
         **stabilizer_columns(run),
         **norm_columns(run),
         **fp8_columns(run),

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from normlab.launch.study.plan import Planned
 
 HEAD = "## FP8 casts and outliers (instruments.fp8)"
-ENDS = ("## ", "![", "Every run:")
 
 
 def _cell(value: str | None, fmt: str) -> str:
@@ -74,20 +73,3 @@ def fp8_section(planned: list[Planned], compare_csv: Path) -> list[str]:
         ids = ",".join(str(s) for s, _ in seeds)
         lines.append(f"| {recipe} | {point} | {ids} | " + " | ".join(cells) + " |")
     return [*lines, ""]
-
-
-def replace_fp8_section(text: str, section: list[str]) -> str:
-    """study.md with its FP8 section replaced by `section` (removed when empty), or inserted
-    before the verdicts (else before "Every run:", else at the end) when it had none."""
-    lines = text.split("\n")
-    start = next((i for i, x in enumerate(lines) if x.startswith(HEAD)), None)
-    if start is None:
-        if not section:
-            return text
-        at = next(
-            (i for i, x in enumerate(lines) if x.startswith(("## Verdicts", "Every run:"))),
-            len(lines),
-        )
-        return "\n".join(lines[:at] + section + lines[at:])
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(ENDS)), len(lines))
-    return "\n".join(lines[:start] + section + lines[end:])

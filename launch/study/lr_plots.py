@@ -21,6 +21,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from normlab.launch.lr_sensitivity.curves import DID_NOT_TRAIN, Curve  # noqa: E402
+from normlab.launch.metric_keys import LOGZ_MAX, LOGZ_MIN, MAX_LOGIT  # noqa: E402
 from normlab.launch.report.plots import (  # noqa: E402
     curve_style,
     draw_plateau,
@@ -102,7 +103,7 @@ def loss_figure(found: list[Curve]) -> plt.Figure:
 
 
 def logits_figure(found: list[Curve]) -> plt.Figure | None:
-    if not any("max_logit" in p.extra for c in found for p in c.points):
+    if not any(MAX_LOGIT in p.extra for c in found for p in c.points):
         return None
     sizes, recipes = _sizes(found), _recipes(found)
     fig, axes = _panels(4, len(sizes))
@@ -119,12 +120,12 @@ def logits_figure(found: list[Curve]) -> plt.Figure | None:
             def stat(key: str, curve: Curve = curve) -> list[float]:
                 return [_mean(p.extra.get(key, [math.nan])) for p in curve.points]
 
-            top_values = stat("max_logit")
+            top_values = stat(MAX_LOGIT)
             measured |= any(math.isfinite(v) and v > 0 for v in top_values)
             axes[0, j].plot(lrs, top_values, label=recipe, **style)
             axes[1, j].plot(lrs, stat("logz_mean_final"), linestyle="-", **line)
-            axes[1, j].plot(lrs, stat("logz_min"), linestyle=":", alpha=0.7, **line)
-            axes[1, j].plot(lrs, stat("logz_max"), linestyle="--", alpha=0.7, **line)
+            axes[1, j].plot(lrs, stat(LOGZ_MIN), linestyle=":", alpha=0.7, **line)
+            axes[1, j].plot(lrs, stat(LOGZ_MAX), linestyle="--", alpha=0.7, **line)
             axes[2, j].plot(lrs, stat("logit_mean_final"), **style)
             axes[3, j].plot(lrs, stat("head_mean_norm_final"), **style)
         top, bottom = axes[0, j], axes[1, j]

@@ -2,7 +2,10 @@
 
 From DIR/runs/<run> when every planned run is there (the full report), else from DIR/results.csv,
 else from DIR/compare.csv (what the studies committed before results.csv keep); see
-launch.study.study_verdicts for what each source gives.
+launch.study.study_verdicts for what each source gives. study.md is read back as its named
+sections (launch.study.sections); the sections the table determines (verdicts, LR-sensitivity
+protocol, FP8, the Setting line's merges) are built again by the report's own builders and the
+list is written by the report's one writer.
 """
 
 from __future__ import annotations
@@ -12,9 +15,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from normlab.launch.errors import ConfigError
-from normlab.launch.lr_sensitivity.protocol import LOGITS_FIGURE
-from normlab.launch.study.fp8_section import fp8_section, replace_fp8_section
+from normlab.launch.study.fp8_section import fp8_section
 from normlab.launch.study.merge import read_json, setting_with_merges
+from normlab.launch.study.sections import (
+    FOOTER,
+    FP8,
+    HEAD,
+    VERDICTS,
+    Section,
+    read_report,
+    with_section,
+    write_report,
+)
 from normlab.launch.study.study_verdicts import (
     RESULTS_CSV,
     carries_metrics,
@@ -22,8 +34,6 @@ from normlab.launch.study.study_verdicts import (
     decide_study,
     print_decided,
     protocol_csv,
-    replace_protocol,
-    replace_section,
     results_rows,
     verdict_section,
     write_verdicts,
@@ -107,21 +117,27 @@ def rebuild(
         from normlab.launch.verdicts.growth_claims import CLAIMS, decide_all
 
         growth = decide_all(rows, plateau, CLAIMS)
-    if (out / "study.md").is_file():
-        text = (out / "study.md").read_text()
+    if (out / "study.md").is_file():  # the sections the table determines, written again
+        sections = read_report(out / "study.md")
         if has_claims:
-            text = replace_section(text, verdict_section(decided, growth))
+            verdicts = Section(VERDICTS, verdict_section(decided, growth))
+            sections = with_section(sections, verdicts, before=(FOOTER,))
         if curves:  # the protocol's table and the size ladder from the committed losses
-            from normlab.launch.lr_sensitivity.protocol import sensitivity_markdown
-            from normlab.launch.transfer.ladder_report import write_ladder
+            from normlab.launch.study.report import protocol_section
 
-            protocol = sensitivity_markdown(curves, spec.protocol["margin"])
-            protocol += write_ladder(curves, out, spec.protocol.get("ladder_target"), spec.looks)
-            text = replace_protocol(text, protocol)
-            if stale:  # say so under the figure, which still shows the runs it was drawn from
-                text = text.replace(LOGITS_FIGURE, f"{LOGITS_FIGURE}\n\n*{stale}.*", 1)
-        text = replace_fp8_section(text, fp8_section(planned, out / "compare.csv"))
-        text = setting_with_merges(text, record)
-        (out / "study.md").write_text(text)
+            margin, target = spec.protocol["margin"], spec.protocol.get("ladder_target")
+            protocol = protocol_section(curves, margin, out, target, spec.looks, stale=stale)
+            sections = with_section(sections, protocol, before=None)
+        fp8 = Section(FP8, fp8_section(planned, out / "compare.csv"))
+        sections = with_section(sections, fp8, before=(VERDICTS, FOOTER))
+        sections = [_with_merges(s, record) if s.name == HEAD else s for s in sections]
+        write_report(out / "study.md", sections)
     print_decided(decided, console, seconds)
     return {"decided": decided, "source": source, "seconds": seconds}
+
+
+def _with_merges(head: Section, record: dict[str, Any]) -> Section:
+    """The head section with its Setting line saying what `--merge` joined (study.json's
+    `merged`; launch.study.merge.setting_with_merges), rewritten from the first run's part."""
+    lines = [setting_with_merges(x, record) if x.startswith("Setting: ") else x for x in head.lines]
+    return Section(HEAD, lines)

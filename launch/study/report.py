@@ -18,12 +18,14 @@ import numpy as np
 from normlab.data.errors import DataError
 from normlab.launch.lr_sensitivity.curves import counts_as_l0, write_csvs
 from normlab.launch.lr_sensitivity.protocol import (
+    LOGITS_FIGURE,
     init_loss_of,
     print_sensitivity,
     protocol_curves,
     run_metrics,
     sensitivity_markdown,
 )
+from normlab.launch.metric_keys import MAX_LOGIT
 from normlab.launch.report.domains import domain_stats
 from normlab.launch.report.table import summarize
 from normlab.launch.rundir.runs import Run, load_run
@@ -31,6 +33,18 @@ from normlab.launch.stats.separation import TRAINED_MARGIN, trained
 from normlab.launch.study.fp8_section import fp8_section
 from normlab.launch.study.lr_plots import write_lr_plots
 from normlab.launch.study.plots import write_study_plots
+from normlab.launch.study.sections import (
+    FIGURES,
+    FOOTER,
+    FP8,
+    GRID,
+    GROWTH,
+    HEAD,
+    PROTOCOL,
+    VERDICTS,
+    Section,
+    write_report,
+)
 from normlab.launch.study.setup import setup_of
 from normlab.launch.study.study_verdicts import (
     RESULTS_CSV,
@@ -56,6 +70,8 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from normlab.launch.lr_sensitivity.curves import Curve
+    from normlab.launch.stats.group_sequential import Plan
     from normlab.launch.study.plan import Planned
     from normlab.launch.study.spec import StudySpec
 
@@ -71,7 +87,7 @@ def shown_loss(row: dict[str, Any]) -> float:
 STATS = [
     ("eval", "eval loss", shown_loss),
     ("growth", "act. growth", growth_of),
-    ("max_logit", "max logit", lambda r: _num(r.get("max_logit"))),
+    (MAX_LOGIT, "max logit", lambda r: _num(r.get(MAX_LOGIT))),
     ("grad_spikes", "grad spike %", lambda r: _num(r.get("spike_grad"))),
 ]
 
@@ -163,27 +179,27 @@ def time_line(
     return f"{n} runs in {total_s:.0f} s{at_once}{over}."
 
 
-def markdown(
+def report_sections(
     rows: list[dict[str, Any]],
     found: list[Verdict],
     runs: list[Run],
     total_s: float,
     jobs: int = 1,
-    protocol: list[str] | None = None,
+    protocol: Section | None = None,
     title: str = "normlab study",
     invocations: int = 1,
     last_s: float | None = None,
     plateau: float | None = None,
     verdicts: list[str] | None = None,
     fp8: list[str] | None = None,
-) -> str:
+) -> list[Section]:
+    """study.md as its named sections (launch.study.sections), in the order the report writes
+    them; a section with nothing to say has no lines."""
     head, cells = group_table(rows, plateau)
-    lines = [
-        f"# {title}",
-        "",
-        f"Setting: {_setting(runs)}; {time_line(len(runs), total_s, jobs, invocations, last_s)}",
-        "",
-        *(protocol or []),
+    setting = (
+        f"Setting: {_setting(runs)}; {time_line(len(runs), total_s, jobs, invocations, last_s)}"
+    )
+    grid = [
         "## Every grid point",
         "",
         "Over seeds: mean +- sd [min, max] (eval loss: the last evaluation; 'failed': diverged, "
@@ -199,30 +215,67 @@ def markdown(
         "",
         *_md_table(head, cells),
         "",
-        *(fp8 or []),
-        *(verdicts or []),
     ]
-    if found:
-        lines += [
-            "## Growth claims (descriptive: a per-grid-point rule, not a SCIENCE.md 22 verdict)",
-            "",
-            "| claim | outcome | why | numbers | rule |",
-            "|---|---|---|---|---|",
-            *(f"| {v.claim} | {v.word} | {v.why} | {v.numbers} | {v.rule} |" for v in found),
-            "",
-            "Rules: launch/verdicts/growth_claims.py (growth of groups that trained; 'not tested': "
-            "its recipes were not run).",
-            "",
-        ]
-    if len({r.get("size") for r in rows}) == 1:
-        lines += [
-            "![mean training loss per recipe](study_loss.png)",
-            "",
-            "![residual RMS by depth per recipe](study_depth.png)",
-            "",
-        ]
-    lines += ["Every run: [compare.md](compare.md).", ""]
-    return "\n".join(lines)
+    return [
+        Section(HEAD, [f"# {title}", "", setting, ""]),
+        protocol or Section(PROTOCOL, []),
+        Section(GRID, grid),
+        Section(FP8, fp8 or []),
+        Section(VERDICTS, verdicts or []),
+        Section(GROWTH, growth_lines(found)),
+        Section(FIGURES, _figures(rows)),
+        Section(FOOTER, ["Every run: [compare.md](compare.md).", ""]),
+    ]
+
+
+def growth_lines(found: list[Verdict]) -> list[str]:
+    """The descriptive growth claims' section (none without claims)."""
+    if not found:
+        return []
+    return [
+        "## Growth claims (descriptive: a per-grid-point rule, not a SCIENCE.md 22 verdict)",
+        "",
+        "| claim | outcome | why | numbers | rule |",
+        "|---|---|---|---|---|",
+        *(f"| {v.claim} | {v.word} | {v.why} | {v.numbers} | {v.rule} |" for v in found),
+        "",
+        "Rules: launch/verdicts/growth_claims.py (growth of groups that trained; 'not tested': "
+        "its recipes were not run).",
+        "",
+    ]
+
+
+def _figures(rows: list[dict[str, Any]]) -> list[str]:
+    """The study's loss and depth figures: drawn for a study of one size only."""
+    if len({r.get("size") for r in rows}) != 1:
+        return []
+    return [
+        "![mean training loss per recipe](study_loss.png)",
+        "",
+        "![residual RMS by depth per recipe](study_depth.png)",
+        "",
+    ]
+
+
+def protocol_section(
+    curves: list[Curve],
+    margin: float,
+    out: Path,
+    ladder_target: float | None,
+    looks: Plan | None = None,
+    left_out: list[str] | None = None,
+    stale: str = "",
+) -> Section:
+    """The LR-sensitivity protocol's section (SCIENCE.md 19) and the size ladder's after it
+    (writes ladder.csv and ladder.png where the study has 2+ sizes); `stale`: why lr_logits.png
+    was not redrawn, said under it."""
+    from normlab.launch.transfer.ladder_report import write_ladder
+
+    lines = sensitivity_markdown(curves, margin, left_out)
+    if stale:
+        at = lines.index(LOGITS_FIGURE) + 1
+        lines[at:at] = ["", f"*{stale}.*"]
+    return Section(PROTOCOL, lines + write_ladder(curves, out, ladder_target, looks))
 
 
 def print_verdicts(
@@ -322,24 +375,28 @@ def write_study_report(
     print_verdicts(rows, found, console, plateau)
     if decided is not None:
         print_decided(decided, console, seconds)
-    curves, protocol_md = [], []
+    curves, protocol = [], None
     if spec.protocol["lr_sensitivity"]:
         left_out: list[str] = []
         curves = protocol_curves(planned, runs, spec.protocol["margin"], plateau, left_out)
         write_csvs(curves, out)
         write_lr_plots(curves, out)
         print_sensitivity(curves, console, left_out)
-        protocol_md = sensitivity_markdown(curves, spec.protocol["margin"], left_out)
-        from normlab.launch.transfer.ladder_report import write_ladder
-
-        protocol_md += write_ladder(curves, out, spec.protocol.get("ladder_target"), spec.looks)
+        protocol = protocol_section(
+            curves,
+            spec.protocol["margin"],
+            out,
+            spec.protocol.get("ladder_target"),
+            spec.looks,
+            left_out,
+        )
     if len({r["size"] for r in rows}) == 1:
         write_study_plots(runs, out, plateau)
     title = f"normlab study {spec.name}" + (f": {spec.description}" if spec.description else "")
     fp8 = fp8_section(planned, out / "compare.csv")  # compare.csv: written before this report
-    text = markdown(
-        rows, found, runs, total_s, jobs, protocol_md, title, invocations, last_s, plateau,
+    sections = report_sections(
+        rows, found, runs, total_s, jobs, protocol, title, invocations, last_s, plateau,
         section, fp8,
     )  # fmt: skip
-    (out / "study.md").write_text(text)
+    write_report(out / "study.md", sections)
     return {"verdicts": found, "decided": decided, "seconds": seconds, "curves": curves}

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from normlab.launch.csv_table import read_table
+from normlab.launch.metric_keys import ACT_GROWTH, MAX_LOGIT
 from normlab.launch.report.compare_csv import read_compare
 from normlab.launch.verdicts.aa_simulation import B_DEFAULT
 from normlab.launch.verdicts.decide import NOT_TESTED
@@ -217,25 +218,6 @@ def verdict_section(decided: Decided, growth: list[Any] | None = None) -> list[s
     return lines
 
 
-def replace_section(text: str, section: list[str]) -> str:
-    """study.md with its verdict section (old "## Verdicts" or SECTION) replaced by `section`,
-    or inserted before "Every run:" (else at the end)."""
-    lines = text.split("\n")
-    start = next((i for i, x in enumerate(lines) if x.startswith("## Verdicts")), None)
-    if start is None:
-        at = next((i for i, x in enumerate(lines) if x.startswith("Every run:")), len(lines))
-        return "\n".join(lines[:at] + section + lines[at:])
-    end = next(
-        (
-            i
-            for i in range(start + 1, len(lines))
-            if lines[i].startswith(("## ", "![", "Every run:"))
-        ),
-        len(lines),
-    )
-    return "\n".join(lines[:start] + section + lines[end:])
-
-
 def _read_csv(path: Path) -> list[dict[str, str]]:
     """A table the study wrote (sensitivity.csv, sensitivity_grid.csv), through the one reader."""
     return [row.cells for row in read_table(path, path.name).rows]
@@ -272,7 +254,7 @@ def write_runs(runs: list[Run], path: Path) -> Path:
 
 def _measured(row: dict[str, str]) -> dict[str, float]:
     """A compare.csv row's run metrics the study report reads besides the losses."""
-    return {"act_growth": _float(row.get("act_growth")), "max_logit": _float(row.get("max_logit"))}
+    return {ACT_GROWTH: _float(row.get(ACT_GROWTH)), MAX_LOGIT: _float(row.get(MAX_LOGIT))}
 
 
 def results_rows(planned: list[Planned], out: Path) -> tuple[list[dict[str, Any]], list[str]]:
@@ -368,9 +350,9 @@ def _figure_metrics(row: dict[str, Any]) -> dict[str, float]:
     """A row's per-run metrics for the curves: results.csv's (METRICS), the max logit from
     compare.csv where results.csv does not carry it."""
     extra = dict(row.get("metrics") or {})
-    known = math.isfinite(extra.get("max_logit", math.nan))
-    if not known and math.isfinite(row.get("max_logit", math.nan)):
-        extra["max_logit"] = row["max_logit"]
+    known = math.isfinite(extra.get(MAX_LOGIT, math.nan))
+    if not known and math.isfinite(row.get(MAX_LOGIT, math.nan)):
+        extra[MAX_LOGIT] = row[MAX_LOGIT]
     return extra
 
 
@@ -399,27 +381,6 @@ def _regrid(found: list[Any], path: Path) -> None:
         writer = csv.DictWriter(fh, columns, restval="", extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-
-
-# the sections the protocol writes: the first, then any of the others after it
-PROTOCOL_HEADS = ("## LR sensitivity", "## Ladder fits", "## Does the best learning rate transfer")
-
-
-def replace_protocol(text: str, section: list[str]) -> str:
-    """study.md with its "## LR sensitivity" section and the ladder section after it (each up to
-    the next "## ") replaced by `section`; unchanged when it has none."""
-    lines = text.split("\n")
-    start = next((i for i, x in enumerate(lines) if x.startswith(PROTOCOL_HEADS[0])), None)
-    if start is None:
-        return text
-
-    def next_head(i: int) -> int:
-        return next((j for j in range(i + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
-
-    end = next_head(start)
-    while end < len(lines) and lines[end].startswith(PROTOCOL_HEADS[1:]):
-        end = next_head(end)
-    return "\n".join(lines[:start] + section + lines[end:])
 
 
 def write_verdicts(decided: Decided, out: Path) -> None:

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch
+from normlab.launch.metric_keys import GRAD, Z_LOSS
 
 if TYPE_CHECKING:
     from normlab.launch.config.schema import TrainingSection
@@ -60,9 +61,9 @@ def is_finite(row: dict[str, float], fp16: bool) -> bool:
     A step the spike policy skipped changed no weight, so its values do not stop the run."""
     if row.get("skipped"):
         return True
-    if not (math.isfinite(row["loss"]) and math.isfinite(row.get("z_loss", 0.0))):
+    if not (math.isfinite(row["loss"]) and math.isfinite(row.get(Z_LOSS, 0.0))):
         return False
-    return fp16 or math.isfinite(row["grad_norm"])
+    return fp16 or math.isfinite(row[GRAD])
 
 
 def log_row(window: list[dict[str, float]], tokens_per_step: int) -> dict[str, float]:
@@ -70,7 +71,7 @@ def log_row(window: list[dict[str, float]], tokens_per_step: int) -> dict[str, f
     loss (and z-loss) and the step time averaged over the window."""
     last = window[-1]
     row = {k: v for k, v in last.items() if k != "step"}
-    for key in ("loss", "z_loss") if "z_loss" in last else ("loss",):
+    for key in ("loss", Z_LOSS) if Z_LOSS in last else ("loss",):
         row[key] = sum(r[key] for r in window) / len(window)
     row["step_time"] = sum(r["step_time"] for r in window) / len(window)
     row["tokens_per_s"] = tokens_per_step / row["step_time"] if row["step_time"] > 0 else 0.0

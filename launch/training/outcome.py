@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from normlab.launch.metric_keys import GRAD
+
 if TYPE_CHECKING:
     from normlab.launch.config import RunConfig
 
@@ -41,7 +43,7 @@ def divergence_message(row: dict[str, float], last_checkpoint: Path | None) -> s
         if last_checkpoint
         else "no checkpoint was saved"
     )
-    key = "loss" if not math.isfinite(row["loss"]) else "grad_norm"
+    key = "loss" if not math.isfinite(row["loss"]) else GRAD
     return (
         f"non-finite {key} ({row[key]}) at step {int(row['step'])}: stopping; {kept}. "
         "Lower optim.lr or lengthen schedule.warmup_steps"

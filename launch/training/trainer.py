@@ -20,6 +20,7 @@ from normlab.launch.callbacks import Callback, StopRun, build_callbacks, overrid
 from normlab.launch.config import RunConfig
 from normlab.launch.engines.base import Engine
 from normlab.launch.instruments.qk_clip import optim_callbacks
+from normlab.launch.metric_keys import GRAD, Z_LOSS
 from normlab.launch.optim import set_lr
 from normlab.launch.rundir.directory import (
     RunDirLock,
@@ -247,8 +248,8 @@ class Trainer:
         veto = partial(self._veto, step, parts["ce"]) if overrides_skip(self.callbacks) else None
         grad_norm, skipped = engine.clip_and_step(self.cfg.optim.grad_clip, veto)
         # `loss` is the cross-entropy; the z-loss term, when on, is logged beside it
-        metrics: dict[str, Any] = {"step": step, "loss": parts["ce"], "grad_norm": grad_norm}
-        metrics.update({"z_loss": parts["z"]} if "z" in parts else {})
+        metrics: dict[str, Any] = {"step": step, "loss": parts["ce"], GRAD: grad_norm}
+        metrics.update({Z_LOSS: parts["z"]} if "z" in parts else {})
         metrics["lr"] = lr
         if veto is not None:
             metrics["skipped"] = float(skipped)

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from normlab.launch.metric_keys import MAX_LOGIT
 
-QUANTITIES = ("best_loss", "best_lr", "lr_sensitivity", "max_logit")
+QUANTITIES = ("best_loss", "best_lr", "lr_sensitivity", MAX_LOGIT)
 BOOTSTRAP = 2000
 LEVEL = 0.95
 

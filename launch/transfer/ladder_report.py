@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from normlab.launch.metric_keys import MAX_LOGIT
 from normlab.launch.transfer.ladder import (
     QUANTITIES,
     Rung,
@@ -32,7 +33,7 @@ LABELS = {
     "best_loss": "best loss",
     "best_lr": "best lr",
     "lr_sensitivity": "LR sensitivity",
-    "max_logit": "max attention logit",
+    MAX_LOGIT: "max attention logit",
 }
 
 
@@ -57,7 +58,7 @@ def rungs_by_recipe(curves: list[Curve]) -> dict[str, list[Rung]]:
         losses = np.array([[p.capped[p.seeds.index(s)] for p in c.points] for s in common])
         logits = np.array(
             [
-                [p.extra.get("max_logit", [math.nan] * len(p.seeds))[p.seeds.index(s)]
+                [p.extra.get(MAX_LOGIT, [math.nan] * len(p.seeds))[p.seeds.index(s)]
                  for p in c.points]
                 for s in common
             ]

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 from normlab.launch.lr_sensitivity.curves import capped_loss, counts_as_l0
+from normlab.launch.metric_keys import ACT_GROWTH
 from normlab.launch.stats.separation import (
     ALPHA,
     GROWTH_RATIO,
@@ -143,7 +144,7 @@ def fill_l0(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def growth_of(row: dict[str, Any]) -> float:
-    value = row.get("act_growth")
+    value = row.get(ACT_GROWTH)
     return math.nan if value is None else float(value)
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from normlab.launch import csv_table as tb
 from normlab.launch.errors import ConfigError
+from normlab.launch.metric_keys import LOGZ_MAX, LOGZ_MIN, MAX_LOGIT
 
 REQUIRED = ("recipe", "lr", "seed", "eval_loss", "status")
 STATUSES = ("completed", "diverged", "failed", "stopped")
@@ -42,10 +43,10 @@ NO_SIZE = "-"
 # per run, what the study's figures read besides the losses (launch/lr_sensitivity/protocol.py:
 # run_metrics); carried through results.csv so a merged study can redraw lr_logits.png
 METRICS = (
-    "max_logit",  # over training
+    MAX_LOGIT,  # over training
     "logz_mean_final",
-    "logz_min",
-    "logz_max",  # the largest log Z of any token over training: the logits' upward divergence
+    LOGZ_MIN,
+    LOGZ_MAX,  # the largest log Z of any token over training: the logits' upward divergence
     "logit_mean_final",
     "head_mean_norm_final",  # ||mean output embedding|| at the end: the drift behind the mean logit
     "grad_rms_final",

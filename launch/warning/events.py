@@ -26,7 +26,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from normlab.launch.metric_keys import ATTN_OUT, MLP_OUT, PRE_NORM, RESID, parse_block_key
+from normlab.launch.metric_keys import (
+    ATTN_OUT,
+    GRAD,
+    INIT_LOSS,
+    MLP_OUT,
+    PRE_NORM,
+    RESID,
+    parse_block_key,
+)
 
 NONFINITE, DIVERGENCE, RETURN = "nonfinite", "divergence", "return_to_init"
 CODES = {NONFINITE: "E1", DIVERGENCE: "E2", RETURN: "E3"}
@@ -59,7 +67,7 @@ def smoothed(losses: Sequence[float], width: int = SMOOTH) -> list[float]:
 def first_nonfinite(rows: Sequence[dict[str, Any]], fp16: bool = False) -> int | None:
     """E1: the first row's step with a non-finite loss, grad norm or activation statistic."""
     for row in rows:
-        keys = ["loss"] + ([] if fp16 else ["grad_norm"])
+        keys = ["loss"] + ([] if fp16 else [GRAD])
         keys += [k for k in row if (p := parse_block_key(k)) and p[0] in ACTIVATION_KINDS]
         if any(_bad(row.get(k)) for k in keys):
             return int(row["step"])
@@ -165,7 +173,7 @@ def run_events(
     fp16 = (config.get("precision") or {}).get("dtype") == "fp16"
     total = (config.get("training") or {}).get("steps")
     if init_loss is None:  # the init_loss instrument's step-0 row
-        init_loss = next((_number(r["init_loss"]) for r in rows if "init_loss" in r), None)
+        init_loss = next((_number(r[INIT_LOSS]) for r in rows if INIT_LOSS in r), None)
     return find_events(rows, warmup, init_loss, fp16, int(total) if total else None)
 
 

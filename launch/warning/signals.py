@@ -10,8 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from normlab.launch.metric_keys import (
+    ADAM_M_NORM,
+    ADAM_UPDATE_RMS,
+    ADAM_V_NORM,
+    ATTN_ENTROPY,
+    ELEMENT_KURTOSIS,
+    EPS_FLOOR,
     GRAD,
+    GRAD_MOM_COS,
+    HEAD_MEAN_NORM,
+    HEAD_NORM,
+    LOGZ_MEAN,
     MAX_LOGIT,
+    QK_ENTROPY,
     RESID,
     UPDATE,
     UPDATE_NORM,
@@ -33,7 +44,7 @@ SIGNALS: dict[str, Signal] = {
     s.name: s
     for s in (
         Signal("loss", "loss", False, Rule(), "baseline: the loss itself"),
-        Signal("grad_norm", "grad_norm", False, Rule(), "global grad norm (OLMo 2, Levanter)"),
+        Signal("grad_norm", GRAD, False, Rule(), "global grad norm (OLMo 2, Levanter)"),
         Signal(
             "update_norm", UPDATE_NORM, True, Rule(level=2.0, level_is_ratio=True),
             "update-norm ratio per block (Marin #1368: 2x)",
@@ -42,33 +53,33 @@ SIGNALS: dict[str, Signal] = {
         Signal("block_grad_norm", GRAD, True, Rule(), "grad norm per block"),
         Signal("max_logit", MAX_LOGIT, False, Rule(level=50.0), "max attention logit, S_max > 50"),
         Signal("resid_rms", RESID, True, Rule(), "residual-stream RMS per block"),
-        Signal("logz_mean", "logz_mean", False, Rule(transform="abs"), "|mean log Z| (output)"),
-        Signal("head_mean_norm", "head_mean_norm", False, Rule(), "head norm (mean embedding)"),
-        Signal("head_norm", "head_norm", False, Rule(), "||W_head|| (adam_state)"),
+        Signal("logz_mean", LOGZ_MEAN, False, Rule(transform="abs"), "|mean log Z| (output)"),
+        Signal("head_mean_norm", HEAD_MEAN_NORM, False, Rule(), "head norm (mean embedding)"),
+        Signal("head_norm", HEAD_NORM, False, Rule(), "||W_head|| (adam_state)"),
         Signal(
-            "adam_update_rms", "adam_update_rms", True, Rule(level=0.9),
+            "adam_update_rms", ADAM_UPDATE_RMS, True, Rule(level=0.9),
             "Adam update RMS per block, >= 0.9 sign-like (Molybog 2023)",
         ),
         Signal(
-            "adam_m_norm", "adam_m_norm", True, Rule(level=2.0, level_is_ratio=True),
+            "adam_m_norm", ADAM_M_NORM, True, Rule(level=2.0, level_is_ratio=True),
             "||m|| per block, 2x its median (Marin #1368)",
         ),
         Signal(
-            "qk_entropy", "qk_entropy", True, Rule(rising=False, transform="none"),
+            "qk_entropy", QK_ENTROPY, True, Rule(rising=False, transform="none"),
             "QK spectral entropy, min over heads: stand-in for arXiv 2606.28116",
         ),
-        Signal("kurtosis", "kurtosis", True, Rule(), "block-output kurtosis (FOG)"),
+        Signal("kurtosis", ELEMENT_KURTOSIS, True, Rule(), "block-output kurtosis (FOG)"),
         Signal(
-            "attn_entropy", "attn_entropy", True, Rule(rising=False, transform="none"),
+            "attn_entropy", ATTN_ENTROPY, True, Rule(rising=False, transform="none"),
             "attention entropy, min over heads: a collapse (Zhai et al. 2023)",
         ),
-        Signal("adam_v_norm", "adam_v_norm", True, Rule(), "||sqrt(v)|| per block"),
+        Signal("adam_v_norm", ADAM_V_NORM, True, Rule(), "||sqrt(v)|| per block"),
         Signal(
-            "eps_floor", "eps_floor", True, Rule(level=0.5, transform="none"),
+            "eps_floor", EPS_FLOOR, True, Rule(level=0.5, transform="none"),
             "share of sqrt(v_hat) < 10 eps, >= 0.5 (Wortsman 2023)",
         ),
         Signal(
-            "grad_mom_cos", "grad_mom_cos", True, Rule(transform="none"),
+            "grad_mom_cos", GRAD_MOM_COS, True, Rule(transform="none"),
             "cos(g_t, m_t-1) per block",
         ),
     )

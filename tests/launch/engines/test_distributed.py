@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from normlab.launch.config import load_config
-from normlab.launch.instruments.adam_state import EPS_FLOOR
+from normlab.launch.metric_keys import EPS_FLOOR
 from normlab.model import Transformer
 
 from tests.conftest import TESTS

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 from normlab.launch.report.fp8_columns import FP8_COLUMNS
-from normlab.launch.study.fp8_section import HEAD, fp8_section, replace_fp8_section
+from normlab.launch.study.fp8_section import HEAD, fp8_section
 from normlab.launch.study.plan import plan
+from normlab.launch.study.sections import FOOTER, FP8, VERDICTS, Section, parse, render
+from normlab.launch.study.sections import with_section as with_
 from normlab.launch.study.spec import load_study
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -71,12 +73,16 @@ def test_report_only_replaces_the_section_in_place(planned) -> None:  # noqa: AN
     text = (
         "# t\n\n## Every grid point\n\n| a |\n\n## Verdicts (SCIENCE.md 22)\n\nx\n\nEvery run: y\n"
     )
-    once = replace_fp8_section(text, section)
+
+    def replace(text: str, lines: list[str]) -> str:
+        return render(with_(parse(text), Section(FP8, lines), before=(VERDICTS, FOOTER)))
+
+    once = replace(text, section)
     assert once.index(HEAD) < once.index("## Verdicts") and once.count(HEAD) == 1
-    assert replace_fp8_section(once, section) == once
-    stale = replace_fp8_section(text, [HEAD, "", "old", ""])
-    assert replace_fp8_section(stale, section) == once
-    assert replace_fp8_section(once, []) == text
+    assert replace(once, section) == once
+    stale = replace(text, [HEAD, "", "old", ""])
+    assert replace(stale, section) == once
+    assert replace(once, []) == text
 
 
 def test_a_study_with_fp8_writes_the_section(

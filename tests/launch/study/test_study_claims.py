@@ -12,11 +12,11 @@ import yaml
 from normlab.launch.cli import main
 from normlab.launch.errors import ConfigError
 from normlab.launch.study.plan import DEFAULT_RECIPES, plan, spec_from_flags
+from normlab.launch.study.sections import FOOTER, VERDICTS, Section, parse, render, with_section
 from normlab.launch.study.spec import article_claims, load_study
 from normlab.launch.study.study_verdicts import (
     decide_study,
     losses_at_fractions,
-    replace_section,
     status_of,
     verdict_section,
 )
@@ -152,10 +152,14 @@ def test_statuses_and_fractions_and_the_section_replacement() -> None:
              {"step": 100, "eval_loss": 5.0}]  # fmt: skip
     assert losses_at_fractions(evals, 100) == {0.25: 7.0, 0.5: 6.0}  # no eval near 75 %
     old = "# t\n\n## Verdicts\n\n| old |\n\n![fig](a.png)\n"
-    assert replace_section(old, ["## Verdicts (SCIENCE.md 22)", "", "new", ""]) == (
+    new = Section(VERDICTS, ["## Verdicts (SCIENCE.md 22)", "", "new", ""])
+    assert render(with_section(parse(old), new, before=(FOOTER,))) == (
         "# t\n\n## Verdicts (SCIENCE.md 22)\n\nnew\n\n![fig](a.png)\n"
     )
-    assert replace_section("# t\n\nEvery run: x\n", ["S", ""]) == "# t\n\nS\n\nEvery run: x\n"
+    none = parse("# t\n\nEvery run: x\n")
+    assert render(with_section(none, Section(VERDICTS, ["S", ""]), before=(FOOTER,))) == (
+        "# t\n\nS\n\nEvery run: x\n"
+    )
 
 
 def test_report_only_refuses_submit_and_a_study_never_run(
