@@ -1,22 +1,21 @@
 """JSONL and CSV histories: one row per logged step, a step column and metric columns.
 
-JSONL: one JSON object per line (json.loads); a value is a number, null (not logged at that step)
-or one of the strings 'nan', 'inf', '-inf' (how JSON writers spell a diverged value). A row may
-log some metrics only (train and eval rows at the same step, as normlab's metrics.jsonl does);
-steps never go back, and no metric is logged twice at one step. A last line without its newline
-is a row the trainer is still writing: left out. CSV goes through launch/csv_table.py (the one
-CSV reader): an empty cell is "not logged". Anything else is one ConfigError line naming the
-file, the line and the key.
+JSONL: one JSON object per line, parsed by launch/json_file.py (the one JSON reader: UTF-8, no
+key twice in a row); a value is a number, null (not logged at that step) or one of the strings
+'nan', 'inf', '-inf' (how JSON writers spell a diverged value). A row may log some metrics only
+(train and eval rows at the same step, as normlab's metrics.jsonl does); steps never go back,
+and no metric is logged twice at one step. A last line cut short is a row the trainer is still
+writing: left out. CSV goes through launch/csv_table.py (the one CSV reader): an empty cell is
+"not logged". Anything else is one ConfigError line naming the file, the line and the key.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from normlab.launch import csv_table
+from normlab.launch import csv_table, json_file
 from normlab.launch.errors import ConfigError
 from normlab.launch.histories.history import Series, SeriesBuilder
 from normlab.launch.histories.sources import STEP_COLUMNS
@@ -39,20 +38,6 @@ def step_column(columns: list[str], override: str | None, path: Path) -> str:
     return found
 
 
-def _text(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the history ({exc.strerror or exc})") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise ConfigError(
-            f"{path}: line {line} is not UTF-8 text (byte {exc.start}); a history is UTF-8"
-        ) from None
-
-
 def _value(value: Any, where: str, key: str) -> float | None:
     if value is None:
         return None
@@ -64,28 +49,21 @@ def _value(value: Any, where: str, key: str) -> float | None:
 
 
 def read_jsonl(path: Path, step_override: str | None = None) -> dict[str, Series]:
-    """Every numeric key of a JSONL history as a Series over its step column."""
-    text = _text(path)
-    lines = text.split("\n")
-    if lines and not text.endswith("\n") and not _is_json(lines[-1]):
-        lines.pop()  # a last line the trainer is still writing
+    """Every numeric key of a JSONL history as a Series over its step column; the lines are
+    parsed by launch/json_file.py (the one JSON reader: UTF-8, no key twice in a row, a last line
+    cut short by a writer left out)."""
     out = SeriesBuilder(path)
     step_key: str | None = None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, row in json_file.read_json_lines(path, "history", ConfigError):
         where = f"{path}: line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where} is not JSON ({exc.msg}, column {exc.colno})") from None
         if not isinstance(row, dict):
             raise ConfigError(f"{where} holds {type(row).__name__}, not an object of metrics")
         if step_key is None:
             step_key = step_column(list(row), step_override, path)
-        step = row.get(step_key)
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ConfigError(f"{where}: {step_key!r} is {step!r}, not a step number")
+        raw_step = row.get(step_key)
+        if not json_file.count(raw_step):
+            raise ConfigError(f"{where}: {step_key!r} is {raw_step!r}, not a step number")
+        step = int(raw_step)
         out.step(step, f"line {number}")
         for key, raw in row.items():
             if key == step_key or _text_column(key):
@@ -96,14 +74,6 @@ def read_jsonl(path: Path, step_override: str | None = None) -> dict[str, Series
     if step_key is None:
         raise ConfigError(f"{path}: the history has no rows")
     return out.result()
-
-
-def _is_json(line: str) -> bool:
-    try:
-        json.loads(line)
-    except json.JSONDecodeError:
-        return False
-    return True
 
 
 def _text_column(key: str) -> bool:
