@@ -61,9 +61,9 @@ def read_jsonl(path: Path, step_override: str | None = None) -> dict[str, Series
         if step_key is None:
             step_key = step_column(list(row), step_override, path)
         raw_step = row.get(step_key)
-        if not json_file.count(raw_step):
+        if not isinstance(raw_step, int) or not json_file.count(raw_step):  # bools refused too
             raise ConfigError(f"{where}: {step_key!r} is {raw_step!r}, not a step number")
-        step = int(raw_step)
+        step = raw_step
         out.step(step, f"line {number}")
         for key, raw in row.items():
             if key == step_key or _text_column(key):
