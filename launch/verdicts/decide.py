@@ -332,7 +332,10 @@ def _fill(
     if not level > 0:  # past a plan's last look (group_sequential): no level, no seed count
         v.seeds_needed = None
     elif v.statistic == vc.LOSS:  # simulated: cross-fitting, the jackknife Welch, this level
-        v.seeds_needed = seeds_for_cells(ca, cb, v.delta, m, level)
+        # an inconclusive claim needs more seeds than it has: past the calculator's range
+        # (MAX_SIMULATED per arm) the answer is known without simulating
+        past = v.verdict == st.INCONCLUSIVE and max(len(a), len(b)) >= MAX_SIMULATED
+        v.seeds_needed = None if past else seeds_for_cells(ca, cb, v.delta, m, level)
     else:
         v.seeds_needed = st.seeds_needed(
             v.delta, v.sd, m, level, permutation=v.statistic == vc.RANGE
@@ -363,6 +366,11 @@ def needs_next(v: Verdict, lrs_a: tuple[float, ...], lrs_b: tuple[float, ...]) -
     how = " (simulated)" if v.statistic == vc.LOSS else ""
     if v.seeds_needed is None:
         most = MAX_SIMULATED if v.statistic == vc.LOSS else st.MAX_SEEDS
+        if v.statistic == vc.LOSS and max(v.n_a, v.n_b) >= most:  # already past the search
+            return (
+                f"undecided at {max(v.n_a, v.n_b)} seeds per arm, past the {most} the simulated "
+                "calculator searches: adding seeds alone is unlikely to decide it"
+            )
         return (
             f"more than {most} seeds per arm for 80% power{how} at the observed difference "
             "and spread: adding seeds alone is unlikely to decide it"

@@ -83,3 +83,32 @@ def test_every_welch_claim_states_how_its_permutation_p_was_found(decided: dict)
             kinds.add("skipped")
             assert d["p_permutation"] is None and "skipped: Welch decides" in note
     assert kinds == {"mc", "skipped"}, kinds
+
+
+def test_an_inconclusive_claim_past_the_simulated_range_is_answered_without_simulating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claim (a) undecided with MAX_SIMULATED seeds per arm already run needs more than the
+    calculator searches: no simulation is run (it would cost n^2 per replicate for nothing), and
+    the note says the seeds are already past its range; a decided claim is still simulated."""
+    from normlab.launch.verdicts import decide as dc
+    from normlab.launch.verdicts import family as vc
+    from normlab.launch.verdicts.power import MAX_SIMULATED
+    from normlab.launch.verdicts.results_table import build_cells, read_results
+
+    calls: list[int] = []
+    real = dc.seeds_for_cells
+    monkeypatch.setattr(dc, "seeds_for_cells", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rng = np.random.default_rng(3)
+    g = np.arange(5)
+    n = MAX_SIMULATED
+    rows = []
+    for name, shift, sd in (("a", 0.0, 1.0), ("b", 0.0, 1.0), ("c", 1.0, 0.02), ("d", 0.0, 0.02)):
+        mu = 20.0 + shift + 0.2 * (g - 2) ** 2
+        rows += rows_of(name, mu + rng.normal(0, sd, (n, 5)), lrs=LRS5, l0=99.0)
+    cells = build_cells(read_results(write_table(tmp_path / "runs.csv", rows)))
+    (v,) = dc.decide(cells, [dc.Claim("a", "b", vc.LOSS)])
+    assert v.verdict == st.INCONCLUSIVE and v.seeds_needed is None and not calls
+    assert f"undecided at {n} seeds per arm, past the {MAX_SIMULATED}" in v.note
+    (w,) = dc.decide(cells, [dc.Claim("d", "c", vc.LOSS)])
+    assert w.verdict == st.A_LOWER and calls and w.seeds_needed is not None
