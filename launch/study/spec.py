@@ -48,7 +48,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from normlab.launch.config.loader import (
     RECIPES_DIR,
@@ -59,7 +59,9 @@ from normlab.launch.config.loader import (
     type_hints,
 )
 from normlab.launch.errors import ConfigError
-from normlab.launch.stats.group_sequential import Plan, plan_from_data
+
+if TYPE_CHECKING:  # the plan's boundaries need scipy: loaded when a study file has looks
+    from normlab.launch.stats.group_sequential import Plan
 
 STUDIES_DIR = RECIPES_DIR / "studies"
 LR = "optim.lr"
@@ -208,7 +210,7 @@ def load_study(name: str) -> StudySpec:
         protocol=protocol,
         path=path,
         claims=_claims(data, protocol, where),
-        looks=None if data.get("looks") is None else plan_from_data(data["looks"], where),
+        looks=None if data.get("looks") is None else _plan(data["looks"], where),
     )
     check_spec(spec, where)
     return spec
@@ -403,3 +405,10 @@ def _int_list(value: Any, what: str, where: str, low: int) -> list[int]:
     if len(set(value)) < len(value):
         raise ConfigError(f"{where}{what} has a value twice: {value!r}")
     return list(value)
+
+
+def _plan(data: Any, where: str) -> Plan:
+    """The study file's `looks:` as a plan (its import brings scipy: only when a study has one)."""
+    from normlab.launch.stats.group_sequential import plan_from_data
+
+    return plan_from_data(data, where)

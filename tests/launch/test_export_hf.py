@@ -215,4 +215,7 @@ def test_damaged_checkpoint_and_unwritable_out_are_one_line(
     assert "model.pt" in err and not (tmp_path / "x").exists()
     (tmp_path / "file").write_text("not a folder")
     code, _, err = cli(capsys, str(runs["llama"]), "--out", str(tmp_path / "file" / "x"))
-    assert code == 2 and err.count("\n") == 1 and "cannot create --out" in err
+    # refused by the one checked output path (launch/out_path): the file below is named
+    assert code == 2 and err.count("\n") == 1 and "--out" in err
+    assert f"{tmp_path / 'file'} is a file, not a directory" in err
+    assert (tmp_path / "file").read_text() == "not a folder"
