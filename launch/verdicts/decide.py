@@ -105,6 +105,12 @@ class Verdict:
     pick_b: list[int] = field(default_factory=list)
 
     @property
+    def seed_limit(self) -> int:
+        """The largest count the seed calculator searches: claim (a)'s simulation stops at
+        MAX_SIMULATED per arm, the noncentral t at statistics.MAX_SEEDS."""
+        return MAX_SIMULATED if self.statistic == vc.LOSS else st.MAX_SEEDS
+
+    @property
     def meaning(self) -> str:
         """What a decided verdict says, with its margin ('' when undecided): a directional one
         means lower by more than the margin, not merely lower."""
@@ -365,7 +371,7 @@ def needs_next(v: Verdict, lrs_a: tuple[float, ...], lrs_b: tuple[float, ...]) -
     replication unit is a seed-run, and claim (a)'s selection needs every lr)."""
     how = " (simulated)" if v.statistic == vc.LOSS else ""
     if v.seeds_needed is None:
-        most = MAX_SIMULATED if v.statistic == vc.LOSS else st.MAX_SEEDS
+        most = v.seed_limit
         if v.statistic == vc.LOSS and max(v.n_a, v.n_b) >= most:  # already past the search
             return (
                 f"undecided at {max(v.n_a, v.n_b)} seeds per arm, past the {most} the simulated "

@@ -27,7 +27,6 @@ from normlab.launch.stats import statistics as st
 from normlab.launch.stats.group_sequential import Plan
 from normlab.launch.verdicts import family as vc
 from normlab.launch.verdicts.decide import NOT_TESTED, Verdict, decide, load_claims
-from normlab.launch.verdicts.power import MAX_SIMULATED
 from normlab.launch.verdicts.rank_flips import (
     PointDifference,
     RankFlip,
@@ -86,8 +85,7 @@ def line(v: Verdict) -> str:
         parts.append(v.permutation_note)
     if v.naive_a is not None:
         parts.append(f"naive best A {_fmt(v.naive_a)} B {_fmt(v.naive_b)}")
-    most = MAX_SIMULATED if v.statistic == vc.LOSS else st.MAX_SEEDS
-    parts.append(f"seeds for 80% power {v.seeds_needed if v.seeds_needed else f'>{most}'}")
+    parts.append(f"seeds for 80% power {v.seeds_needed if v.seeds_needed else f'>{v.seed_limit}'}")
     parts.append(f"rule: {v.test}; {v.rule}")
     text = f"{head}: " + "; ".join(parts)
     return f"{text} ({v.note})" if v.note else text
