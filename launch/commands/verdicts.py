@@ -73,6 +73,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also run the simulated A/A self-test with B replicates (e.g. 2000)",
     )
     p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes deciding the claims (default: every usable core; the answers do not "
+        "depend on it)",
+    )
+    p.add_argument(
         "--plan",
         type=float,
         default=None,
@@ -99,6 +107,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from normlab.launch.errors import ConfigError
     from normlab.launch.verdicts.report import plan_lines, run_verdicts
+    from normlab.launch.verdicts.workers import usable_cores
+
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigError(f"--jobs must be a whole number >= 1, got {args.jobs}")
+    jobs = usable_cores() if args.jobs is None else args.jobs
 
     if args.plan is not None:
         for text in plan_lines(
@@ -114,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         lines = verdicts_from_histories(
             args.results, args.layout, history_options(args), args.eval_loss, args.out,
             lambda table: run_verdicts(
-                table, args.claims, args.plateau, args.l0, args.margin, args.out, args.aa
+                table, args.claims, args.plateau, args.l0, args.margin, args.out, args.aa, jobs
             ),
         )  # fmt: skip
         print("\n".join(lines))
@@ -123,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("a results table is needed (or --plan DELTA with --sd SD)")
 
     for text in run_verdicts(
-        args.results, args.claims, args.plateau, args.l0, args.margin, args.out, args.aa
+        args.results, args.claims, args.plateau, args.l0, args.margin, args.out, args.aa, jobs
     ):
         print(text)
     return 0

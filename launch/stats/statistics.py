@@ -18,7 +18,12 @@ from functools import lru_cache
 from itertools import combinations
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
+
+try:  # the ufunc scipy.stats.nct.sf evaluates (Boost); absent: through scipy.stats
+    from scipy.special._ufuncs import _nct_sf
+except ImportError:  # pragma: no cover - other scipy versions
+    _nct_sf = None
 
 ALPHA = 0.05  # family-wise level (SCIENCE.md 22.4)
 POWER = 0.8  # the seed-count calculator's target power (22.5)
@@ -28,6 +33,41 @@ TOL = 1e-12
 
 A_LOWER, B_LOWER, EQUIVALENT, INCONCLUSIVE = "a_lower", "b_lower", "equivalent", "inconclusive"
 OUTCOMES = (A_LOWER, B_LOWER, EQUIVALENT, INCONCLUSIVE)
+
+
+# ------------------------------------------------- t and noncentral t, called directly ----------
+# scipy.stats' distribution objects check and broadcast their arguments on every call (about 0.2
+# ms); a family of thousands of claims calls them tens of thousands of times. These call the same
+# special functions scipy.stats.t / nct evaluate, with the same answers at the edges (df <= 0 or
+# nan: nan; x = -/+inf: 0 / 1; q = 0 / 1: -/+inf); tests/launch/stats hold them to scipy.stats.
+
+
+def t_cdf(x: np.ndarray | float, df: np.ndarray | float) -> np.ndarray:
+    """scipy.stats.t.cdf(x, df)."""
+    return np.asarray(special.stdtr(df, x))
+
+
+def t_sf(x: np.ndarray | float, df: np.ndarray | float) -> np.ndarray:
+    """scipy.stats.t.sf(x, df)."""
+    return np.asarray(special.stdtr(df, -np.asarray(x, dtype=float)))
+
+
+def t_ppf(q: np.ndarray | float, df: np.ndarray | float) -> np.ndarray:
+    """scipy.stats.t.ppf(q, df)."""
+    q, df = np.asarray(q, dtype=float), np.asarray(df, dtype=float)
+    return np.where((q == 0) & (df > 0), -np.inf, special.stdtrit(df, q))
+
+
+def nct_sf(x: np.ndarray | float, df: np.ndarray | float, nc: np.ndarray | float) -> np.ndarray:
+    """scipy.stats.nct.sf(x, df, nc)."""
+    if _nct_sf is None:  # pragma: no cover
+        return np.asarray(stats.nct.sf(x, df, nc))
+    x = np.asarray(x, dtype=float)
+    with np.errstate(over="ignore"):
+        p = np.clip(_nct_sf(x, df, nc), 0.0, 1.0)
+    p = np.where(x == np.inf, 0.0, np.where(x == -np.inf, 1.0, p))
+    ok = (np.asarray(df) > 0) & (np.asarray(nc) == np.asarray(nc))
+    return np.where(ok, p, np.nan)
 
 
 # ---------------------------------------------------------------- Welch (22.3) ----------------
@@ -44,7 +84,7 @@ class Welch:
 
     def interval(self, alpha: float) -> tuple[np.ndarray, np.ndarray]:
         """The two-sided (1 - 2 alpha) interval delta -/+ t_{df, 1-alpha} se."""
-        half = np.where(self.se > 0, stats.t.ppf(1.0 - alpha, self.df) * self.se, np.inf)
+        half = np.where(self.se > 0, t_ppf(1.0 - alpha, self.df) * self.se, np.inf)
         return self.delta - half, self.delta + half
 
     def p_below(self, bound: float) -> np.ndarray:
@@ -99,7 +139,7 @@ def _t_tail(diff: np.ndarray, se: np.ndarray, df: np.ndarray, lower: bool) -> np
     diff, se = np.asarray(diff, dtype=float), np.asarray(se, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         t = diff / np.where(se > 0, se, 1.0)
-        p = stats.t.cdf(t, df) if lower else stats.t.sf(t, df)
+        p = t_cdf(t, df) if lower else t_sf(t, df)
     return np.where(se > 0, p, 1.0)
 
 
@@ -311,7 +351,7 @@ def seeds_for_effect(d: float, alpha: float, sided: int = 2, target: float = POW
 
     def power(n: int) -> float:
         df = 2 * n - 2
-        return float(stats.nct.sf(stats.t.ppf(1 - crit, df), df, d * math.sqrt(n / 2)))
+        return float(nct_sf(t_ppf(1 - crit, df), df, d * math.sqrt(n / 2)))
 
     return search_seeds(power, target, 2)
 
@@ -320,11 +360,11 @@ def tost_power(n: int, delta: float, sd: float, margin: float, alpha: float) -> 
     """Lower bound on the TOST power at true difference delta: P(reject lower) + P(reject upper)
     - 1, each a noncentral t with df 2n - 2."""
     df = 2 * n - 2
-    crit = stats.t.ppf(1 - alpha, df)
+    crit = t_ppf(1 - alpha, df)
     k = math.sqrt(n / 2) / sd
     return float(
-        stats.nct.sf(crit, df, (margin - abs(delta)) * k)
-        + stats.nct.sf(crit, df, (margin + abs(delta)) * k)
+        nct_sf(crit, df, (margin - abs(delta)) * k)
+        + nct_sf(crit, df, (margin + abs(delta)) * k)
         - 1.0
     )
 

@@ -45,6 +45,7 @@ from normlab.launch.verdicts.power import (
     seeds_for_models,
 )
 from normlab.launch.verdicts.results_table import Cell
+from normlab.launch.verdicts.workers import fan_out
 
 EXPECTS = (st.A_LOWER, st.B_LOWER, st.EQUIVALENT, "any")
 NOT_TESTED = "not_tested"
@@ -249,13 +250,16 @@ def decide(
     alpha: float = st.ALPHA,
     plan: gs.Plan | None = None,
     stages: Stages | None = None,
+    jobs: int = 1,
 ) -> list[Verdict]:
     """Every claim's verdict (claims None: the default family), Holm over the testable ones;
     `plan`: the study's plan of looks (SCIENCE.md 22.8), each claim at the look of its seeds;
-    `stages`: where the command shows its progress (launch.progress)."""
+    `stages`: where the command shows its progress (launch.progress); `jobs`: processes
+    (launch.verdicts.workers: the same answers on any number)."""
     verdicts = _expand(claims if claims is not None else default_claims(cells), cells)
     tested: list[tuple[Verdict, Cell, Cell]] = []
-    for v in verdicts:
+    at: list[int] = []  # where each tested claim sits in `verdicts`
+    for i, v in enumerate(verdicts):
         if v.verdict == NOT_TESTED:
             continue
         ca, cb = cells[(v.a, v.size)], cells[(v.b, v.size)]
@@ -265,30 +269,41 @@ def decide(
             v.note = why
             continue
         tested.append((v, ca, cb))
+        at.append(i)
     if not tested:
         return verdicts
     shown = stages or Stages("verdicts", live=False, quiet=True)
-    rows = []
     with shown.stage("testing claims", len(tested)) as tick:
-        for v, ca, cb in tested:
-            rows.append(vc.claim_p3(v.statistic, ca.loss, cb.loss, plateau, loss_margin))
-            tick()
+        rows = fan_out(_p3_of, (tested, plateau, loss_margin), len(tested), tick, jobs)
     p3 = np.stack(rows)
     looks = None if plan is None else [gs.look_at(plan, ca.n, cb.n) for _, ca, cb in tested]
     codes, levels = vc.decide_family(p3, alpha, looks)
     with shown.stage("intervals, permutation p, seeds needed", len(tested)) as tick:
-        for i, ((v, ca, cb), code, level, p) in enumerate(
-            zip(tested, codes, levels, p3, strict=True)
-        ):
-            v.verdict = st.OUTCOMES[int(code)]  # before _fill: "needs k seeds" only when undecided
-            _fill(v, ca, cb, plateau, loss_margin, float(level), p)
-            if looks is not None:
-                v.rule = v.rule.replace("): ", f"; {looks[i].words()}): ", 1)
-                more = looks[i].undecided() if v.verdict == st.INCONCLUSIVE else ""
-                own = v.note if looks[i].fractions else ""  # past the plan: no seed count
-                v.note = "; ".join(x for x in (own, looks[i].note, more) if x)
-            tick()
+        job = (tested, codes, levels, p3, looks, plateau, loss_margin)
+        for i, v in zip(at, fan_out(_decided, job, len(tested), tick, jobs), strict=True):
+            verdicts[i] = v
     return verdicts
+
+
+def _p3_of(job: tuple, i: int) -> np.ndarray:
+    """The i-th tested claim's three one-sided p-values (fan_out's unit of the first stage)."""
+    tested, plateau, loss_margin = job
+    v, ca, cb = tested[i]
+    return vc.claim_p3(v.statistic, ca.loss, cb.loss, plateau, loss_margin)
+
+
+def _decided(job: tuple, i: int) -> Verdict:
+    """The i-th tested claim decided at its Holm level, its numbers filled (the second stage)."""
+    tested, codes, levels, p3, looks, plateau, loss_margin = job
+    v, ca, cb = tested[i]
+    v.verdict = st.OUTCOMES[int(codes[i])]  # before _fill: "needs k seeds" only when undecided
+    _fill(v, ca, cb, plateau, loss_margin, float(levels[i]), p3[i])
+    if looks is not None:
+        v.rule = v.rule.replace("): ", f"; {looks[i].words()}): ", 1)
+        more = looks[i].undecided() if v.verdict == st.INCONCLUSIVE else ""
+        own = v.note if looks[i].fractions else ""  # past the plan: no seed count
+        v.note = "; ".join(x for x in (own, looks[i].note, more) if x)
+    return v
 
 
 def _fill(

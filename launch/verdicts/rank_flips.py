@@ -79,15 +79,35 @@ def exploratory(
 ) -> list[PointDifference]:
     """Per shared grid point of each pair: the difference of capped means, Welch's two-sided p,
     and whether Benjamini-Hochberg at q over all points and pairs rejects it. Exploratory."""
-    found = []
-    for a, b, size in pairs:
-        ca, cb = cells[(a, size)], cells[(b, size)]
-        if ca.n < 2 or cb.n < 2 or not (ca.usable and cb.usable):
-            continue
-        for lr in sorted(set(ca.lrs) & set(cb.lrs)):
-            w = st.welch(ca.loss[:, ca.lrs.index(lr)], cb.loss[:, cb.lrs.index(lr)])
-            p = float(min(1.0, 2 * min(w.p_below(0.0), w.p_above(0.0))))
-            found.append(PointDifference(a, b, size, lr, float(w.delta), p))
+    return benjamini_hochberg_points(
+        [d for pair in pairs for d in point_differences(cells, pair)], q
+    )
+
+
+def point_differences(
+    cells: dict[tuple[str, str], Cell], pair: tuple[str, str, str]
+) -> list[PointDifference]:
+    """One pair's per-grid-point differences and Welch p's (no multiplicity correction yet)."""
+    a, b, size = pair
+    ca, cb = cells[(a, size)], cells[(b, size)]
+    if ca.n < 2 or cb.n < 2 or not (ca.usable and cb.usable):
+        return []
+    shared = sorted(set(ca.lrs) & set(cb.lrs))
+    if not shared:
+        return []
+    # one Welch over the shared points: each point's seeds a contiguous row, as a single column
+    xa = np.ascontiguousarray(ca.loss[:, [ca.lrs.index(lr) for lr in shared]].T)
+    xb = np.ascontiguousarray(cb.loss[:, [cb.lrs.index(lr) for lr in shared]].T)
+    w = st.welch(xa, xb)
+    p = np.minimum(1.0, 2 * np.minimum(w.p_below(0.0), w.p_above(0.0)))
+    return [
+        PointDifference(a, b, size, lr, float(d), float(q))
+        for lr, d, q in zip(shared, w.delta, p, strict=True)
+    ]
+
+
+def benjamini_hochberg_points(found: list[PointDifference], q: float = st.ALPHA) -> list:
+    """Benjamini-Hochberg at q over every point of every pair (marks bh_rejected)."""
     for d, r in zip(found, st.benjamini_hochberg(np.array([d.p for d in found]), q), strict=True):
         d.bh_rejected = bool(r)
     return found

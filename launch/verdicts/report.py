@@ -30,11 +30,13 @@ from normlab.launch.verdicts.decide import NOT_TESTED, Verdict, decide, load_cla
 from normlab.launch.verdicts.rank_flips import (
     PointDifference,
     RankFlip,
-    exploratory,
+    benjamini_hochberg_points,
     pairs_of,
+    point_differences,
     rank_flips,
 )
-from normlab.launch.verdicts.results_table import build_cells, read_results
+from normlab.launch.verdicts.results_table import Cell, build_cells, read_results
+from normlab.launch.verdicts.workers import fan_out
 
 if TYPE_CHECKING:
     from normlab.launch.verdicts.aa_simulation import AAResult
@@ -190,9 +192,11 @@ def run_verdicts(
     margin: float = vc.LOSS_MARGIN,
     out: str | Path = DEFAULT_VERDICTS,
     aa: int | None = None,
+    jobs: int = 1,
 ) -> list[str]:
     """Decide, write verdicts.md and verdicts.json into `out`, return the lines to print.
-    `aa`: also run the simulated A/A self-test (22.6) with that many replicates per cell."""
+    `aa`: also run the simulated A/A self-test (22.6) with that many replicates per cell;
+    `jobs`: processes deciding the claims (launch.verdicts.workers; the same answers)."""
     check_options(plateau, l0, margin, aa)
     out = Path(out)
     check_verdicts_dir(out)
@@ -201,9 +205,19 @@ def run_verdicts(
         with stages.stage("reading the table") as tick:
             runs = read_results(results)
             tick(len(runs))
-        decided = decide_table(runs, claims, plateau, l0, margin, aa, str(results), stages=stages)
+        decided = decide_table(
+            runs, claims, plateau, l0, margin, aa, str(results), stages=stages, jobs=jobs
+        )
         make_out_dir(out, writes=WRITES["verdicts"])
         return write_decided(decided, out)
+
+
+def _pair_companions(
+    job: tuple[dict[tuple[str, str], Cell], list[tuple[str, str, str]], float], i: int
+) -> tuple[RankFlip, list[PointDifference]]:
+    """The i-th pair's rank flip and per-point differences (fan_out's unit; BH runs after)."""
+    cells, pairs, margin = job
+    return rank_flips(cells, [pairs[i]], margin)[0], point_differences(cells, pairs[i])
 
 
 def check_options(plateau: float | None, l0: float | None, margin: float, aa: int | None) -> None:
@@ -267,14 +281,15 @@ def decide_table(
     source: str = "",
     plan: Plan | None = None,
     stages: Stages | None = None,
+    jobs: int = 1,
 ) -> Decided:
     """The verdicts of a table of runs (results_table.Run), its rank flips, exploratory
-    differences and (aa: replicates) the simulated A/A self-test."""
+    differences and (aa: replicates) the simulated A/A self-test; `jobs`: processes."""
     import time
 
     start = time.perf_counter()
     cells = build_cells(runs, l0)
-    verdicts = decide(cells, claims, plateau, margin, plan=plan, stages=stages)
+    verdicts = decide(cells, claims, plateau, margin, plan=plan, stages=stages, jobs=jobs)
     tested = list(
         dict.fromkeys(
             (v.a, v.b, v.size)
@@ -285,9 +300,9 @@ def decide_table(
     pairs = tested if claims is not None else pairs_of(cells)
     shown = stages or Stages("verdicts", quiet=True)
     with shown.stage("rank flips and per-lr differences", len(pairs)) as tick:
-        flips = rank_flips(cells, pairs, margin)
-        points = exploratory(cells, pairs)
-        tick(len(pairs))
+        per_pair = fan_out(_pair_companions, (cells, pairs, margin), len(pairs), tick, jobs)
+        flips = [flip for flip, _ in per_pair]
+        points = benjamini_hochberg_points([d for _, found in per_pair for d in found])
     notes = [f"{r} [{s}]: {n}" for (r, s), c in cells.items() for n in c.notes]
     if plan is not None:  # a study's plan of looks (SCIENCE.md 22.8): the levels are its looks'
         notes.append(f"looks: {plan.describe()}; each level is its look's nominal level")

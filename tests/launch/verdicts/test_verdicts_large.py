@@ -112,3 +112,46 @@ def test_an_inconclusive_claim_past_the_simulated_range_is_answered_without_simu
     assert f"undecided at {n} seeds per arm, past the {MAX_SIMULATED}" in v.note
     (w,) = dc.decide(cells, [dc.Claim("d", "c", vc.LOSS)])
     assert w.verdict == st.A_LOWER and calls and w.seeds_needed is not None
+
+
+def test_several_processes_give_the_same_verdicts_byte_for_byte(
+    decided: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--jobs 2 (forked workers, here even for 18 claims) writes the same verdicts.json as one
+    process: each claim's random numbers are seeded per claim, Holm runs in the parent."""
+    from normlab.launch.verdicts import workers
+
+    monkeypatch.setattr(workers, "MIN_PARALLEL", 1)
+    table = _table(tmp_path)
+    out = tmp_path / "v2"
+    args = ["verdicts", str(table), "--plateau", "4.6", "--out", str(out), "--jobs", "2"]
+    assert main(args) == 0
+    assert (out / "verdicts.json").read_bytes() == (decided["dir"] / "verdicts.json").read_bytes()
+
+
+def _pid_and_square(data: int, i: int) -> tuple[int, int]:
+    import os
+
+    return os.getpid(), data * i * i
+
+
+def test_fan_out_runs_in_other_processes_keeps_order_and_ticks_each_item() -> None:
+    import os
+
+    from normlab.launch.verdicts.workers import fan_out
+
+    ticks: list[int] = []
+    got = fan_out(_pid_and_square, 3, 200, lambda: ticks.append(1), jobs=2)
+    assert [v for _, v in got] == [3 * i * i for i in range(200)] and len(ticks) == 200
+    assert os.getpid() not in {p for p, _ in got}
+    one = fan_out(_pid_and_square, 3, 200, lambda: None, jobs=1)
+    assert {p for p, _ in one} == {os.getpid()}
+
+
+def test_jobs_below_one_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    assert (
+        main(["verdicts", str(_table(tmp_path)), "--jobs", "0", "--out", str(tmp_path / "o")]) == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--jobs" in err[0] and ">= 1" in err[0]
+    assert not (tmp_path / "o").exists()
