@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if hasattr(args, "overrides"):  # KEY=VALUE settings: each once (the last would win)
+            from normlab.launch.config.loader import check_once
+
+            check_once(args.overrides)
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
         return status

@@ -18,6 +18,7 @@ import argparse
 from pathlib import Path
 
 from normlab.launch.commands.submit import add_submit_options, job_spec
+from normlab.launch.config.loader import check_once
 from normlab.launch.errors import ConfigError
 from normlab.launch.study.plan import (
     DEFAULT_LRS,
@@ -128,6 +129,7 @@ def _refuse_replaced_sets(sets: list[str], lrs: bool, steps: bool) -> None:
     owners = {"training.seed": "--seeds", "run_dir": "--out"}
     owners |= {"optim.lr": "--lrs"} if lrs else {}
     owners |= {"training.steps": "--steps"} if steps else {}
+    check_once(sets, "--set ")
     for item in sets:
         key = item.partition("=")[0].strip()
         if key in owners:

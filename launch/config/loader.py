@@ -312,6 +312,25 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{problem} at {where}" + (f" ({' '.join(context.split())})" if context else "")
 
 
+def check_once(overrides: list[str], flag: str = "") -> None:
+    """A setting given twice in one list (the same key, or a key and a section holding it, as
+    `optim.lr=1e-3 optim.lr=2e-3` or `optim={lr: 1} optim.lr=2`) is refused in one line: the
+    last one would win silently. `flag`: how the command line spells one (`--set `)."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        for other, first in seen.items():
+            if key == other or key.startswith(other + ".") or other.startswith(key + "."):
+                what = "twice" if key == other else f"with {other!r}, which holds it"
+                if key != other and other.startswith(key + "."):
+                    what = f"with {other!r}, which it holds"
+                raise ConfigError(
+                    f"setting {key!r} given {what} ({flag}{first!r}, {flag}{item!r}): give each "
+                    "setting once"
+                )
+        seen[key] = item
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `a.b=value` overrides; each value is parsed as YAML (so 3, 0.1, true, [0.9, 0.95])."""
     out = deep_merge({}, data)
