@@ -50,6 +50,53 @@ def tokenizer_spec(vocab_size: int, model_type: str) -> dict[str, Any]:
     }
 
 
+def load_meta(path: Path) -> dict[str, Any]:
+    """A meta.json read and checked (the one reader of this file kind): UTF-8 JSON, no key twice
+    (launch.json_file), an object whose vocab_size is an integer > 0, dtype the one token_dtype
+    gives for it, tokens a count >= 0 per split (train, val), tokenizer an object naming its
+    file. DataError names the file and the key."""
+    from normlab.launch.json_file import read_json
+
+    fix = "re-run `normlab prepare`"
+    meta = read_json(path, "prepared data's meta.json", DataError, fix=fix)
+
+    def bad(key: str, expected: str) -> DataError:
+        got = meta.get(key, "missing") if isinstance(meta, dict) else meta
+        return DataError(f"{path}: {key} is {got!r}, expected {expected}; {fix}")
+
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: expected a JSON object, got {type(meta).__name__}; {fix}")
+    vocab = meta.get("vocab_size")
+    if not _whole(vocab) or vocab <= 0:
+        raise bad("vocab_size", "an integer > 0")
+    if meta.get("dtype") != token_dtype(vocab).name:
+        raise bad("dtype", f"{token_dtype(vocab).name!r} (the token dtype of vocab_size {vocab})")
+    tokens = meta.get("tokens")
+    if not (
+        isinstance(tokens, dict)
+        and set(tokens) == {"train", "val"}
+        and all(_whole(n) and n >= 0 for n in tokens.values())
+    ):
+        raise bad("tokens", "{'train': count, 'val': count}, counts integers >= 0")
+    tok = meta.get("tokenizer", {})
+    if not isinstance(tok, dict) or not isinstance(tok.get("file", SPM_FILE), str):
+        raise bad("tokenizer", "an object naming its file")
+    return meta
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def meta_of(dataset: str | Path) -> dict[str, Any] | None:
+    """The checked meta.json of a dataset that has one; None for 'bundled' or a directory that
+    holds none (moved or deleted since a run); DataError when it is there and damaged."""
+    if str(dataset) == "bundled":
+        return None
+    path = Path(dataset).expanduser() / META
+    return load_meta(path) if path.is_file() else None
+
+
 def read_meta(data_dir: str | Path) -> dict[str, Any]:
     """meta.json of a prepared directory, or DataError saying what is missing."""
     d = Path(data_dir)
@@ -61,14 +108,11 @@ def read_meta(data_dir: str | Path) -> dict[str, Any]:
             f"{d} is not a prepared data directory (missing {', '.join(missing)}); "
             "run `normlab prepare --out DIR`"
         )
-    try:
-        meta = json.loads((d / META).read_text())
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        sizes = {s: (d / f"{s}.bin").stat().st_size for s in ("train", "val")}
-        bad = [s for s, n in meta["tokens"].items() if sizes[s] != n * itemsize]
-        tok_file = meta.get("tokenizer", {}).get("file", SPM_FILE)
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        raise DataError(f"{d / META} is corrupt: {e!r}") from None
+    meta = load_meta(d / META)
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    sizes = {s: (d / f"{s}.bin").stat().st_size for s in ("train", "val")}
+    bad = [s for s, n in meta["tokens"].items() if sizes[s] != n * itemsize]
+    tok_file = meta.get("tokenizer", {}).get("file", SPM_FILE)
     if tok_file not in (SPM_FILE, HF_FILE) or not (d / tok_file).is_file():
         raise DataError(
             f"{d} is not a prepared data directory (missing its tokenizer {tok_file}); "

@@ -4,7 +4,6 @@ from the prepared data, type-checks every key and runs the cross-field checks.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +88,11 @@ def resolve_vocab(cfg: RunConfig) -> None:
 def prepared_vocab_size(dataset: str) -> int | None:
     """The tokenizer size in <dataset>/meta.json; None for 'bundled' or an unreadable directory
     (the trainer's dataset check then names what is wrong with it)."""
-    if dataset == "bundled":
-        return None
+    from normlab.data.errors import DataError
+    from normlab.data.prepare_meta import meta_of
+
     try:
-        size = json.loads((Path(dataset).expanduser() / "meta.json").read_text())["vocab_size"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        meta = meta_of(dataset)
+    except DataError:
         return None
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    return None if meta is None else int(meta["vocab_size"])

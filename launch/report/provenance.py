@@ -5,19 +5,17 @@ and the prepared directory's meta.json."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 
 def _meta(dataset: str) -> dict[str, Any]:
-    if dataset == "bundled":
-        return {}
+    from normlab.data.errors import DataError
+    from normlab.data.prepare_meta import meta_of
+
     try:
-        meta = json.loads((Path(dataset).expanduser() / "meta.json").read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return {}  # moved or deleted since: the config's values are all there is
-    return meta if isinstance(meta, dict) else {}
+        return meta_of(dataset) or {}  # moved or deleted since: the config's values are all
+    except DataError:  # damaged since: the same (comparing runs needs no data file)
+        return {}
 
 
 def tokenizer_id(config: dict[str, Any]) -> str:

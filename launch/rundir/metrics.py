@@ -15,22 +15,22 @@ JSONL = "metrics.jsonl"
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop lines logged after `last_step` (a killed run logs past its last checkpoint), and any
-    line a crash or a full disk left unreadable (bytes that are not UTF-8 text included)."""
-    if not path.is_file():
+    """Drop the rows logged after `last_step` (a killed run logs past its last checkpoint) and a
+    last line cut short, keeping every other line as written. Read by the one metrics reader
+    (rundir/runfiles.py): damage anywhere else is refused, naming the line, before anything is
+    rewritten (a resume never silently deletes a user's rows)."""
+    from normlab.launch.rundir.runfiles import numbered_metrics
+
+    rows = numbered_metrics(path)
+    if not rows:
+        if path.is_file() and path.stat().st_size:  # only a line cut short: nothing to keep
+            path.write_text("")
         return
-    text = path.read_bytes().decode("utf-8", errors="replace")
-    keep = [ln for ln in text.splitlines() if "\ufffd" not in ln and _step_of(ln) <= last_step]
+    lines = path.read_text(encoding="utf-8").splitlines()  # UTF-8 checked by the reader
+    keep = [lines[number - 1] for number, row in rows if row["step"] <= last_step]
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(ln + "\n" for ln in keep))
     os.replace(tmp, path)
-
-
-def _step_of(line: str) -> int:
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return 1 << 62  # a half-written last line is dropped
 
 
 def last_rows(path: Path, n: int) -> list[dict[str, Any]]:

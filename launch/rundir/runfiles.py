@@ -117,10 +117,15 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     are numbers (or the 'nan'/'inf' strings non-finite values are written as) and whose losses
     are >= 0 or non-finite. A step may appear on several rows: eval rows share the train row's
     step, and a spike-policy rollback logs the steps it runs again."""
+    return [row for _, row in numbered_metrics(path)]
+
+
+def numbered_metrics(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """read_metrics with each row's line number in the file (1 = the first line)."""
     if not path.is_file():
         return []
     return [
-        _check_row(path, number, row)
+        (number, _check_row(path, number, row))
         for number, row in jf.read_json_lines(path, "metrics file", DamagedFile, FIX)
     ]
 
