@@ -105,6 +105,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "what is missing",
     )
     p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --submit: print each run's batch script; submit and write nothing",
+    )
+    p.add_argument(
         "--report-only",
         action="store_true",
         help="rebuild the report of a finished study in --out without training: from its runs, "
@@ -211,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
     # a file, below a file, read-only, a folder of a user's files: one line before anything is
     # written (a folder holding plan.json or study.json is a study's: trained on or rebuilt)
     check_out_dir(out, writes=None if args.report_only else ())
+    if args.dry_run and not args.submit:
+        raise ConfigError("--dry-run shows the batch scripts of --submit: give it with --submit")
     if args.merge and not args.report_only:
         raise ConfigError("--merge joins finished runs: give it with --report-only")
     if args.report_only:
@@ -233,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
         from normlab.launch.study.submit import submit_study
 
         planned = plan(spec, out, args.spike_window or spec.spike_window)
-        return submit_study(planned, spec, out, job_spec(args))
+        return submit_study(planned, spec, out, job_spec(args), dry_run=args.dry_run)
     from normlab.launch.study.run import run_spec
 
     result = run_spec(spec, out, jobs=args.jobs, window=args.spike_window,

@@ -25,10 +25,11 @@ if TYPE_CHECKING:
     from normlab.launch.study.spec import StudySpec
 
 FINISHED = ("completed", "diverged")
-# study has no --dry-run: what it does offer without sbatch
+# what `study --submit` offers without sbatch (each part runs as printed: the same command
+# with --dry-run added, or without --submit)
 NO_SBATCH = (
-    "or drop --submit to train the study here; `normlab submit RECIPE --dry-run` prints one "
-    "run's batch script"
+    "or add --dry-run to this command to print each run's batch script, or drop --submit to "
+    "train the study here"
 )
 
 
@@ -66,13 +67,24 @@ def _previous(out: Path) -> dict[str, dict[str, Any]]:
     return {str(e["run_dir"]): e for e in entries if isinstance(e, dict) and "run_dir" in e}
 
 
-def submit_study(planned: list[Planned], spec: StudySpec, out: Path, cluster: ClusterSpec) -> int:
-    """Submit what is missing; 0 when every run is finished, queued or submitted now."""
+def submit_study(
+    planned: list[Planned], spec: StudySpec, out: Path, cluster: ClusterSpec, dry_run: bool = False
+) -> int:
+    """Submit what is missing; 0 when every run is finished, queued or submitted now.
+    `dry_run`: print the batch script of each run that would be submitted, write nothing."""
     from normlab.launch.study.plan import write_plan
 
     standing = [where_it_stands(Path(p.cfg.run_dir or "").resolve()) for p in planned]
     todo = [p for p, (state, _) in zip(planned, standing, strict=True) if state == "to submit"]
     subs = jobs.prepare([p.cfg for p in todo], cluster, force=False)
+    if dry_run:
+        for p, sub in zip(todo, subs, strict=True):
+            print(f"# ---- {p.cfg.name}: {sub.run_dir}/{jobs.SCRIPT_NAME}\n{sub.script}", end="")
+        print(
+            f"# study {spec.name}: {len(todo)} of {len(planned)} runs would be submitted "
+            "(dry run: nothing submitted or written)"
+        )
+        return 0
     if subs:
         jobs.check_cluster(subs, cluster, NO_SBATCH)
     write_plan(spec, planned, out)

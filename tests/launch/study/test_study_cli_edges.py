@@ -54,13 +54,22 @@ def test_submit_without_sbatch_advises_what_study_has(
     code = main([*args, *_sets(tiny_data)])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "sbatch is not installed" in err, err
-    assert "drop --submit" in err and "`normlab submit RECIPE --dry-run`" in err, err
-    # every flag the line offers `study` itself is one study has
+    assert "add --dry-run to this command" in err and "drop --submit" in err, err
+    # every flag the line offers is one study has
     parser = argparse.ArgumentParser()
     study_cmd.register(parser.add_subparsers())
     study_flags = set(parser._subparsers._group_actions[0].choices["study"]._option_string_actions)
-    before_submit_cmd = err.split("`normlab submit")[0]
-    assert set(re.findall(r"--[a-z][a-z-]*", before_submit_cmd)) <= study_flags, err
+    assert set(re.findall(r"--[a-z][a-z-]*", err)) <= study_flags, err
+    assert not out.exists()
+    # each advice runs as printed: the same command with --dry-run prints every run's script
+    # and writes nothing; without --submit it is a plain study (tests/launch/study trains those)
+    assert main([*args, *_sets(tiny_data), "--dry-run"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.count("# ---- pre: ") == 1 and "#SBATCH" in shown and "launch \"$RUN_DIR\"" in shown
+    assert "1 of 1 runs would be submitted" in shown and not out.exists()
+    without = [a for a in args if a != "--submit"]
+    assert main([*without, *_sets(tiny_data), "--dry-run"]) == 2
+    assert "give it with --submit" in capsys.readouterr().err
 
 
 def test_ctrl_c_exits_130(tmp_path: Path, tiny_data: Path) -> None:
