@@ -99,7 +99,14 @@ def test_train_on_a_damaged_directory_exits_2_in_one_line(
     meta = json.loads((d / "meta.json").read_text())
     (d / "meta.json").write_text(json.dumps(_edit(meta, "tokens", {"train": -3, "val": 1})))
     run = tmp_path / "run"
-    argv = ["train", "pre", f"data.dataset={d}", "training.steps=2", "schedule.warmup_steps=1", f"run_dir={run}"]
+    argv = [
+        "train",
+        "pre",
+        f"data.dataset={d}",
+        "training.steps=2",
+        "schedule.warmup_steps=1",
+        f"run_dir={run}",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "tokens" in err[0] and "meta.json" in err[0], err

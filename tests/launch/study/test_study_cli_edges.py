@@ -65,7 +65,7 @@ def test_submit_without_sbatch_advises_what_study_has(
     # and writes nothing; without --submit it is a plain study (tests/launch/study trains those)
     assert main([*args, *_sets(tiny_data), "--dry-run"]) == 0
     shown = capsys.readouterr().out
-    assert shown.count("# ---- pre: ") == 1 and "#SBATCH" in shown and "launch \"$RUN_DIR\"" in shown
+    assert shown.count("# ---- pre: ") == 1 and "#SBATCH" in shown and 'launch "$RUN_DIR"' in shown
     assert "1 of 1 runs would be submitted" in shown and not out.exists()
     without = [a for a in args if a != "--submit"]
     assert main([*without, *_sets(tiny_data), "--dry-run"]) == 2
