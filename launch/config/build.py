@@ -86,13 +86,9 @@ def resolve_vocab(cfg: RunConfig) -> None:
 
 
 def prepared_vocab_size(dataset: str) -> int | None:
-    """The tokenizer size in <dataset>/meta.json; None for 'bundled' or an unreadable directory
-    (the trainer's dataset check then names what is wrong with it)."""
-    from normlab.data.errors import DataError
+    """The tokenizer size in <dataset>/meta.json; None for 'bundled' or a directory without one
+    (the trainer's dataset check then names what is missing)."""
     from normlab.data.prepare_meta import meta_of
 
-    try:
-        meta = meta_of(dataset)
-    except DataError:
-        return None
+    meta = meta_of(dataset)  # a damaged meta.json: DataError naming the file and the key
     return None if meta is None else int(meta["vocab_size"])

@@ -78,13 +78,14 @@ def ds_config(
 
 
 def _user_config(path: str, generated: dict[str, Any]) -> dict[str, Any]:
+    from normlab.launch.json_file import read_json
+
     p = Path(path).expanduser()
-    try:
-        user = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"engine.deepspeed_config {path} does not exist") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"engine.deepspeed_config {path} is not valid JSON ({exc})") from None
+    if not p.is_file():
+        raise ConfigError(f"engine.deepspeed_config {path} does not exist")
+    user = read_json(  # the one JSON reader: UTF-8, syntax, no key given twice
+        p, "DeepSpeed config", lambda m: ConfigError(f"engine.deepspeed_config: {m}")
+    )
     if not isinstance(user, dict):
         raise ConfigError(f"engine.deepspeed_config {path} must hold a JSON object")
     owned = [k for k in RECIPE_OWNED if k in user]

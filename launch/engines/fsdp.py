@@ -48,10 +48,12 @@ def read_meta(ckpt_dir: Path) -> dict[str, Any]:
     path = ckpt_dir / META_FILE
     if not path.is_file():
         return {}
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is unreadable ({exc})") from None
+    from normlab.launch.json_file import read_json
+
+    meta = read_json(path, "checkpoint's engine record", CheckpointError)
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} is damaged: a {type(meta).__name__}, not an object")
+    return meta
 
 
 def read_extra(ckpt_dir: Path, rank: int) -> dict[str, Any]:

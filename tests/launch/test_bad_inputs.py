@@ -177,9 +177,47 @@ JSON_DAMAGE: dict[str, Callable[[Path], None]] = {
     "duplicate": lambda p: give_first_key_twice(p),
     "truncated": lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]),
 }
+
+
+def make_ds_config(root: Path) -> tuple[Path, list[str]]:
+    """A user's DeepSpeed JSON, read by the preflight of `submit --dry-run` (writes nothing)."""
+    path = root / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "gradient_clipping": 1.0}))
+    over = ["engine.name=deepspeed", "engine.zero_stage=2", f"engine.deepspeed_config={path}"]
+    return path, ["submit", "pre", *over, "--dry-run", "--gpus-per-node", "0",
+                  "--run-dir", str(root / "run")]  # fmt: skip
+
+
+def make_prepared(root: Path) -> tuple[Path, list[str]]:
+    """A prepared data directory's meta.json, read when a recipe names the directory."""
+    from normlab.data.prepare import prepare
+
+    src = root / "corpus.txt"
+    src.write_text(
+        "".join(f"line {i} of a small corpus with words to learn.\n" for i in range(400))
+    )
+    out = root / "prepared"
+    prepare([str(src)], out, vocab_size=320, val_fraction=0.1, num_proc=1, chunk_lines=8)
+    return out / "meta.json", ["validate", "pre", f"data.dataset={out}", "--quiet"]
+
+
 KINDS |= {
     "slurm.json": Kind(make_job_record, JSON_DAMAGE),
     "plan.json": Kind(make_plan, JSON_DAMAGE),
+    "deepspeed config": Kind(make_ds_config, JSON_DAMAGE),
+    "meta.json": Kind(
+        make_prepared,
+        JSON_DAMAGE
+        | {
+            "negative_loss": lambda p: replace_once(p, b'"train": ', b'"train": -'),
+            "non_integer_step": lambda p: replace_once(
+                p, b'"vocab_size": 320', b'"vocab_size": 320.5'
+            ),
+            "string_for_number": lambda p: replace_once(
+                p, b'"vocab_size": 320', b'"vocab_size": "320"'
+            ),
+        },
+    ),
 }
 
 # --- files a user supplies: a recipe, a results table, a claims file, a study file -------------
@@ -377,7 +415,17 @@ def test_damage_is_one_line_naming_the_file_and_nothing_changes(
 
 
 @pytest.mark.parametrize(
-    "kind", ["summary.json", "metrics.jsonl", "config.yaml", "slurm.json", "plan.json", "recipe"]
+    "kind",
+    [
+        "summary.json",
+        "metrics.jsonl",
+        "config.yaml",
+        "slurm.json",
+        "plan.json",
+        "recipe",
+        "deepspeed config",
+        "meta.json",
+    ],  # fmt: skip
 )
 def test_the_undamaged_file_is_read(kind: str, tmp_path: Path) -> None:
     """The valid files the damage starts from pass, so each refusal above is the damage's."""
