@@ -30,6 +30,7 @@ from typing import Any
 from normlab.data.errors import DataError
 from normlab.data.tokenizer import HF_FILE, SPECIALS, TokenizerInfo, load_tokenizer
 from normlab.data.tokenizer_checks import check_encodes, check_end_token, check_ids
+from normlab.launch.json_file import read_json
 
 # Special tokens by the names model families give them (GPT-2/Llama 3/T5/Llama/Gemma/BERT...).
 NAMES = {
@@ -110,10 +111,7 @@ def _folder(path: Path) -> tuple[Path, dict[str, tuple[str, str]]]:
         f = path / conf
         if not f.is_file():
             continue
-        try:
-            data = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DataError(f"{f} is not readable JSON: {exc}") from None
+        data = read_json(f, "tokenizer settings", DataError)  # UTF-8, syntax, no key twice
         if not isinstance(data, dict):
             raise DataError(f"{f} is not a JSON object")
         for name in SPECIALS:

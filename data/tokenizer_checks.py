@@ -52,12 +52,12 @@ def check_ids(backend: Any, path: Path) -> int:
 
 
 def _check_declared(backend: Any, path: Path) -> None:
-    import json
+    from normlab.launch.json_file import read_json
 
-    try:
-        declared = json.loads(path.read_text()).get("added_tokens") or []
-    except (OSError, ValueError, AttributeError):  # tokenizers read it: it is JSON
-        return
+    data = read_json(path, "tokenizer file", DataError)  # tokenizers parsed it: this is JSON
+    declared = (data.get("added_tokens") if isinstance(data, dict) else None) or []
+    if not isinstance(declared, list):
+        raise DataError(f"{path}: added_tokens is a {type(declared).__name__}, expected a list")
     for entry in declared:
         if not isinstance(entry, dict) or not isinstance(entry.get("id"), int):
             continue

@@ -208,10 +208,11 @@ def _proc_start(pid: int) -> str | None:
 
 def read_lock(run_dir: Path) -> LockOwner | None:
     """The current owner of `run_dir` (live or stale), None when there is no readable lock."""
-    try:
-        data = json.loads((Path(run_dir) / LOCK).read_text())
-        owner = LockOwner(**data)
-    except (OSError, ValueError, TypeError):
+    from normlab.launch.json_file import BadJSON, read_json
+
+    try:  # the one JSON reader; a lock it refuses is treated as unreadable
+        owner = LockOwner(**read_json(Path(run_dir) / LOCK, "run-directory lock"))
+    except (BadJSON, TypeError):
         return None
     texts = (owner.host, owner.started, owner.token, owner.command)
     if not all(isinstance(v, str) for v in texts) or not isinstance(owner.proc_start, str | None):

@@ -10,7 +10,6 @@ directory is created, each is one line (exit 2) naming what to fix.
 
 from __future__ import annotations
 
-import json
 import netrc
 import os
 import re
@@ -31,10 +30,12 @@ def read_state(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     fix = "delete it to start a new W&B run for this directory"
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise RunDirError(f"{path}: damaged W&B state ({_first_line(exc)}); {fix}") from None
+    from normlab.launch.json_file import read_json
+
+    def damaged(message: str) -> RunDirError:
+        return RunDirError(f"{path}: damaged W&B state ({message.replace(str(path), 'it', 1)})")
+
+    state = read_json(path, "W&B state", damaged, fix)
     if not isinstance(state, dict):
         raise RunDirError(
             f"{path}: damaged W&B state (a {type(state).__name__}, not a mapping); {fix}"

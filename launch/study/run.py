@@ -147,11 +147,13 @@ def is_number(value: Any) -> TypeGuard[int | float]:
 
 def _earlier_record(path: Path, name: str, warn: Callable[[str], None]) -> dict[str, Any]:
     """study.json's record when it is this study's and every value has its type, else {}."""
-    try:
-        earlier = json.loads(path.read_text())
-    except FileNotFoundError:
+    from normlab.launch.json_file import BadJSON, read_json
+
+    if not path.is_file():
         return {}
-    except (OSError, ValueError) as exc:
+    try:  # the one JSON reader: UTF-8, syntax, no key given twice
+        earlier = read_json(path, "study record")
+    except BadJSON as exc:
         warn(f"study: {path} is unreadable ({exc}); the study's time counts from here")
         return {}
     if not isinstance(earlier, dict) or earlier.get("study") != name:

@@ -14,11 +14,12 @@ rewrites every block of a file; `stale` lists the blocks that differ from what `
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import sys
 from pathlib import Path
+
+from normlab.launch.json_file import read_json
 
 OPEN = re.compile(r"<!-- normlab:verdicts (\S+) -->")
 CLOSE = "<!-- /normlab:verdicts -->"
@@ -42,7 +43,7 @@ def _num(x: object) -> str:
 
 def render(study_dir: Path) -> list[str]:
     """The block's lines: one row per verdict of study_dir/verdicts.json."""
-    data = json.loads((study_dir / "verdicts.json").read_text())
+    data = read_json(study_dir / "verdicts.json", "verdicts record")
     lines = [
         "| claim | A vs B (size) | statistic | verdict | expected | delta A-B [interval] | "
         "seeds per arm for 80% power |",
