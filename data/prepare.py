@@ -22,15 +22,14 @@ from typing import Any
 
 import numpy as np
 from normlab.data.errors import DataError
+from normlab.data.meta_file import META, token_dtype
 from normlab.data.prepare_build import build
 from normlab.data.prepare_inputs import FORMATS, HIDDEN, describe, expand_inputs, scan_source
 from normlab.data.prepare_meta import (
-    META,
     check_existing,
     check_out,
     data_fingerprint,
     read_meta,
-    token_dtype,
     tokenizer_spec,
 )
 from normlab.data.prepare_split import assign_split, eos_after

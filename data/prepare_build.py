@@ -13,14 +13,10 @@ from typing import Any
 
 import numpy as np
 from normlab.data.errors import DataError
+from normlab.data.meta_file import token_dtype
 from normlab.data.prepare_encode import batches, encode_all
 from normlab.data.prepare_inputs import iter_documents
-from normlab.data.prepare_meta import (
-    FORMAT_VERSION,
-    SPLIT_RULE,
-    TOKENIZER_SAMPLE_CHARS,
-    token_dtype,
-)
+from normlab.data.prepare_meta import FORMAT_VERSION, SPLIT_RULE, TOKENIZER_SAMPLE_CHARS
 from normlab.data.prepare_split import assign_split, eos_after
 from normlab.data.tokenizer import TokenizerInfo, spm_info, train_tokenizer
 from normlab.data.writer import SplitWriter

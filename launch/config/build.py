@@ -88,7 +88,7 @@ def resolve_vocab(cfg: RunConfig) -> None:
 def prepared_vocab_size(dataset: str) -> int | None:
     """The tokenizer size in <dataset>/meta.json; None for 'bundled' or a directory without one
     (the trainer's dataset check then names what is missing)."""
-    from normlab.data.prepare_meta import meta_of
+    from normlab.data.meta_file import meta_of
 
     meta = meta_of(dataset)  # a damaged meta.json: DataError naming the file and the key
     return None if meta is None else int(meta["vocab_size"])

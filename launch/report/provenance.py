@@ -10,7 +10,7 @@ from typing import Any
 
 def _meta(dataset: str) -> dict[str, Any]:
     from normlab.data.errors import DataError
-    from normlab.data.prepare_meta import meta_of
+    from normlab.data.meta_file import meta_of
 
     try:
         return meta_of(dataset) or {}  # moved or deleted since: the config's values are all

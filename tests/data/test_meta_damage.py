@@ -1,4 +1,4 @@
-"""A prepared directory's meta.json is read by one reader (data.prepare_meta.load_meta) wherever
+"""A prepared directory's meta.json is read by one reader (data.meta_file.load_meta) wherever
 it is read: the loader, the config builder (its vocabulary), `normlab train`, provenance. A
 damaged one, in every way a hand edit or a cut-off copy leaves it, is refused in one line naming
 the file and the key, exit 2 through the CLI, never a traceback (issue 47: every value read from a
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from normlab.data import DataError
 from normlab.data.loader import PackedLoader
+from normlab.data.meta_file import load_meta, meta_of
 from normlab.data.prepare import prepare
-from normlab.data.prepare_meta import load_meta, meta_of
 from normlab.launch.cli import main
 
 LINES = "".join(f"line {i} of a tiny corpus, with words enough to train on.\n" for i in range(600))
