@@ -150,7 +150,7 @@ def test_folder_config_naming_a_missing_token(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"tokenizer_config.json eos_token '</s>' is not a token"):
         resolve_tokenizer(folder)
     (folder / "tokenizer_config.json").write_text("{not json")
-    with pytest.raises(DataError, match="tokenizer_config.json is not readable JSON"):
+    with pytest.raises(DataError, match="tokenizer_config.json is not valid JSON"):
         resolve_tokenizer(folder)
 
 

@@ -40,8 +40,11 @@ def test_run_from_a_resumes_and_exports_from_b(
     a.mkdir(), b.mkdir()
     (a / "data").symlink_to(tiny_data)
     monkeypatch.chdir(a)
-    over = tiny_overrides(Path("data"), Path("runs") / "x", training__steps=4, checkpoint__every=2)
-    over += ["training.eval_every=0", "instruments={}"]
+    over = tiny_overrides(
+        Path("data"), Path("runs") / "x", training__steps=4, checkpoint__every=2,
+        training__eval_every=0,
+    )  # fmt: skip
+    over += ["instruments={}"]
     assert main(["train", "pre", *over]) == 0
     run = a / "runs" / "x"
     saved = yaml.safe_load((run / "config.yaml").read_text())

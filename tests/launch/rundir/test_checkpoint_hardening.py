@@ -44,10 +44,10 @@ def _rows(run: Path) -> dict[int, dict]:
 def test_changed_optimizer_values_apply_on_resume_with_moments_kept(
     tiny_data: Path, tmp_path: Path
 ) -> None:
-    base = ["optim.lr=1e-3", "schedule.warmup_steps=2"]
+    base = ["optim.lr=1e-3"]  # warmup 2 steps: the tiny overrides
     runs = {name: tmp_path / name for name in ("same", "changed")}
     for run in runs.values():  # 4 steps, checkpoint at 4
-        assert main(["train", str(PRE), *_over(tiny_data, run), *base, "training.steps=4"]) == 0
+        assert main(["train", str(PRE), *_over(tiny_data, run, training__steps=4), *base]) == 0
     moments = torch.load(runs["changed"] / "checkpoints/step_00000004/optim.pt")["state"]
     new = [f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in NEW.items()]
     cfg = load_config(PRE, [*_over(tiny_data, runs["changed"]), *base, *new])
@@ -106,7 +106,7 @@ def test_flipped_bytes_are_named_and_the_previous_checkpoint_resumes_exactly(
         assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     _flip(ckpt / victim)
     capsys.readouterr()
-    assert main(["train", str(PRE), *_over(tiny_data, run), "training.steps=12", "--force"]) == 2
+    assert main(["train", str(PRE), *_over(tiny_data, run, training__steps=12), "--force"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err
     assert f"{ckpt / victim} is corrupt" in err and "--from step_00000004" in err
@@ -145,8 +145,8 @@ def test_full_disk_mid_save_is_one_line_and_resumes_exactly(
     import normlab.launch.engines.single as single
 
     run, straight = tmp_path / "run", tmp_path / "straight"
-    over = [*_over(tiny_data, run), "training.steps=12"]
-    assert main(["train", str(PRE), *_over(tiny_data, straight), "training.steps=12"]) == 0
+    over = _over(tiny_data, run, training__steps=12)
+    assert main(["train", str(PRE), *_over(tiny_data, straight, training__steps=12)]) == 0
     real_save, calls = torch.save, []
 
     def save(obj: object, path: Path) -> None:  # the second checkpoint's optim.pt hits ENOSPC

@@ -236,7 +236,8 @@ def _start_two_long_runs(
     once seeds 0 and 1 train; its output goes to study.log beside `out` (a pipe nobody reads
     would block it)."""
 
-    tiny = [o for o in overrides(tiny_data) if not o.startswith("training.steps=")]  # --steps
+    mine = ("training.steps=", "checkpoint.every=")  # --steps, and the one below
+    tiny = [o for o in overrides(tiny_data) if not o.startswith(mine)]
     sets = [f"--set={o}" for o in tiny] + ["--set=checkpoint.every=100000"]
     cmd = [sys.executable, "-m", "normlab.launch.cli", "study", "pre_nowarmup", "--lrs", "2e-3"]
     cmd += ["--seeds", seeds, "--jobs", "2", "--steps", "100000", "--out", str(out), *sets]
