@@ -51,8 +51,15 @@ def _stats(run: Path) -> dict[tuple[int, str], float]:
 
 
 @pytest.mark.parametrize(
-    "engine", [("engine.name=fsdp",), ("engine.name=deepspeed", "engine.zero_stage=3")],
-    ids=["fsdp", "zero3"],
+    "engine",
+    [
+        pytest.param(("engine.name=fsdp",), id="fsdp"),
+        # the norms under ZeRO-3: `-m slow` (the norms are the same modules; CI runs ZeRO-3 in
+        # test_distributed.py and the stabilizers' two-rank test)
+        pytest.param(
+            ("engine.name=deepspeed", "engine.zero_stage=3"), id="zero3", marks=pytest.mark.slow
+        ),
+    ],
 )
 def test_two_ranks_follow_one_process(tiny: dict[str, Path], engine: tuple[str, ...]) -> None:
     run = tiny["root"] / f"two_{engine[-1]}"

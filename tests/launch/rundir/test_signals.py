@@ -179,7 +179,7 @@ def test_ctrl_c_and_more_signals_to_launcher_give_one_checkpoint(tiny: dict[str,
     assert not survivors(run)
 
 
-TRIALS = 3
+TRIALS = 2
 
 
 @pytest.mark.distributed

@@ -76,7 +76,7 @@ def test_ctrl_c_exits_130(tmp_path: Path, tiny_data: Path) -> None:
     out = tmp_path / "study"
     cmd = [sys.executable, "-m", "normlab.launch.cli", "study", "pre", "--lrs", "1e-3",
            "--seeds", "0,1", "--out", str(out),
-           *_sets(tiny_data, training__steps=400, checkpoint__every=400)]  # fmt: skip
+           *_sets(tiny_data, training__steps=60, checkpoint__every=60)]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 240
     while not any(p.stat().st_size for p in out.glob("**/metrics.jsonl")):
