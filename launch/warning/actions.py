@@ -47,6 +47,7 @@ class Outcome:
     final_loss: float | None  # smoothed, at its last finite step
     twin_final_loss: float | None
     curve: str = ""  # content hash of (lr, seed, its loss curve): equal runs count once
+    placebo_step: int = 0  # a placebo's fixed back-off step (0: not a placebo)
 
     @property
     def fired_first(self) -> bool:
@@ -101,6 +102,7 @@ def outcome(
         final_loss=final_loss(rows),
         twin_final_loss=final_loss(twin[1]),
         curve=curve_hash(config, rows),
+        placebo_step=int(ew.get("placebo_step") or 0),
     )
 
 
@@ -196,6 +198,7 @@ class Paired:
     b: int  # saved by the alarm-driven arm, not by the placebo
     c: int  # saved by the placebo, not by the alarm-driven arm
     p: float  # exact one-sided McNemar: P(Binomial(b + c, 1/2) >= b); 1 when b + c = 0
+    placebo_late: int  # of `pairs`: the twin's event at or before the placebo's step (not acted)
     healthy_pairs: int  # (lr, seed) with both arms whose twin had no event
     false_alarms: int  # alarm episodes of the alarm-driven arm on those (each a false alarm)
     placebo_false_alarms: int  # the placebo's, counted and not acted on
@@ -234,6 +237,7 @@ def paired(
         b=b,
         c=c,
         p=mcnemar_greater(b, c),
+        placebo_late=sum(q.twin_event[1] <= q.placebo_step for _, q in ev),  # type: ignore[index]
         healthy_pairs=len(healthy),
         false_alarms=sum(a.alarms for a, _ in healthy),
         placebo_false_alarms=sum(q.alarms for _, q in healthy),
@@ -266,11 +270,17 @@ def paired_sentence(result: Paired) -> str:
             f"{result.b} saved by the back-off only, {result.c} by the placebo only (exact "
             f"one-sided McNemar p {result.p:.3g}): {verdict(result)}. {DOSE}"
         )
+        if result.placebo_late:
+            text += (
+                f" On {result.placebo_late} of the {result.pairs} pairs the twin's event came at "
+                "or before the placebo's fixed step (chosen before these runs), so the placebo "
+                "had not acted yet."
+            )
     if result.healthy_pairs:
         text += (
             f" On the {result.healthy_pairs} healthy twins (no event) the alarm-driven arm raised "
-            f"{result.false_alarms} false alarm episodes (the placebo counted "
-            f"{result.placebo_false_alarms}, not acted on); their {2 * result.healthy_pairs} "
-            f"protected runs are {result.healthy_distinct} distinct."
+            f"{result.false_alarms} false alarm episodes (the placebo's detector counted "
+            f"{result.placebo_false_alarms}, which it does not act on); their "
+            f"{2 * result.healthy_pairs} protected runs are {result.healthy_distinct} distinct."
         )
     return text

@@ -92,3 +92,37 @@ def test_healthy_runs_count_distinct_runs():
     g = gen()
     block = g.action_block(g.read_bundle())
     assert "Healthy twins: 8 protected runs, 4 distinct" in block  # 4 bit-identical pairs
+
+
+def test_the_heldout_arms_follow_their_twin_until_they_act():
+    """Each back-off run is the twin arm of its (lr, seed) step for step until its first alarm,
+    each placebo run until its fixed step: the twin's event is theirs unless the action moved
+    it. Skipped before the held-out study is packed."""
+    g = gen()
+    if not g.HELDOUT_BUNDLE.exists():
+        pytest.skip("the held-out action study is not packed yet")
+    records = g.read_bundle(g.HELDOUT_BUNDLE)
+
+    def ew(r: dict) -> dict:
+        return r["config"]["instruments"]["early_warning"]
+
+    def key(r: dict) -> tuple:
+        return (r["config"]["optim"]["lr"], r["config"]["training"]["seed"])
+
+    twins = {key(r): r for r in records if ew(r)["action"] == "checkpoint"}
+    protected = [r for r in records if ew(r)["action"] != "checkpoint"]
+    assert len(twins) == len(protected) // 2 > 0
+    assert {r["config"]["training"]["seed"] for r in records} == {6, 7, 8, 9}
+    for r in protected:
+        rows = [m for m in r["metrics"] if "loss" in m]
+        if ew(r).get("placebo_step"):
+            until = ew(r)["placebo_step"]
+        else:
+            alarmed = [m["step"] for m in rows if m.get("early_warning/alarms", 0) > 0]
+            until = alarmed[0] if alarmed else math.inf
+        mine = [repr(m["loss"]) for m in rows if m["step"] <= until]  # repr: nan equals nan
+        theirs = [
+            repr(m["loss"]) for m in twins[key(r)]["metrics"] if "loss" in m and m["step"] <= until
+        ]
+        n = min(len(mine), len(theirs))
+        assert n > 0 and mine[:n] == theirs[:n], r["name"]

@@ -90,6 +90,20 @@ def test_pairing_is_by_lr_and_seed():
         paired([o("backoff", 0.05, 0, True), other_twin])
 
 
+def test_placebo_steps_after_the_twins_event_are_counted():
+    """A placebo whose fixed step comes at or after its twin's event (150) had not acted."""
+    out = []
+    for seed, step in enumerate((100, 149, 150, 200)):
+        out += [o("backoff", 0.05, seed, True), replace(o("placebo_backoff", 0.05, seed, False),
+                                                        placebo_step=step)]  # fmt: skip
+    r = paired(out)
+    assert (r.pairs, r.placebo_late) == (4, 2)
+    assert "On 2 of the 4 pairs the twin's event came at or before the placebo's fixed step" in (
+        paired_sentence(r)
+    )
+    assert "placebo's fixed step" not in paired_sentence(paired(arms([(True, False)] * 4)))
+
+
 def test_healthy_twins_count_false_alarms_and_distinct_runs():
     out = arms([(True, False)] * 3)
     out += [
