@@ -6,6 +6,8 @@
     python docs/gen_warnings.py --check                    # exit 1 when a committed file differs
     normlab study divergence_actions --out DIR --jobs 2    # the online actions (issue 32 item 6)
     python docs/gen_warnings.py --action-runs DIR --action-time-s T   # pack them
+    normlab study divergence_actions_heldout --out DIR --jobs 2   # held out, placebo (issue 49)
+    python docs/gen_warnings.py --heldout-runs DIR --heldout-time-s T   # pack them
 
 --runs packs every run below DIR (its resolved config, summary.json and metrics.jsonl, the
 per-step speed columns left out) into docs/warnings/divergence/runs.jsonl.gz. Every other file
@@ -15,7 +17,11 @@ warnings.json and the figure are what the tool writes; docs/early_warning.md's g
 (between `<!-- normlab:warnings NAME -->` and `<!-- /normlab:warnings -->`) hold the sweep's
 event table and the tool's table. The action study's runs are packed the same way into
 docs/warnings/divergence_actions/runs.jsonl.gz, and its block sets each run against its twin in
-the sweep (same rate and seed, no early warning: launch.warning.actions).
+the sweep (same rate and seed, no early warning: launch.warning.actions). The held-out action
+study (seeds 6-9, never used to tune or choose the signals) is packed into
+docs/warnings/divergence_actions_heldout/ and carries its own twins: each back-off and placebo run
+is set against the twin arm of the same rate and seed, and the two arms against each other
+(launch.warning.actions.paired); until it is packed its block says so.
 tests/test_docs_site.py fails when any of them differs.
 """
 
@@ -38,6 +44,8 @@ BUNDLE = OUT / "runs.jsonl.gz"
 META = OUT / "sweep.json"
 ACTIONS = DOCS / "warnings" / "divergence_actions"
 ACTIONS_BUNDLE, ACTIONS_META = ACTIONS / "runs.jsonl.gz", ACTIONS / "sweep.json"
+HELDOUT = DOCS / "warnings" / "divergence_actions_heldout"
+HELDOUT_BUNDLE, HELDOUT_META = HELDOUT / "runs.jsonl.gz", HELDOUT / "sweep.json"
 PAGE = DOCS / "early_warning.md"
 README = DOCS.parent / "README.md"
 TEXT_FILES = ("warnings.md", "warnings.json")
@@ -93,14 +101,21 @@ def unpack(records: list[dict[str, Any]], root: Path) -> Path:
 
 
 def evaluate(records: list[dict[str, Any]], out: Path) -> dict[str, str]:
-    """Unpack, run `normlab warnings`' evaluation into `out`; the text files it wrote, with the
-    temporary run paths replaced by the runs' names."""
+    """Unpack, run `normlab warnings`' evaluation, copy what it wrote into `out`; the text files,
+    with the temporary run paths replaced by the runs' names. It writes into a fresh folder first:
+    `normlab warnings --out` refuses a folder holding other files (here the bundle)."""
+    import shutil
+
     from normlab.launch.warning.report import run_warnings
 
     with tempfile.TemporaryDirectory() as tmp:
         runs = unpack(records, Path(tmp))
-        run_warnings([str(runs)], out)
-        texts = {f: (out / f).read_text().replace(f"{runs}/", "") for f in TEXT_FILES}
+        fresh = Path(tmp) / "out"
+        run_warnings([str(runs)], fresh)
+        texts = {f: (fresh / f).read_text().replace(f"{runs}/", "") for f in TEXT_FILES}
+        out.mkdir(parents=True, exist_ok=True)
+        for png in fresh.glob("*.png"):
+            shutil.copyfile(png, out / png.name)
     for f, text in texts.items():
         (out / f).write_text(text)
     return texts
@@ -214,9 +229,112 @@ def action_block(records: list[dict[str, Any]]) -> str:
     return head + placebo + table(outcomes)
 
 
-def headline(texts: dict[str, str], actions: str) -> str:
+def heldout_outcomes() -> tuple[list[Any], list[Any], dict[str, Any]] | None:
+    """The held-out action study's back-off and placebo runs, each set against the twin arm of
+    the same (lr, seed) inside its own bundle, its twins, and its sweep.json; None before it is
+    packed."""
+    from normlab.launch.warning.actions import outcome
+
+    if not HELDOUT_BUNDLE.exists():
+        return None
+    meta = json.loads(HELDOUT_META.read_text())
+    twins: dict[tuple[float, int], dict[str, Any]] = {}
+    protected = []
+    for r in read_bundle(HELDOUT_BUNDLE):
+        ew = (r["config"].get("instruments") or {}).get("early_warning") or {}
+        key = (float(r["config"]["optim"]["lr"]), int(r["config"]["training"]["seed"]))
+        if ew.get("action", "checkpoint") == "checkpoint" and not ew.get("placebo_step"):
+            if key in twins:
+                raise SystemExit(f"{HELDOUT_BUNDLE}: two twins at lr {key[0]:g}, seed {key[1]}")
+            twins[key] = r  # alarms only save a checkpoint: the unprotected run
+        else:
+            protected.append(r)
+    outcomes = []
+    for r in protected:
+        key = (float(r["config"]["optim"]["lr"]), int(r["config"]["training"]["seed"]))
+        if key not in twins:
+            raise SystemExit(f"{HELDOUT_BUNDLE}: {r['name']} has no twin run")
+        twin = twins[key]
+        rows = [m for m in r["metrics"] if "loss" in m]
+        twin_rows = [m for m in twin["metrics"] if "loss" in m]
+        outcomes.append(outcome(r["config"], r["summary"], rows, (twin["summary"], twin_rows)))
+    seeds = sorted({o.seed for o in outcomes})
+    recorded = meta.get("evaluation_seeds")
+    if recorded is not None and sorted(recorded) != seeds:
+        raise SystemExit(f"{HELDOUT_META}: evaluation_seeds {recorded} but the runs' are {seeds}")
+    return outcomes, list(twins.values()), meta
+
+
+def _span(seeds: list[int]) -> str:
+    return (
+        f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else str(seeds)
+    )
+
+
+def heldout_block(found: tuple[list[Any], list[Any], dict[str, Any]] | None) -> str:
+    """The held-out action study: both arms against their twins (the action table), the seed
+    split, and the back-off against its placebo (launch.warning.actions.paired)."""
+    from normlab.launch.warning.actions import paired, paired_sentence, split_refusal, table
+
+    if found is None:
+        return (
+            "Not run and packed yet: `normlab study divergence_actions_heldout --out DIR --jobs 2`"
+            ", then `python docs/gen_warnings.py --heldout-runs DIR --heldout-time-s T`.\n"
+        )
+    outcomes, twins, meta = found
+    seeds = sorted({o.seed for o in outcomes})
+    selection = sorted(meta["selection_seeds"])
+    head = (
+        f"{len(outcomes) + len(twins)} runs ({len(twins)} twins, {len(outcomes)} with an action), "
+        f"seeds {_span(seeds)}; measured `{meta['command']}`: {meta['time_s'] / 60:.0f} min on "
+        f"{meta['machine']}.\n\n"
+    )
+    refusal = split_refusal(selection, seeds)
+    if refusal is not None:
+        head += refusal + "\n\nRecorded, not a finding:\n\n"
+    else:
+        head += (
+            f"Out of sample: the signals were tuned and chosen on seeds {_span(selection)}, the "
+            f"actions are evaluated on seeds {_span(seeds)}.\n\n"
+        )
+    return head + table(outcomes) + "\n" + paired_sentence(paired(outcomes)) + "\n"
+
+
+def heldout_clause(found: tuple[list[Any], list[Any], dict[str, Any]] | None) -> str | None:
+    """The headline's sentence on the held-out action study; None before it is packed. It
+    states a finding only when the paired comparison's p < 0.05 and the seeds are disjoint."""
+    from normlab.launch.warning.actions import paired, split_refusal
+
+    if found is None:
+        return None
+    outcomes, _, meta = found
+    seeds = sorted({o.seed for o in outcomes})
+    result = paired(outcomes)
+    if split_refusal(meta["selection_seeds"], seeds) is not None:
+        return (
+            f"The action study on seeds {_span(seeds)} is recorded but not a finding: its seeds "
+            "overlap those its signals were chosen on."
+        )
+    if not result.pairs:
+        return f"On held-out seeds {_span(seeds)} no twin diverged: the back-off is not tested."
+    text = (
+        f"On held-out seeds {_span(seeds)} the alarm-driven back-off saved {result.saved} of "
+        f"{result.pairs} runs whose twin diverged, its placebo (the same back-off once at a fixed "
+        f"step) {result.placebo_saved} of {result.pairs} (exact one-sided McNemar p "
+        f"{result.p:.3g}): "
+    )
+    if result.p < 0.05:
+        return text + (
+            "alarm-driven back-offs beat one back-off at a fixed step, a difference of timing "
+            "and of dose."
+        )
+    return text + "that the alarm's timing matters is not shown at these seeds."
+
+
+def headline(texts: dict[str, str], actions: str, heldout: str | None = None) -> str:
     """The one sentence the README and the page open with, from the tool's warnings.json (Holm
-    over every signal compared) and the action block's own refusal or placebo lines."""
+    over every signal compared), then the held-out action study's clause (`heldout_clause`), or
+    before it is packed the in-sample action block's own refusal or placebo lines."""
     data = json.loads(texts["warnings.json"])
     rows = [r for r in data["signals"] if r.get("holm_p") is not None and r["signal"] != "loss"]
     rows = [r for r in rows if not math.isnan(float(r["holm_p"]))]
@@ -235,6 +353,8 @@ def headline(texts: dict[str, str], actions: str) -> str:
             f"once Holm corrects over the {len(rows)} signals compared"
         )
     first += f" ({ps}: uncorrected only)." if raw and not winners else "."
+    if heldout is not None:
+        return first + " " + heldout + "\n"
     caveats = []
     if "Refused:" in actions:
         caveats.append("its signals were chosen on the same seeds")
@@ -244,6 +364,7 @@ def headline(texts: dict[str, str], actions: str) -> str:
         first += (
             " The online action study is recorded but not a finding: " + " and ".join(caveats) + "."
         )
+        first += " The held-out study with a placebo arm is not packed yet."
     return first + "\n"
 
 
@@ -255,8 +376,9 @@ def blocks(records: list[dict[str, Any]], texts: dict[str, str]) -> dict[str, st
     table = table.replace("](recall_vs_false_alarms.png)", "](warnings/divergence/"
                           "recall_vs_false_alarms.png)")  # fmt: skip
     actions = action_block(records)
+    found = heldout_outcomes()
     return {
-        "headline": headline(texts, actions),
+        "headline": headline(texts, actions, heldout_clause(found)),
         "sweep": (
             f"{len(records)} runs, {n_events} with an event, seeds {seeds[0]}-{seeds[-1]}; "
             f"measured `{meta['command']}`: {meta['time_s'] / 60:.0f} min on {meta['machine']}.\n\n"
@@ -265,6 +387,7 @@ def blocks(records: list[dict[str, Any]], texts: dict[str, str]) -> dict[str, st
         "evaluation": table + "\n",
         "levels": level_table(records),
         "actions": actions,
+        "heldout": heldout_block(found),
     }
 
 
@@ -282,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--machine", default="2 CPU cores", help="where it ran, under what load")
     parser.add_argument("--action-runs", type=Path, nargs="+", help="the action study's dirs")
     parser.add_argument("--action-time-s", type=float, help="its measured wall time")
+    parser.add_argument("--heldout-runs", type=Path, nargs="+", help="the held-out action study")
+    parser.add_argument("--heldout-time-s", type=float, help="its measured wall time")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
     if args.action_runs:
@@ -293,6 +418,18 @@ def main(argv: list[str] | None = None) -> int:
             "machine": args.machine,
             # the seeds the watched signals were tuned and chosen on (the sweep's), and those
             # the actions are evaluated on; action_block refuses an overlap
+            "selection_seeds": sorted({r["config"]["training"]["seed"] for r in read_bundle()}),
+            "evaluation_seeds": sorted({r["config"]["training"]["seed"] for r in packed}),
+        }, indent=1) + "\n")  # fmt: skip
+    if args.heldout_runs:
+        packed = [r for root in args.heldout_runs for r in pack(root)]
+        write_bundle(packed, HELDOUT_BUNDLE)
+        HELDOUT_META.write_text(json.dumps({
+            "command": "normlab study divergence_actions_heldout --jobs 2",
+            "time_s": args.heldout_time_s,
+            "machine": args.machine,
+            # as for the in-sample study: the seeds the signals were chosen on (the sweep's) and
+            # those the actions are evaluated on; heldout_block refuses an overlap
             "selection_seeds": sorted({r["config"]["training"]["seed"] for r in read_bundle()}),
             "evaluation_seeds": sorted({r["config"]["training"]["seed"] for r in packed}),
         }, indent=1) + "\n")  # fmt: skip

@@ -168,7 +168,7 @@ def test_early_warning_page_is_what_normlab_warnings_gives_on_the_packed_sweep()
     assert len(records) > len(events)  # the healthy class
     assert {r["config"]["model"]["placement"] for r in records} == {"pre"}
     page = gen.PAGE.read_text()
-    assert page.count("<!-- normlab:warnings ") == 5
+    assert page.count("<!-- normlab:warnings ") == 6
 
 
 def test_the_action_study_runs_the_tuned_levels_and_follows_its_twins() -> None:

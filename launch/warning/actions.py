@@ -9,7 +9,10 @@ smoothed loss (median of the last 11 finite losses). A run is *saved* when its t
 it has none: it ended finite, never 0.5 nats above its running minimum for 100 steps, never back at
 the initial loss. Per setting and action: how many twins had an event, on how many the action
 fired first and with what lead, how many runs were saved (Wilson 95 % interval), and on healthy
-twins how many alarm episodes fired (each a false alarm). No torch.
+twins how many alarm episodes fired (each a false alarm). `paired` sets the alarm-driven back-off
+against its placebo (the same back-off once at a fixed step) on the same (lr, seed): the runs each
+saved, the discordant pairs and the exact one-sided McNemar p; `paired_sentence` says it in words
+no stronger than the p. No torch.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 from normlab.launch.metric_keys import EW_ALARMS, EW_LR_SCALE, EW_ROLLBACKS
 from normlab.launch.warning.events import events_from_summary, smoothed
 from normlab.launch.warning.scoring import wilson
+from scipy.stats import binomtest
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class Outcome:
     final_loss: float | None  # smoothed, at its last finite step
     twin_final_loss: float | None
     curve: str = ""  # content hash of (lr, seed, its loss curve): equal runs count once
+    placebo_step: int = 0  # a placebo's fixed back-off step (0: not a placebo)
 
     @property
     def fired_first(self) -> bool:
@@ -97,6 +102,7 @@ def outcome(
         final_loss=final_loss(rows),
         twin_final_loss=final_loss(twin[1]),
         curve=curve_hash(config, rows),
+        placebo_step=int(ew.get("placebo_step") or 0),
     )
 
 
@@ -180,3 +186,101 @@ def _row(lr: str, action: str, runs: Sequence[Outcome]) -> str:
         f"({_median([o.twin_final_loss for o in runs if o.twin_final_loss is not None])})",
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+@dataclass(frozen=True)
+class Paired:
+    """The alarm-driven arm against its placebo, paired by (lr, seed) (issue 49 item 4)."""
+
+    pairs: int  # (lr, seed) with both arms whose twin had an event
+    saved: int  # by the alarm-driven arm
+    placebo_saved: int
+    b: int  # saved by the alarm-driven arm, not by the placebo
+    c: int  # saved by the placebo, not by the alarm-driven arm
+    p: float  # exact one-sided McNemar: P(Binomial(b + c, 1/2) >= b); 1 when b + c = 0
+    placebo_late: int  # of `pairs`: the twin's event at or before the placebo's step (not acted)
+    healthy_pairs: int  # (lr, seed) with both arms whose twin had no event
+    false_alarms: int  # alarm episodes of the alarm-driven arm on those (each a false alarm)
+    placebo_false_alarms: int  # the placebo's, counted and not acted on
+    healthy_distinct: int  # distinct runs (`distinct`) among both arms' runs on healthy twins
+
+
+def mcnemar_greater(b: int, c: int) -> float:
+    """Exact one-sided McNemar p that the first arm saves more: P(Binomial(b + c, 1/2) >= b)."""
+    return 1.0 if b + c == 0 else float(binomtest(b, b + c, 0.5, alternative="greater").pvalue)
+
+
+def paired(
+    outcomes: Sequence[Outcome], arm: str = "backoff", placebo: str = "placebo_backoff"
+) -> Paired:
+    """Pair the `arm` and `placebo` outcomes by (lr, seed); an outcome without its partner is
+    left out. Raises ValueError on two outcomes of one arm for one (lr, seed), or a pair whose
+    twins disagree (they are the same unprotected run)."""
+    by: dict[str, dict[tuple[float, int], Outcome]] = {arm: {}, placebo: {}}
+    for o in outcomes:
+        if o.action in by:
+            if (o.lr, o.seed) in by[o.action]:
+                raise ValueError(f"two {o.action} runs at lr {o.lr:g}, seed {o.seed}")
+            by[o.action][(o.lr, o.seed)] = o
+    both = [(by[arm][k], by[placebo][k]) for k in sorted(by[arm].keys() & by[placebo].keys())]
+    for a, q in both:
+        if a.twin_event != q.twin_event:
+            raise ValueError(f"lr {a.lr:g}, seed {a.seed}: the arms' twins disagree")
+    ev = [(a, q) for a, q in both if a.twin_event is not None]
+    healthy = [(a, q) for a, q in both if a.twin_event is None]
+    b = sum(a.saved and not q.saved for a, q in ev)
+    c = sum(q.saved and not a.saved for a, q in ev)
+    return Paired(
+        pairs=len(ev),
+        saved=sum(a.saved for a, _ in ev),
+        placebo_saved=sum(q.saved for _, q in ev),
+        b=b,
+        c=c,
+        p=mcnemar_greater(b, c),
+        placebo_late=sum(q.twin_event[1] <= q.placebo_step for _, q in ev),  # type: ignore[index]
+        healthy_pairs=len(healthy),
+        false_alarms=sum(a.alarms for a, _ in healthy),
+        placebo_false_alarms=sum(q.alarms for _, q in healthy),
+        healthy_distinct=distinct([o for pair in healthy for o in pair]),
+    )
+
+
+DOSE = (
+    "The placebo backs off once, at its fixed step; the alarm-driven arm backs off again each 50 "
+    "steps the alarm lasts, so the arms differ in dose as well as in timing: a win reads "
+    '"alarm-driven back-offs beat one back-off at a fixed step", not timing alone.'
+)
+
+
+def verdict(result: Paired) -> str:
+    """The claim the pairs support, no stronger: a finding only at p < 0.05."""
+    if result.p < 0.05:
+        return "the alarm's timing mattered (p < 0.05)"
+    return "that the alarm's timing mattered is not shown at these seeds"
+
+
+def paired_sentence(result: Paired) -> str:
+    """The paired comparison in words (one paragraph)."""
+    if not result.pairs:
+        text = "No (lr, seed) with both arms had a twin event: nothing to compare."
+    else:
+        text = (
+            f"Paired by (lr, seed) over the {result.pairs} runs whose twin had an event: the "
+            f"alarm-driven back-off saved {result.saved}, its placebo {result.placebo_saved}; "
+            f"{result.b} saved by the back-off only, {result.c} by the placebo only (exact "
+            f"one-sided McNemar p {result.p:.3g}): {verdict(result)}. {DOSE}"
+        )
+        if result.placebo_late:
+            text += (
+                f" On {result.placebo_late} of the {result.pairs} pairs the twin's event came at "
+                "or before the placebo's fixed step (chosen before these runs), so the placebo "
+                "had not acted yet."
+            )
+    if result.healthy_pairs:
+        text += (
+            f" On the {result.healthy_pairs} healthy twins (no event) the alarm-driven arm raised "
+            f"{result.false_alarms} false alarm episodes (the placebo's detector counted "
+            f"{result.placebo_false_alarms}, which it does not act on); their "
+            f"{2 * result.healthy_pairs} protected runs are {result.healthy_distinct} distinct."
+        )
+    return text
