@@ -6,7 +6,7 @@ loading a tokenizer library (tests/launch/test_cli_startup.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from normlab.data.errors import DataError
@@ -53,7 +53,7 @@ def load_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def _whole(value: Any) -> bool:
+def _whole(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

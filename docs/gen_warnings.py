@@ -266,6 +266,8 @@ def heldout_outcomes() -> tuple[list[Any], list[Any], dict[str, Any]] | None:
 
 
 def _span(seeds: list[int]) -> str:
+    if len(seeds) == 1:
+        return str(seeds[0])
     return (
         f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else str(seeds)
     )
@@ -303,7 +305,7 @@ def heldout_block(found: tuple[list[Any], list[Any], dict[str, Any]] | None) -> 
 def heldout_clause(found: tuple[list[Any], list[Any], dict[str, Any]] | None) -> str | None:
     """The headline's sentence on the held-out action study; None before it is packed. It
     states a finding only when the paired comparison's p < 0.05 and the seeds are disjoint."""
-    from normlab.launch.warning.actions import paired, split_refusal
+    from normlab.launch.warning.actions import SEEDS_NEEDED, paired, split_refusal
 
     if found is None:
         return None
@@ -321,14 +323,21 @@ def heldout_clause(found: tuple[list[Any], list[Any], dict[str, Any]] | None) ->
         f"On held-out seeds {_span(seeds)} the alarm-driven back-off saved {result.saved} of "
         f"{result.pairs} runs whose twin diverged, its placebo (the same back-off once at a fixed "
         f"step) {result.placebo_saved} of {result.pairs} (exact one-sided McNemar p "
-        f"{result.p:.3g}): "
+        f"{result.p:.3g} over (lr, seed) pairs; {result.seed_p:.3g} with the {result.seeds} "
+        "seeds as the units): "
     )
-    if result.p < 0.05:
+    if result.p < 0.05 and result.seed_p < 0.05:
         return text + (
             "alarm-driven back-offs beat one back-off at a fixed step, a difference of timing "
             "and of dose."
         )
-    return text + "that the alarm's timing matters is not shown at these seeds."
+    if result.p < 0.05:
+        return text + (
+            "alarm-driven back-offs beat one back-off at a fixed step on these pairs, a "
+            "difference of timing and of dose; over seeds it is not shown yet "
+            f"({SEEDS_NEEDED} held-out seeds are the fewest that can show it)."
+        )
+    return text + "that alarm-driven back-offs save more runs is not shown at these seeds."
 
 
 def headline(texts: dict[str, str], actions: str, heldout: str | None = None) -> str:

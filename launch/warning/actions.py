@@ -203,11 +203,33 @@ class Paired:
     false_alarms: int  # alarm episodes of the alarm-driven arm on those (each a false alarm)
     placebo_false_alarms: int  # the placebo's, counted and not acted on
     healthy_distinct: int  # distinct runs (`distinct`) among both arms' runs on healthy twins
+    seeds: int = 0  # distinct seeds among `pairs`
+    seed_p: float = 1.0  # exact one-sided sign-flip p over seeds (`seed_sign_flip`)
 
 
 def mcnemar_greater(b: int, c: int) -> float:
     """Exact one-sided McNemar p that the first arm saves more: P(Binomial(b + c, 1/2) >= b)."""
     return 1.0 if b + c == 0 else float(binomtest(b, b + c, 0.5, alternative="greater").pvalue)
+
+
+def seed_sign_flip(diffs: Sequence[int]) -> float:
+    """Exact one-sided sign-flip p with the seed as the unit: `diffs` holds each seed's (runs saved
+    by the back-off only) - (by the placebo only), summed over the rates it ran at. A seed's pairs
+    share its init and data order, so they are not independent; under H0 each seed's difference is
+    symmetric about 0, and p = share of the 2^n sign assignments whose sum is >= the observed one
+    (seeds with difference 0 change no sum). With n seeds the smallest p is 2^-n: 4 seeds cannot
+    reach 0.05, 5 can (1/32). Enumerated exactly (2^n sums, n up to 20)."""
+    d = [int(x) for x in diffs if x]
+    if not d:
+        return 1.0
+    if len(d) > 20:
+        raise ValueError(f"{len(d)} seeds: the exact sign flip enumerates at most 20")
+    observed = sum(d)
+    hits = 0
+    for mask in range(1 << len(d)):
+        total = sum(-x if mask >> i & 1 else x for i, x in enumerate(d))
+        hits += total >= observed
+    return hits / (1 << len(d))
 
 
 def paired(
@@ -230,6 +252,9 @@ def paired(
     healthy = [(a, q) for a, q in both if a.twin_event is None]
     b = sum(a.saved and not q.saved for a, q in ev)
     c = sum(q.saved and not a.saved for a, q in ev)
+    by_seed: dict[int, int] = {}
+    for a, q in ev:
+        by_seed[a.seed] = by_seed.get(a.seed, 0) + int(a.saved) - int(q.saved)
     return Paired(
         pairs=len(ev),
         saved=sum(a.saved for a, _ in ev),
@@ -242,6 +267,8 @@ def paired(
         false_alarms=sum(a.alarms for a, _ in healthy),
         placebo_false_alarms=sum(q.alarms for _, q in healthy),
         healthy_distinct=distinct([o for pair in healthy for o in pair]),
+        seeds=len(by_seed),
+        seed_p=seed_sign_flip(list(by_seed.values())),
     )
 
 
@@ -253,10 +280,20 @@ DOSE = (
 
 
 def verdict(result: Paired) -> str:
-    """The claim the pairs support, no stronger: a finding only at p < 0.05."""
+    """The claim the pairs support, no stronger: a finding over seeds only when both the pair-level
+    and the seed-level p are < 0.05; over the (lr, seed) pairs run when only the pair-level is."""
+    claim = "alarm-driven back-offs saved more runs than one back-off at a fixed step"
+    if result.p < 0.05 and result.seed_p < 0.05:
+        return f"{claim} (p < 0.05 over pairs and over seeds)"
     if result.p < 0.05:
-        return "the alarm's timing mattered (p < 0.05)"
-    return "that the alarm's timing mattered is not shown at these seeds"
+        return (
+            f"{claim} on these (lr, seed) pairs (p < 0.05), not yet shown over seeds (seed-level "
+            f"p {result.seed_p:.3g} over {result.seeds} seeds; {SEEDS_NEEDED} needed at the least)"
+        )
+    return f"that {claim.replace('saved', 'save')} is not shown at these seeds"
+
+
+SEEDS_NEEDED = 5  # the fewest seeds whose exact sign flip can reach p < 0.05 (2^-5 = 1/32)
 
 
 def paired_sentence(result: Paired) -> str:
@@ -268,7 +305,9 @@ def paired_sentence(result: Paired) -> str:
             f"Paired by (lr, seed) over the {result.pairs} runs whose twin had an event: the "
             f"alarm-driven back-off saved {result.saved}, its placebo {result.placebo_saved}; "
             f"{result.b} saved by the back-off only, {result.c} by the placebo only (exact "
-            f"one-sided McNemar p {result.p:.3g}): {verdict(result)}. {DOSE}"
+            f"one-sided McNemar p {result.p:.3g}). A seed's pairs share its init and data "
+            f"order, so the seed is also taken as the unit: exact one-sided sign-flip p "
+            f"{result.seed_p:.3g} over {result.seeds} seeds. Verdict: {verdict(result)}. {DOSE}"
         )
         if result.placebo_late:
             text += (

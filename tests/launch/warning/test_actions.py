@@ -46,9 +46,7 @@ def test_a_saved_run_and_a_lost_one_against_their_twins():
         ({"events": [{"kind": "nonfinite", "step": 41}]}, _rows([6.0] * 41)),
     )
     assert lost.first_alarm == 42 and not lost.fired_first and not lost.saved
-    healthy = outcome(
-        _cfg(0.02, 2, "backoff"), {}, _rows([5.5] * 60, 30), ({}, _rows([5.5] * 60))
-    )
+    healthy = outcome(_cfg(0.02, 2, "backoff"), {}, _rows([5.5] * 60, 30), ({}, _rows([5.5] * 60)))
     assert not healthy.saved and not healthy.fired_first and healthy.alarms == 1
 
     text = table([saved, lost, healthy])
@@ -63,4 +61,3 @@ def test_a_saved_run_and_a_lost_one_against_their_twins():
     every = next(line for line in text.splitlines() if line.startswith("| all "))
     assert every.startswith("| all | backoff | 3 (2, 3) | 2, 40.5 | 1/2 (15) |")
     assert "| 1 in 1 runs |" in every
-

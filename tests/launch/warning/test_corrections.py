@@ -62,8 +62,13 @@ def test_the_committed_sweep_has_no_signal_that_survives_holm():
     else:  # the held-out study's paired comparison, a finding only when its p < 0.05
         result = paired(found[0])
         assert f"McNemar p {result.p:.3g}" in headline
+        assert f"{result.seed_p:.3g} with the {result.seeds} seeds as the units" in headline
         assert ("beat one back-off at a fixed step" in headline) == (result.p < 0.05)
         assert ("not shown at these seeds" in headline) == (result.p >= 0.05)
+        over_seeds = result.p < 0.05 and result.seed_p < 0.05
+        assert ("over seeds it is not shown yet" in headline) == (
+            result.p < 0.05 and not over_seeds
+        )
         assert "recorded but not a finding" not in headline
     assert headline in (REPO / "README.md").read_text()
     assert headline in g.PAGE.read_text()

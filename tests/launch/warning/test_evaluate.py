@@ -60,9 +60,7 @@ def test_the_tuned_threshold_keeps_false_alarms_within_budget_on_tuning_seeds():
         assert s.false_per_1000 <= 1.0 or not r.tuned.met_budget
         again = score(
             [
-                RunAlarms(
-                    d.name, d.steps, d.event, d.alarms(r.signal, r.tuned.k, r.tuned.level)
-                )
+                RunAlarms(d.name, d.steps, d.event, d.alarms(r.signal, r.tuned.k, r.tuned.level))
                 for d in tuning
             ]
         )

@@ -16,6 +16,7 @@ from normlab.launch.warning.actions import (
     mcnemar_greater,
     paired,
     paired_sentence,
+    seed_sign_flip,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -131,9 +132,9 @@ def test_the_words_are_no_stronger_than_the_p():
     none = paired(arms([(True, True)] * 4))  # no discordant pair: p = 1
     assert strong.p < 0.05 <= weak.p and none.p == 1.0
     s, w, n = paired_sentence(strong), paired_sentence(weak), paired_sentence(none)
-    assert "the alarm's timing mattered (p < 0.05)" in s and "not shown" not in s
+    assert "at a fixed step (p < 0.05 over pairs and over seeds)" in s and "not shown" not in s
     for text in (w, n):
-        assert "not shown at these seeds" in text and "mattered (p < 0.05)" not in text
+        assert "not shown at these seeds" in text and "(p < 0.05)" not in text
     assert "McNemar p 0.0312" in s and "McNemar p 0.312" in w and "McNemar p 1)" in n
     for text in (s, w, n):  # the dose difference is said whatever the p
         assert DOSE in text and "backs off again each 50 steps" in text
@@ -226,3 +227,25 @@ def test_the_heldout_block_sets_each_arm_against_its_own_twin(tmp_path, monkeypa
     g.write_bundle(records[1:], bundle)
     with pytest.raises(SystemExit, match="no twin run"):
         g.heldout_outcomes()
+
+
+def test_the_seed_is_the_unit_when_pairs_share_it():
+    """Exact sign flip over seeds by hand; pairs at several rates of one seed are one unit."""
+    assert seed_sign_flip([1, 1, 1, 1]) == pytest.approx(1 / 16)  # only the observed signs
+    assert seed_sign_flip([1, 1, 1, 1, 1]) == pytest.approx(1 / 32)
+    assert seed_sign_flip([2, -1]) == pytest.approx(2 / 4)  # sums 1, 3 >= 1; -1, -3 not
+    assert seed_sign_flip([3, 0, 0]) == pytest.approx(1 / 2)  # zero seeds change no sum
+    assert seed_sign_flip([]) == 1.0 and seed_sign_flip([0, 0]) == 1.0
+    # five rates of one seed, the back-off saving each: 5 discordant pairs but one seed
+    one_seed = []
+    for lr in (0.03, 0.04, 0.05, 0.06, 0.07):
+        one_seed += [o("backoff", lr, 6, True), o("placebo_backoff", lr, 6, False)]
+    r = paired(one_seed)
+    assert r.p == pytest.approx(1 / 32) and (r.seeds, r.seed_p) == (1, 0.5)
+    text = paired_sentence(r)
+    assert "on these (lr, seed) pairs (p < 0.05), not yet shown over seeds" in text
+    assert "sign-flip p 0.5 over 1 seeds" in text and "over pairs and over seeds" not in text
+    g = gen()
+    clause = g.heldout_clause(([replace(x) for x in one_seed], [], {"selection_seeds": [0, 1]}))
+    assert "0.5 with the 1 seeds as the units" in clause
+    assert "over seeds it is not shown yet (5 held-out seeds" in clause
