@@ -42,6 +42,7 @@ from scipy import stats
 REPLICATES = 2000  # simulated studies per seed count
 CONFIDENCE = 0.95  # one-sided, of the lower bound on the simulated power
 MAX_SIMULATED = 64  # seeds per arm beyond which the calculator stops ("more than 64")
+BATCH = 250  # studies decided at a time before `reaches` looks whether the rest can matter
 CHUNK = 2_000_000  # (study, j, s) triples the jackknife holds at once (memory bound)
 
 
@@ -134,19 +135,69 @@ def simulated_power(
     want = target_outcome(delta, margin)
     if not want:
         return 0, replicates
-    b = arm_b.shifted(float(arm_a.curve.min() - arm_b.curve.min() - delta))
-    rng = np.random.default_rng([seed, n])
-    xa, xb = arm_a.draw(rng, replicates, n), b.draw(rng, replicates, n)
+    xa, xb = _draw_studies(arm_a, arm_b, delta, n, replicates, seed)
     codes = st.outcome_from_p(loss_claim_p3(xa, xb, margin), level)
     return int(np.isin(codes, want).sum()), replicates
+
+
+def _draw_studies(
+    arm_a: ArmModel, arm_b: ArmModel, delta: float, n: int, replicates: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The replicate studies' seed curves, (replicates, n, G) per arm, B shifted to delta."""
+    b = arm_b.shifted(float(arm_a.curve.min() - arm_b.curve.min() - delta))
+    rng = np.random.default_rng([seed, n])
+    return arm_a.draw(rng, replicates, n), b.draw(rng, replicates, n)
+
+
+def hits_needed(replicates: int, target: float, confidence: float = CONFIDENCE) -> int:
+    """The fewest hits of `replicates` whose lower bound (`lower_bound`) is >= target;
+    replicates + 1 when none is."""
+    lo, hi = 0, replicates + 1  # the bound rises with the hits: bisect
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if lower_bound(mid, replicates, confidence) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def reaches(
+    arm_a: ArmModel,
+    arm_b: ArmModel,
+    delta: float,
+    n: int,
+    margin: float,
+    level: float,
+    target: float,
+    replicates: int = REPLICATES,
+    seed: int = 0,
+) -> bool:
+    """Whether `simulated_power`'s lower bound at n is >= target: the same studies, the same
+    answer, decided in batches of BATCH studies and stopped once the rest cannot change it (the
+    hits already reach the count needed, or cannot reach it with every remaining study a hit):
+    curtailed, not sequentially tested, so no error rate changes."""
+    want, need = target_outcome(delta, margin), hits_needed(replicates, target)
+    if not want or need > replicates:
+        return False
+    xa, xb = _draw_studies(arm_a, arm_b, delta, n, replicates, seed)
+    hits = 0
+    for lo in range(0, replicates, BATCH):
+        p3 = loss_claim_p3(xa[lo : lo + BATCH], xb[lo : lo + BATCH], margin)
+        hits += int(np.isin(st.outcome_from_p(p3, level), want).sum())
+        left = replicates - min(lo + BATCH, replicates)
+        if hits >= need or hits + left < need:
+            break
+    return hits >= need
 
 
 def jackknife_var(x: np.ndarray) -> np.ndarray:
     """family.jackknife_var for distinct seeds (n >= 3) on a batch (B, n, G), computed from the
     all-seed sum: the replicate without seed j selects held-out seed s on sum - x_j - x_s (the
     argmin of the mean of the n - 2 others), a running minimum over the grid for every (j, s)
-    at once (a tie keeps the lower lr, as argmin). Equal to it to rounding (a test holds them
-    together) and many times faster, which is where the simulation spends its time."""
+    at once (a tie keeps the lower lr, as argmin), updated in place. Equal to it to rounding (a
+    test holds them together) and many times faster, which is where the simulation spends its
+    time."""
     n = x.shape[-2]
     flat = x.reshape(-1, n, x.shape[-1])
     out = np.empty(len(flat))
@@ -158,14 +209,16 @@ def jackknife_var(x: np.ndarray) -> np.ndarray:
 
 def _jackknife_chunk(x: np.ndarray) -> np.ndarray:
     n = x.shape[-2]
-    rest = x.sum(axis=-2)[:, None, :] - x  # (B, n, G): the sum without seed j
+    rest = np.moveaxis(x.sum(axis=-2)[:, None, :] - x, -1, 0).copy()  # [g, b, j]: sum without j
+    by_lr = np.moveaxis(x, -1, 0).copy()  # [g, b, s]
     best = np.full((len(x), n, n), np.inf)  # [b, j, s]: running min of rest_j - x_s
-    y = np.zeros_like(best)
-    for g in range(x.shape[-1]):
-        t = rest[:, :, None, g] - x[:, None, :, g]
-        lower = t < best
-        best = np.where(lower, t, best)
-        y = np.where(lower, x[:, None, :, g], y)
+    y = np.zeros_like(best)  # held-out seed s's loss at that minimum
+    t, lower = np.empty_like(best), np.empty(best.shape, dtype=bool)
+    for rest_g, x_g in zip(rest, by_lr, strict=True):
+        np.subtract(rest_g[:, :, None], x_g[:, None, :], out=t)
+        np.less(t, best, out=lower)
+        np.copyto(best, t, where=lower)
+        np.copyto(y, np.broadcast_to(x_g[:, None, :], y.shape), where=lower)
     diag = np.arange(n)
     reps = (y.sum(axis=-1) - y[:, diag, diag]) / (n - 1)
     dev = reps - reps.mean(axis=-1, keepdims=True)
@@ -251,8 +304,7 @@ def seeds_for_models(
 
         def passes(n: int, a: ArmModel = arm_a, b: ArmModel = arm_b) -> bool:
             reps = replicates_at(n, replicates)
-            hits, reps = simulated_power(a, b, delta, n, margin, level, reps, seed)
-            return lower_bound(hits, reps) >= target
+            return reaches(a, b, delta, n, margin, level, target, reps, seed)
 
         n = smallest_n(passes, max(guess, found), low=found)
         if n is None:

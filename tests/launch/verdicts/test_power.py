@@ -175,3 +175,26 @@ def test_directional_verdict_says_lower_by_more_than_the_margin(tmp_path: Path) 
     assert claim.verdict == st.A_LOWER
     assert claim.meaning == "A lower than B by more than 0.1 nats"
     assert ": A lower (A lower than B by more than 0.1 nats): " in line(claim)
+
+
+def test_curtailed_search_answers_as_the_full_simulation() -> None:
+    """`reaches` stops a seed count's studies once the rest cannot change the answer; over
+    counts on both sides of 80 % power and every outcome kind it answers as the lower bound on
+    all of `simulated_power`'s studies does, and `hits_needed` is the bound's inverse."""
+    for reps, target in ((2000, 0.8), (500, 0.8), (700, 0.9), (10, 0.8)):
+        need = pw.hits_needed(reps, target)
+        if need <= reps:
+            assert pw.lower_bound(need, reps) >= target
+        assert need == 0 or pw.lower_bound(need - 1, reps) < target
+    arm = truth(PEAKED, 0.1, 0.03)
+    mild = truth(MILD, 0.05, 0.0)
+    answers = set()
+    for a, delta in ((arm, -0.5), (arm, 0.3), (mild, -0.3), (mild, 0.0), (arm, 0.1)):
+        for n in (2, 3, 4, 6, 9):
+            for reps in (2000, 333):
+                hits, _ = pw.simulated_power(a, a, delta, n, vc.LOSS_MARGIN, LEVEL, reps, seed=5)
+                full = pw.lower_bound(hits, reps) >= st.POWER
+                fast = pw.reaches(a, a, delta, n, vc.LOSS_MARGIN, LEVEL, st.POWER, reps, seed=5)
+                assert fast == full, (delta, n, reps, hits)
+                answers.add(full)
+    assert answers == {True, False}  # counts on both sides of the target
