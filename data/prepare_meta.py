@@ -82,11 +82,16 @@ def same_tokenizer(meta: dict[str, Any], tok: TokenizerInfo) -> bool:
 
 def check_out(out: Path) -> bool:
     """True when `out` holds a meta.json (a prepared directory, maybe this one); False when it
-    is absent or empty; DataError for anything else (never replaced)."""
+    is absent or empty; DataError for anything else (never replaced). A file, a path below a
+    file and a read-only parent are refused by the one checked output path (launch.out_path)."""
+    from normlab.launch.out_path import OutDirError, check_out_dir
+
+    try:
+        check_out_dir(out)
+    except OutDirError as exc:
+        raise DataError(str(exc)) from None
     if not out.exists():
         return False
-    if not out.is_dir():
-        raise DataError(f"--out {out} exists and is not a directory")
     if not (out / META).is_file():
         if any(out.iterdir()):
             raise DataError(

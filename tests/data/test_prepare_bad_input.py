@@ -104,7 +104,10 @@ def test_unwritable_out_and_full_disk_are_one_line(
     src.write_text("".join(" ".join(next(words) for _ in range(20)) + "\n" for _ in range(1000)))
     (tmp_path / "file").write_text("x")
     code, _, err = _prepare(capsys, str(src), "--out", str(tmp_path / "file" / "out"))
-    assert code == 2 and "cannot create --out" in err.strip().splitlines()[-1]
+    assert (
+        code == 2
+        and f"{tmp_path / 'file'} is a file, not a directory" in err.strip().splitlines()[-1]
+    )
 
     def full(*args: object, **kw: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x" / "train.bin"))

@@ -32,11 +32,12 @@ def _args(root: Path) -> dict[str, Callable[[Path], list[str]]]:
         "study": lambda out: ["study", "pre", "--steps", "1", "--out", str(out)],
         "quickstart": lambda out: ["quickstart", "--out", str(out)],
         "export": lambda out: ["export", str(run), "--out", str(out)],
+        "prepare": lambda out: ["prepare", "--vocab-size", "300", "--out", str(out)],
     }
 
 
 COMMANDS = ["compare", "warnings", "verdicts", "theory", "coordcheck", "study", "quickstart"]
-COMMANDS += ["export"]
+COMMANDS += ["export", "prepare"]
 
 
 def onto_a_file(root: Path) -> Path:
