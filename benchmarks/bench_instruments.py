@@ -9,8 +9,12 @@ this process's CPU time (the default for the line below: on a shared machine the
 also counts the waits for a core, which drown a few percent); the line printed is the median
 over the repeats:
 
-    instruments overhead: X % at log_every 10
+    instruments overhead: X % at log_every 10 (95 % CI of the median A .. B, N pairs)
 
+The interval is distribution-free (order statistics of the pair overheads, binomial coverage >=
+95 %): on an idle 2-core machine an A/A pair (the same trainer twice) still scatters by about
++-10 % from window to window (the step time drifts in phases of ~10 steps), so a few percent is
+only resolved with tens of pairs, and a bound such as "X <= 5" holds when B <= 5.
 The FP8 row does the same with precision.fp8 (emulated on a CPU) and the fp8 instrument added.
 The actions (spike_policy, fp16_clamp, early_warning) and init_loss are not observers and stay
 off. update_spikes measures every step by definition (launch/instruments/updates.py): it is on
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -118,7 +123,24 @@ def paired(size: str, log_every: int, names: list[str], fp8: bool, repeats: int,
         row[f"{clock}_median_on_ms"] = 1e3 * statistics.median(p["on"][k] for p in pairs)
         row[f"{clock}_overhead_pct"] = 100.0 * statistics.median(ratios)
         row[f"{clock}_pair_overheads_pct"] = [100.0 * r for r in ratios]
+        lo, hi = median_ci(ratios)
+        row[f"{clock}_overhead_ci95_pct"] = [100.0 * lo, 100.0 * hi]
     return row
+
+
+def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free interval for the median: [x_(k), x_(n-k+1)] of the sorted values, k the
+    binomial(n, 1/2) quantile at (1 - confidence) / 2 (coverage >= confidence); infinite when n
+    is too small for one (n < 6 at 95 %)."""
+    from scipy import stats
+
+    xs, n = sorted(values), len(values)
+    k = int(stats.binom.ppf((1 - confidence) / 2, n, 0.5))
+    if k < 1 or stats.binom.cdf(k - 1, n, 0.5) > (1 - confidence) / 2:
+        k -= 1
+    if k < 1:
+        return -math.inf, math.inf
+    return xs[k - 1], xs[n - k]
 
 
 def main() -> None:
@@ -161,9 +183,11 @@ def main() -> None:
                     flush=True,
                 )
             prefix = ("" if size == "tiny" else f"{size} ") + ("FP8 " if fp8 else "")
+            lo, hi = row[f"{args.clock}_overhead_ci95_pct"]
             print(
                 f"{prefix}instruments overhead: {row[f'{args.clock}_overhead_pct']:.1f} % at "
-                f"log_every {args.log_every}",
+                f"log_every {args.log_every} (95 % CI of the median {lo:+.1f} .. {hi:+.1f} %, "
+                f"{args.repeats} pairs)",
                 flush=True,
             )
     if args.json:
