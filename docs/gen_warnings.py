@@ -304,8 +304,9 @@ def heldout_block(found: tuple[list[Any], list[Any], dict[str, Any]] | None) -> 
 
 def heldout_clause(found: tuple[list[Any], list[Any], dict[str, Any]] | None) -> str | None:
     """The headline's sentence on the held-out action study; None before it is packed. It
-    states a finding only when the paired comparison's p < 0.05 and the seeds are disjoint."""
-    from normlab.launch.warning.actions import SEEDS_NEEDED, paired, split_refusal
+    states a finding only as far as `actions.shown` allows, and only when the seeds are
+    disjoint."""
+    from normlab.launch.warning.actions import SEEDS_NEEDED, paired, shown, split_refusal
 
     if found is None:
         return None
@@ -326,12 +327,13 @@ def heldout_clause(found: tuple[list[Any], list[Any], dict[str, Any]] | None) ->
         f"{result.p:.3g} over (lr, seed) pairs; {result.seed_p:.3g} with the {result.seeds} "
         "seeds as the units): "
     )
-    if result.p < 0.05 and result.seed_p < 0.05:
+    reach = shown(result)
+    if reach == "seeds":
         return text + (
             "alarm-driven back-offs beat one back-off at a fixed step, a difference of timing "
             "and of dose."
         )
-    if result.p < 0.05:
+    if reach == "pairs":
         return text + (
             "alarm-driven back-offs beat one back-off at a fixed step on these pairs, a "
             "difference of timing and of dose; over seeds it is not shown yet "

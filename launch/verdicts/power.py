@@ -136,8 +136,15 @@ def simulated_power(
     if not want:
         return 0, replicates
     xa, xb = _draw_studies(arm_a, arm_b, delta, n, replicates, seed)
-    codes = st.outcome_from_p(loss_claim_p3(xa, xb, margin), level)
-    return int(np.isin(codes, want).sum()), replicates
+    return _hits(xa, xb, margin, level, want), replicates
+
+
+def _hits(
+    xa: np.ndarray, xb: np.ndarray, margin: float, level: float, want: tuple[int, ...]
+) -> int:
+    """How many of the studies (xa[i], xb[i]) claim (a)'s verdict at `level` gives an outcome in
+    `want`."""
+    return int(np.isin(st.outcome_from_p(loss_claim_p3(xa, xb, margin), level), want).sum())
 
 
 def _draw_studies(
@@ -183,8 +190,7 @@ def reaches(
     xa, xb = _draw_studies(arm_a, arm_b, delta, n, replicates, seed)
     hits = 0
     for lo in range(0, replicates, BATCH):
-        p3 = loss_claim_p3(xa[lo : lo + BATCH], xb[lo : lo + BATCH], margin)
-        hits += int(np.isin(st.outcome_from_p(p3, level), want).sum())
+        hits += _hits(xa[lo : lo + BATCH], xb[lo : lo + BATCH], margin, level, want)
         left = replicates - min(lo + BATCH, replicates)
         if hits >= need or hits + left < need:
             break

@@ -279,21 +279,32 @@ DOSE = (
 )
 
 
+ALPHA = 0.05  # the level of both the pair-level and the seed-level test
+SEEDS_NEEDED = math.ceil(math.log2(1 / ALPHA))  # the fewest seeds whose sign flip can reach it: 5
+
+
+def shown(result: Paired) -> str | None:
+    """How far the back-off's win is shown, the one rule the page and the headline state:
+    "seeds" (both p < ALPHA), "pairs" (only the pair-level p < ALPHA) or None."""
+    if result.p >= ALPHA:
+        return None
+    return "seeds" if result.seed_p < ALPHA else "pairs"
+
+
 def verdict(result: Paired) -> str:
-    """The claim the pairs support, no stronger: a finding over seeds only when both the pair-level
-    and the seed-level p are < 0.05; over the (lr, seed) pairs run when only the pair-level is."""
+    """The claim the pairs support, no stronger (`shown`): over seeds only when both the
+    pair-level and the seed-level p are < 0.05; over the (lr, seed) pairs run when only the
+    pair-level is."""
     claim = "alarm-driven back-offs saved more runs than one back-off at a fixed step"
-    if result.p < 0.05 and result.seed_p < 0.05:
+    reach = shown(result)
+    if reach == "seeds":
         return f"{claim} (p < 0.05 over pairs and over seeds)"
-    if result.p < 0.05:
+    if reach == "pairs":
         return (
             f"{claim} on these (lr, seed) pairs (p < 0.05), not yet shown over seeds (seed-level "
             f"p {result.seed_p:.3g} over {result.seeds} seeds; {SEEDS_NEEDED} needed at the least)"
         )
     return f"that {claim.replace('saved', 'save')} is not shown at these seeds"
-
-
-SEEDS_NEEDED = 5  # the fewest seeds whose exact sign flip can reach p < 0.05 (2^-5 = 1/32)
 
 
 def paired_sentence(result: Paired) -> str:
