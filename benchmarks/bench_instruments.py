@@ -3,18 +3,18 @@
 Two trainers with the same tiny recipe (one with every observing instrument of
 launch/registry.py on, one with none) are built once and driven in paired repeats: each repeat
 runs one log window (log_every steps, the last a log step whose values cross to the host) of
-each, in alternating order, so that machine load hits both alike. The overhead of a repeat is
-its "on" window's seconds per step over its "off" window's, minus one, on the wall clock and on
-this process's CPU time (the default for the line below: on a shared machine the wall time
-also counts the waits for a core, which drown a few percent); the line printed is the median
-over the repeats:
+each, their steps interleaved one by one (on, off, on, off, ...; which goes first alternates
+between repeats), so that the machine's slow phases, which last about ten steps, hit both alike.
+The overhead of a repeat is its "on" window's seconds per step over its "off" window's, minus
+one, on the wall clock and on this process's CPU time (the default for the line below: on a
+shared machine the wall time also counts the waits for a core, which drown a few percent); the
+line printed is the median over the repeats:
 
     instruments overhead: X % at log_every 10 (95 % CI of the median A .. B, N pairs)
 
 The interval is distribution-free (order statistics of the pair overheads, binomial coverage >=
-95 %): on an idle 2-core machine an A/A pair (the same trainer twice) still scatters by about
-+-10 % from window to window (the step time drifts in phases of ~10 steps), so a few percent is
-only resolved with tens of pairs, and a bound such as "X <= 5" holds when B <= 5.
+95 %), and a bound such as "X <= 5" holds when B <= 5. `--control` runs the same with no
+instruments in either arm (an A/A pair): its interval is the bench's own noise floor.
 The FP8 row does the same with precision.fp8 (emulated on a CPU) and the fp8 instrument added.
 The actions (spike_policy, fp16_clamp, early_warning) and init_loss are not observers and stay
 off. update_spikes measures every step by definition (launch/instruments/updates.py): it is on
@@ -23,6 +23,7 @@ unless `--without update_spikes`, and its own cost is what `--only update_spikes
     python benchmarks/bench_instruments.py                         # tiny, fp32, CPU
     python benchmarks/bench_instruments.py --repeats 15 --fp8 --json out.json
     python benchmarks/bench_instruments.py --only update_spikes    # one instrument alone
+    python benchmarks/bench_instruments.py --control               # A/A: the noise floor
 """
 
 from __future__ import annotations
@@ -84,37 +85,66 @@ def build(size: str, log_every: int, names: list[str], fp8: bool, root: Path, th
     return trainer
 
 
-def window(trainer: Trainer, log_every: int) -> tuple[float, float]:
-    """(wall, CPU) seconds per step over one log window: log_every steps, then the host copy of
-    the log. CPU: this process's (time.process_time), which on a shared machine does not count
-    the waits for a core that the wall time does."""
-    start, cpu = time.perf_counter(), time.process_time()
-    pending = []
+def interleaved_window(
+    trainers: dict[str, Trainer], order: tuple[str, str], log_every: int
+) -> dict[str, tuple[float, float]]:
+    """One log window of each trainer, their steps interleaved one by one in `order` (the last
+    of each a log step, then each one's host copy of the log): {name: (wall, CPU) seconds per
+    step}. Interleaving step by step spreads the machine's slow phases (which last ~10 steps)
+    over both arms alike; CPU is this process's (time.process_time), which on a shared machine
+    does not count the waits for a core that the wall time does."""
+    wall = dict.fromkeys(order, 0.0)
+    cpu = dict.fromkeys(order, 0.0)
+    pending: dict[str, list] = {name: [] for name in order}
+
+    def timed(name: str, work) -> None:  # noqa: ANN001
+        start, start_cpu = time.perf_counter(), time.process_time()
+        work()
+        wall[name] += time.perf_counter() - start
+        cpu[name] += time.process_time() - start_cpu
+
     for _ in range(log_every):
-        trainer.step += 1
-        pending.append(trainer._train_step(trainer.step))
-    to_host(pending)
-    return (time.perf_counter() - start) / log_every, (time.process_time() - cpu) / log_every
+        for name in order:
+            trainer = trainers[name]
+
+            def step(trainer: Trainer = trainer, name: str = name) -> None:
+                trainer.step += 1
+                pending[name].append(trainer._train_step(trainer.step))
+
+            timed(name, step)
+    for name in order:
+        timed(name, lambda name=name: to_host(pending[name]))
+    return {name: (wall[name] / log_every, cpu[name] / log_every) for name in order}
 
 
-def paired(size: str, log_every: int, names: list[str], fp8: bool, repeats: int, threads: int):
-    """Median over paired repeats of on/off - 1 (percent), with the medians of each arm."""
+def paired(
+    size: str,
+    log_every: int,
+    names: list[str],
+    fp8: bool,
+    repeats: int,
+    threads: int,
+    control: bool = False,
+):
+    """Median over paired repeats of on/off - 1 (percent), with the medians of each arm. With
+    `control`, the "on" arm is a second trainer with no instruments (an A/A pair: the bench's
+    own noise floor)."""
     with tempfile.TemporaryDirectory() as tmp:
         off = build(size, log_every, [], fp8, Path(tmp), threads)
-        on = build(size, log_every, names + (["fp8"] if fp8 else []), fp8, Path(tmp), threads)
-        window(off, log_every), window(on, log_every)  # warm-up: allocator, first dispatch
+        on_names = [] if control else names + (["fp8"] if fp8 else [])
+        on = build(size, log_every, on_names, fp8, Path(tmp) / "on", threads)
+        arms = {"off": off, "on": on}
+        interleaved_window(arms, ("off", "on"), log_every)  # warm-up: allocator, dispatch
         pairs: list[dict[str, tuple[float, float]]] = []
         for i in range(repeats):
-            first, second = ("off", "on") if i % 2 else ("on", "off")
-            arms = {"off": off, "on": on}
-            times = {first: window(arms[first], log_every)}
-            times[second] = window(arms[second], log_every)
-            pairs.append(times)
+            order = ("off", "on") if i % 2 else ("on", "off")
+            pairs.append(interleaved_window(arms, order, log_every))
     row: dict = {
         "size": size,
         "fp8": fp8,
         "log_every": log_every,
-        "instruments": names + (["fp8"] if fp8 else []),
+        "instruments": on_names,
+        "control": control,
         "repeats": repeats,
     }
     for k, clock in enumerate(("wall", "cpu")):
@@ -159,18 +189,24 @@ def main() -> None:
         help="the clock of the overhead line: cpu (this process's CPU time, steady under load; "
         "with --threads 1 the training's own) or wall",
     )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="an A/A run: the 'on' arm has no instruments either (the bench's noise floor)",
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else OBSERVERS
     names = [n for n in names if n not in args.without.split(",")]
     load = os.getloadavg()[0]
-    print(
-        f"instruments on: {', '.join(names)}; {args.repeats} paired repeats; 1-min load {load:.1f}"
-    )
+    on = "none (A/A control)" if args.control else ", ".join(names)
+    print(f"instruments on: {on}; {args.repeats} paired repeats; 1-min load {load:.1f}")
     rows = []
     for size in args.sizes.split(","):
         for fp8 in (False, True) if args.fp8 else (False,):
-            row = paired(size, args.log_every, names, fp8, args.repeats, args.threads)
+            row = paired(
+                size, args.log_every, names, fp8, args.repeats, args.threads, args.control
+            )
             rows.append(row)
             label = f"{size}{' fp8' if fp8 else ''}"
             for clock in ("wall", "cpu"):
@@ -183,6 +219,8 @@ def main() -> None:
                     flush=True,
                 )
             prefix = ("" if size == "tiny" else f"{size} ") + ("FP8 " if fp8 else "")
+            if args.control:
+                prefix = "A/A control (no instruments in either arm): " + prefix
             lo, hi = row[f"{args.clock}_overhead_ci95_pct"]
             print(
                 f"{prefix}instruments overhead: {row[f'{args.clock}_overhead_pct']:.1f} % at "

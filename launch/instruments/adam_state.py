@@ -69,14 +69,17 @@ class AdamState(Callback):
         sums = torch.zeros(2, 3, len(self._params), device=trainer.engine.device)
         storage = trainer.engine.storage
         for i, params in enumerate(self._params):
+            rows: tuple[list, list] = ([], [])  # (g, m) pairs of this block: sharded, replicated
             for p, (g, _) in zip(params, storage.local(params, "grad"), strict=True):
                 found = self._state(trainer, p)
                 if found is None or g is None:
                     continue
-                m = found.m.float().flatten()
-                g = g.float().flatten()[: m.numel()]  # ZeRO-3: the last rank's padding cut
-                row = 0 if found.sharded else 1
-                sums[row, :, i] += torch.stack([(g * m).sum(), g.square().sum(), m.square().sum()])
+                m = found.m.reshape(-1)
+                g = g.reshape(-1)[: m.numel()]  # ZeRO-3: the last rank's padding cut
+                rows[0 if found.sharded else 1].append((g, m))
+            for row, pairs in enumerate(rows):
+                if pairs:
+                    sums[row, :, i] = _alignment_sums(pairs)
         self._align = sums  # reduced with the rest on step end (one collective)
 
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
@@ -87,10 +90,14 @@ class AdamState(Callback):
         sums[:, 5:8] = self._align
         self._align = None
         for i, params in enumerate(self._params):
+            rows: tuple[list, list] = ([], [])  # this block's states: sharded, replicated
             for p in params:
                 found = self._state(trainer, p)
                 if found is not None:
-                    sums[0 if found.sharded else 1, :5, i] += _moment_sums(found)
+                    rows[0 if found.sharded else 1].append(found)
+            for row, parts in enumerate(rows):
+                if parts:
+                    sums[row, :5, i] = _moment_sums(parts)
         total = trainer.engine.all_reduce(sums[0], "sum") + sums[1]
         u2, count, m2, v, floor, gm, g2, mp2 = total
         have = count > 0
@@ -106,18 +113,36 @@ class AdamState(Callback):
         metrics[HEAD_NORM] = head_norm(trainer)
 
 
-def _moment_sums(part: AdamPart) -> torch.Tensor:
-    """(sum u^2, coordinates, sum m^2, sum v, floor count) of one parameter's local state."""
-    b1, b2 = part.betas
-    t, eps = part.step, part.eps
-    m, v = part.m.float(), part.v.float()
-    root = (v / (1 - b2**t)).sqrt()
-    u = (m / (1 - b1**t)) / (root + eps)
-    floor = (root < FLOOR * eps).sum()
-    return torch.stack(
-        [u.square().sum(), torch.tensor(float(m.numel()), device=m.device),
-         m.square().sum(), v.sum(), floor.float()]
-    )  # fmt: skip
+def _alignment_sums(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """(sum g.m_prev, sum g^2, sum m_prev^2) over (gradient, first moment) pairs of flat parts:
+    one concatenation each and three dot products in fp32, not three reductions per part."""
+    g = torch.cat([gp.float() for gp, _ in pairs])
+    m = torch.cat([mp.float() for _, mp in pairs])
+    return torch.stack([g @ m, g @ g, m @ m])
+
+
+def _moment_sums(parts: list[AdamPart]) -> torch.Tensor:
+    """(sum u^2, coordinates, sum m^2, sum v, floor count) over the parts' local states, in a
+    few fused (foreach) ops over all of them; each part has its own step, betas and eps."""
+    ms = [part.m.float() for part in parts]
+    vs = [part.v.float() for part in parts]
+    bc1 = [1 - part.betas[0] ** part.step for part in parts]
+    bc2 = [1 - part.betas[1] ** part.step for part in parts]
+    roots = torch._foreach_div(vs, bc2)  # sqrt(v_hat)
+    torch._foreach_sqrt_(roots)
+    # floor: count of sqrt(v_hat) < FLOOR eps, as the nonzeros of min(sqrt(v_hat) - FLOOR eps, 0)
+    below = torch._foreach_sub(roots, [FLOOR * part.eps for part in parts])
+    torch._foreach_clamp_max_(below, 0.0)
+    floor = torch.stack(torch._foreach_norm(below, 0)).sum()
+    del below
+    torch._foreach_add_(roots, [part.eps for part in parts])  # sqrt(v_hat) + eps
+    u = torch._foreach_div(ms, bc1)
+    torch._foreach_div_(u, roots)
+    u2 = torch.stack(torch._foreach_norm(u, 2)).square().sum()
+    m2 = torch.stack(torch._foreach_norm(ms, 2)).square().sum()
+    v_sum = torch.stack(torch._foreach_norm(vs, 1)).sum()  # v >= 0: its sum is its L1 norm
+    count = float(sum(m.numel() for m in ms))
+    return torch.stack([u2, u2.new_tensor(count), m2, v_sum, floor.to(u2.dtype)])
 
 
 def head_norm(trainer: TrainerView) -> torch.Tensor:

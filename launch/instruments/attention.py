@@ -1,11 +1,14 @@
 """Per-head maximum attention logit (SCIENCE.md section 7) and QK-Norm gain norms.
 
 The model computes neither quantity itself: on log steps this instrument hooks each attention
-from outside. Mode `exact` (default): a forward hook on `Attention.qk_tap` (q, k after QK-Norm,
-µP's q multiplier and RoPE) runs the exact streaming max of q k^T / sqrt(d_head) (causal mask
-respected; `model.attention.causal_max_logits`) beside the fused SDPA call. Mode `lse_bound`: a
-forward pre-hook on `Attention.core` asks it for bounds (`bounds=True`), so it runs a fused kernel
-that also returns each row's log-sum-exp, and a forward hook on the core logs the cheap bound
+from outside. Mode `exact` (default): a reader of the attention's probe (a forward hook on
+`Attention.qk_tap`: q, k after QK-Norm, µP's q multiplier and RoPE; launch/instruments/
+attention_probe.py) takes the exact max of q k^T / sqrt(d_head) (causal mask respected) beside
+the fused SDPA call: from the logits the probe recomputed for the entropy or stabilizer
+instruments when they are on, else streamed (`model.attention.causal_max_logits`).
+Mode `lse_bound`: a forward pre-hook on `Attention.core` asks it for bounds (`bounds=True`), so
+it runs a fused kernel that also returns each row's log-sum-exp, and a forward hook on the core
+logs the cheap bound
 lse_i - log(n_i) <= max_j s_ij <= lse_i instead (`max_logit_lower/...`, `max_logit_upper/...`):
 no T x T work beyond the attention itself. The hooks fold every training micro-batch into a
 running max, reduced with MAX across ranks, and are removed after the log step: unlogged steps
@@ -19,6 +22,7 @@ from typing import Any
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.config.instruments import checked_settings
+from normlab.launch.instruments.attention_probe import Subscription, max_logits, subscribe
 from normlab.launch.instruments.common import (
     MAX_LOGIT,
     MAX_LOGIT_LOWER,
@@ -27,7 +31,6 @@ from normlab.launch.instruments.common import (
     attention_of,
     block_key,
     blocks,
-    fold_max_logits,
     is_log_step,
 )
 from normlab.launch.instruments.gradients import local_parts, sum_squares
@@ -46,7 +49,7 @@ class AttentionLogits(Callback):
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         self.mode = checked_settings(self.name, settings).mode
-        self._handles: list[RemovableHandle] = []
+        self._handles: list[RemovableHandle | Subscription] = []
         self._best: torch.Tensor | None = None  # (kinds, blocks, heads): [max] or [lower, upper]
 
     def on_train_start(self, trainer: TrainerView) -> None:
@@ -61,12 +64,17 @@ class AttentionLogits(Callback):
         for i, att in enumerate(atts):
             self._handles += self._hooks(att, self._best[:, i])
 
-    def _hooks(self, att: Attention, best: torch.Tensor) -> list[RemovableHandle]:
+    def _hooks(self, att: Attention, best: torch.Tensor) -> list[RemovableHandle | Subscription]:
         """Hook one attention to fold a training forward's values into `best` (kinds, heads),
         this block's slice: the hooks hold the slice, not the block index, so per-block compiled
         blocks share one graph."""
-        if self.mode == "exact":
-            return [att.qk_tap.register_forward_hook(fold_max_logits(best[0]))]
+        if self.mode == "exact":  # from the shared S when another reader made it
+            row = best[0]
+
+            def read(q: torch.Tensor, k: torch.Tensor, s: Any, p: Any) -> None:
+                row.copy_(torch.maximum(row, max_logits(q, k, s)))
+
+            return [subscribe(att, read, weights=False)]
 
         def ask(core: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
             return (args, {**kwargs, "bounds": True}) if core.training else None

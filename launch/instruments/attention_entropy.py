@@ -8,30 +8,28 @@ at most log(r + 1)). Logged: `attn_entropy/ii`, the minimum over heads of the me
 every row of every sequence of the step (all micro-batches, all ranks). A collapse is a drop,
 which `normlab warnings` scores as a falling signal.
 
-A forward hook on each attention's `qk_tap` (the q and k the logits see), armed only for log
-steps, recomputes the logits in at least fp32 and adds per-head sums of H_r and the row counts in
-place on the device; one all-reduce on the step's end. Unlogged steps run the plain fused
-attention: nothing is computed or copied.
+A reader of each attention's probe (launch/instruments/attention_probe.py: one forward hook on
+`qk_tap`, the q and k the logits see, armed only for log steps, recomputing P in at least fp32
+once for every instrument that reads it) adds per-head sums of H_r and the row counts in place
+on the device; one all-reduce on the step's end. Unlogged steps run the plain fused attention:
+nothing is computed or copied.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.config.instruments import checked_settings
+from normlab.launch.instruments.attention_probe import Reader, Subscription, subscribe
 from normlab.launch.instruments.common import attention_of, block_key, blocks, is_log_step
 from normlab.launch.metric_keys import ATTN_ENTROPY
-from normlab.model.attention_cores import attention_logits
-from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 
 def row_entropy(p: torch.Tensor) -> torch.Tensor:
-    """-sum_j p_j log p_j over the last axis (0 log 0 = 0)."""
-    return -(p * torch.log(p.clamp_min(1e-30))).sum(dim=-1)
+    """-sum_j p_j log p_j over the last axis (0 log 0 = 0): `entr`, one elementwise kernel."""
+    return torch.special.entr(p).sum(dim=-1)
 
 
 class AttentionEntropy(Callback):
@@ -41,7 +39,7 @@ class AttentionEntropy(Callback):
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         checked_settings(self.name, settings)
-        self._handles: list[RemovableHandle] = []
+        self._handles: list[Subscription] = []
         self._sums: torch.Tensor | None = None  # (blocks, 2, heads): sum of H_r, rows
 
     def on_train_start(self, trainer: TrainerView) -> None:
@@ -53,24 +51,18 @@ class AttentionEntropy(Callback):
         device = atts[0].q_proj.weight.device
         self._sums = torch.zeros(len(atts), 2, atts[0].n_heads, dtype=torch.float64, device=device)
         for i, att in enumerate(atts):
-            hook = self._hook(att.core, self._sums[i])
-            self._handles.append(att.qk_tap.register_forward_hook(hook))
+            self._handles.append(subscribe(att, self._reader(self._sums[i]), weights=True))
 
     @staticmethod
-    def _hook(core: nn.Module, sums: torch.Tensor) -> Callable[..., None]:
+    def _reader(sums: torch.Tensor) -> Reader:
         """Fold one forward's per-head entropy sums into `sums` (2, heads), this block's slice."""
 
-        def hook(tap: nn.Module, args: Any, out: tuple[torch.Tensor, torch.Tensor]) -> None:
-            if not tap.training:
-                return  # evaluation passes are not the training step's attention
-            with torch.no_grad():
-                q, k = out
-                p = core.weights(attention_logits(q, k))  # type: ignore[operator]
-                h = row_entropy(p)  # (B, H, T)
-                rows = torch.full_like(h[0, :, 0], h.shape[0] * h.shape[2], dtype=torch.float64)
-                sums.add_(torch.stack([h.double().sum(dim=(0, 2)), rows]))
+        def read(q: torch.Tensor, k: torch.Tensor, s: Any, p: Any) -> None:
+            h = row_entropy(p)  # (B, H, T)
+            rows = torch.full_like(h[0, :, 0], h.shape[0] * h.shape[2], dtype=torch.float64)
+            sums.add_(torch.stack([h.double().sum(dim=(0, 2)), rows]))
 
-        return hook
+        return read
 
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
         if self._handles and self._sums is not None:

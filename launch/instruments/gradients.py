@@ -35,12 +35,28 @@ def local_parts(
 
 def sum_squares(trainer: TrainerView, groups: list[Parts]) -> torch.Tensor:
     """(len(groups),) global sums of squares: shards summed across ranks, replicas counted once."""
-    parts = torch.zeros(2, len(groups), device=trainer.engine.device)  # rows: sharded, replicated
+    tensors, rows = [], []
     for i, group in enumerate(groups):
         for t, sharded in group:
             if t is not None:
-                parts[0 if sharded else 1, i] += t.detach().float().square().sum()
-    return trainer.engine.all_reduce(parts[0], "sum") + parts[1]
+                tensors.append(t.detach())
+                rows.append(2 * i + (0 if sharded else 1))
+    return grouped_sum_squares(trainer, tensors, rows, len(groups))
+
+
+def grouped_sum_squares(
+    trainer: TrainerView, tensors: list[torch.Tensor], rows: list[int] | torch.Tensor, n: int
+) -> torch.Tensor:
+    """(n,) global sums of squares of `tensors`, tensor j going to group rows[j] // 2, a shard
+    when rows[j] is even (summed across ranks), a replica when odd (counted once): one fused norm
+    over every tensor (fp32), one scatter-add, one collective."""
+    parts = torch.zeros(2 * n, device=trainer.engine.device)
+    if tensors:
+        squares = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).square()
+        index = torch.as_tensor(rows, device=parts.device)
+        parts.index_add_(0, index, squares.to(parts.device))
+    parts = parts.view(n, 2)
+    return trainer.engine.all_reduce(parts[:, 0].contiguous(), "sum") + parts[:, 1]
 
 
 class GradientStats(Callback):
@@ -75,15 +91,15 @@ class GradientStats(Callback):
             return
         share = (self._grad_sq[:-1] / self._grad_sq[-1]).sqrt()
         norms = share * torch.as_tensor(metrics[GRAD]).float()
-        diffs = []
+        diffs: list[Parts] = []
         for ps, olds in zip(self._params, self._before, strict=True):
-            now = local_parts(trainer, ps, "param")
-            diffs.append(
-                [
-                    (None if t is None or o is None else t.detach() - o, s)
-                    for (t, s), (o, _) in zip(now, olds, strict=True)
-                ]
-            )
+            pairs = [
+                (t.detach(), o, s)
+                for (t, s), (o, _) in zip(local_parts(trainer, ps, "param"), olds, strict=True)
+                if t is not None and o is not None
+            ]
+            delta = torch._foreach_sub([t for t, _, _ in pairs], [o for _, o, _ in pairs])
+            diffs.append([(d, s) for d, (_, _, s) in zip(delta, pairs, strict=True)])
         ratio = (
             sum_squares(trainer, diffs) / sum_squares(trainer, self._before).clamp_min(1e-30)
         ).sqrt()

@@ -10,16 +10,20 @@ are armed only then) it logs, per block i:
   `sink_logit/i/hj` (the learned s_h);
 - with an attention cap c, `attn_cap_share/i`: the share of unmasked logits with |S| >= c;
 and for the output cap c: `final_cap_share` (|z| >= c) and `final_cap_ratio` (max |z| / c).
-P is recomputed from the hooked q, k in fp32 (an O(T^2) product on log steps only).
+P is read from the attention's probe (launch/instruments/attention_probe.py): recomputed from the
+tapped q, k in fp32 once per log-step forward for every instrument that reads it (an O(T^2)
+product on log steps only).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from normlab.launch.callbacks import Callback, TrainerView
 from normlab.launch.config.instruments import checked_settings
+from normlab.launch.instruments.attention_probe import Reader, Subscription, subscribe
 from normlab.launch.instruments.common import (
     attention_of,
     block_key,
@@ -27,7 +31,7 @@ from normlab.launch.instruments.common import (
     is_log_step,
     unwrap,
 )
-from normlab.model.attention_cores import SoftCap, attention_logits, future_mask
+from normlab.model.attention_cores import SoftCap, future_mask
 from normlab.model.gating import NoGate
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -39,6 +43,16 @@ SINK_MASS, SINK_LOGIT, ATTN_CAP = "sink_mass", "sink_logit", "attn_cap_share"
 FINAL_CAP_SHARE, FINAL_CAP_RATIO = "final_cap_share", "final_cap_ratio"
 
 
+def lower_median(a: torch.Tensor) -> torch.Tensor:
+    """`torch.median` of a flat tensor (the lower of the two middle values), as a 0-d tensor of
+    its device: on the CPU by numpy's introselect (O(n), several times faster than torch's
+    there), elsewhere by torch (no host copy)."""
+    if a.device.type != "cpu":
+        return a.median()
+    middle = (a.numel() - 1) // 2
+    return torch.as_tensor(np.partition(a.numpy(), middle)[middle])
+
+
 class AttentionStabilizers(Callback):
     """Gate, sink, cap and attention-sink statistics on log steps (keys in the module doc)."""
 
@@ -46,7 +60,7 @@ class AttentionStabilizers(Callback):
 
     def __init__(self, settings: dict[str, Any] | bool | None = None) -> None:
         checked_settings(self.name, settings)
-        self._handles: list[RemovableHandle] = []
+        self._handles: list[RemovableHandle | Subscription] = []
         self._sums: dict[str, torch.Tensor] = {}  # key -> running [sum, count]
         self._maxes: dict[str, torch.Tensor] = {}
 
@@ -68,32 +82,28 @@ class AttentionStabilizers(Callback):
         model = unwrap(trainer.engine.model)
         for i, block in enumerate(blocks(trainer)):
             att = attention_of(block)
-            self._handles.append(att.core.register_forward_hook(self._core_hook(i)))
+            self._handles.append(subscribe(att, self._attention_reader(att.core, i), weights=True))
             if not isinstance(att.gate, NoGate):
                 self._handles.append(att.gate.register_forward_hook(self._gate_hook(i)))
             self._handles.append(block.register_forward_hook(self._block_hook(i)))
         if isinstance(model.final_cap, SoftCap):
             self._handles.append(model.final_cap.register_forward_hook(self._final_hook))
 
-    def _core_hook(self, i: int):  # noqa: ANN202 (a forward hook)
-        def hook(core: nn.Module, args: Any, out: Any) -> None:
-            if not core.training:
-                return
-            with torch.no_grad():
-                q, k = args[0], args[1]
-                s = attention_logits(q, k)  # (B, H, T, T)
-                p = core.weights(s)
-                B, H, T, _ = p.shape
-                self._mean(block_key(FIRST_TOKEN, i), p[:, :, 1:, 0].sum(), B * H * (T - 1))
-                if hasattr(core, "sinks"):
-                    self._mean(block_key(SINK_MASS, i), (1 - p.sum(-1)).sum(), B * H * T)
-                if core.cap is not None:
-                    seen = ~future_mask(T, s.device)
-                    hit = ((s.abs() >= core.cap) & seen).sum()
-                    causal = T * (T + 1) // 2  # unmasked (i, j): no host sync under compile
-                    self._mean(block_key(ATTN_CAP, i), hit.double(), B * H * causal)
+    def _attention_reader(self, core: nn.Module, i: int) -> Reader:
+        """Block i's attention statistics from the probe's shared S and P (B, H, T, T)."""
 
-        return hook
+        def read(q: torch.Tensor, k: torch.Tensor, s: Any, p: Any) -> None:
+            B, H, T, _ = p.shape
+            self._mean(block_key(FIRST_TOKEN, i), p[:, :, 1:, 0].sum(), B * H * (T - 1))
+            if hasattr(core, "sinks"):
+                self._mean(block_key(SINK_MASS, i), (1 - p.sum(-1)).sum(), B * H * T)
+            if core.cap is not None:
+                seen = ~future_mask(T, s.device)
+                hit = ((s.abs() >= core.cap) & seen).sum()
+                causal = T * (T + 1) // 2  # unmasked (i, j): no host sync under compile
+                self._mean(block_key(ATTN_CAP, i), hit.double(), B * H * causal)
+
+        return read
 
     def _gate_hook(self, i: int):  # noqa: ANN202
         def hook(gate: nn.Module, args: Any, out: Any) -> None:
@@ -114,7 +124,7 @@ class AttentionStabilizers(Callback):
                 return
             with torch.no_grad():
                 a = out.detach().abs().float().flatten()
-                self._max(block_key(MASSIVE, i), a.max() / a.median().clamp_min(1e-30))
+                self._max(block_key(MASSIVE, i), a.max() / lower_median(a).clamp_min(1e-30))
 
         return hook
 

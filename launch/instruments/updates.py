@@ -42,7 +42,7 @@ from normlab.launch.instruments.common import (
     blocks,
     is_log_step,
 )
-from normlab.launch.instruments.gradients import local_parts
+from normlab.launch.instruments.gradients import grouped_sum_squares, local_parts
 from normlab.launch.instruments.spikes import run_window
 
 
@@ -135,13 +135,9 @@ class UpdateSpikes(Callback):
         self._armed = False
         now, _ = _flat(trainer, self._params)
         # ||W_after - W_before|| per part in a few fused ops, summed per block: shards across
-        # the ranks, replicas counted once (as gradients.sum_squares)
-        diffs = torch._foreach_sub(now, self._before)
-        squares = torch.stack(torch._foreach_norm(diffs, dtype=torch.float32)).square()
-        n = len(self._params)
-        sums = torch.zeros(2 * n, device=squares.device).index_add_(0, self._rows, squares)
-        sums = sums.view(n, 2)
-        norms = (trainer.engine.all_reduce(sums[:, 0].contiguous(), "sum") + sums[:, 1]).sqrt()
+        # the ranks, replicas counted once (gradients.grouped_sum_squares)
+        torch._foreach_sub_(self._before, now)  # W_before - W_after, in the buffers (no alloc)
+        norms = grouped_sum_squares(trainer, self._before, self._rows, len(self._params)).sqrt()
         rollbacks = float(metrics.get(ROLLBACKS, self._rollbacks))
         if rollbacks != self._rollbacks:  # the policy restored a checkpoint this step
             norms = torch.full_like(norms, math.nan)

@@ -64,3 +64,30 @@ def test_statistics_equal_a_direct_computation():
     assert float(metrics["head_norm"]) == pytest.approx(
         float(model.head.weight.detach().norm()), rel=1e-6
     )
+
+
+def test_fused_moment_sums_equal_each_part_computed_alone():
+    """_moment_sums over parts with their own step, betas and eps (and coordinates on both sides
+    of the 10 eps floor, one exactly on it: not below) equals the per-part formulas summed."""
+    from normlab.launch.engines.storage import AdamPart
+    from normlab.launch.instruments.adam_state import FLOOR, _moment_sums
+
+    g = torch.Generator().manual_seed(4)
+    parts = []
+    for n, step, betas, eps in [(50, 3.0, (0.9, 0.95), 1e-8), (7, 10.0, (0.8, 0.99), 1e-3)]:
+        m = torch.randn(n, generator=g)
+        v = torch.rand(n, generator=g) * 1e-4
+        bc2 = 1 - betas[1] ** step
+        v[:3] = torch.tensor([FLOOR * eps / 2, FLOOR * eps, FLOOR * eps * 2]).square() * bc2
+        parts.append(AdamPart(m, v, step, betas, eps, False))
+    want = torch.zeros(5, dtype=torch.float64)
+    for p in parts:
+        root = (p.v.double() / (1 - p.betas[1] ** p.step)).sqrt()
+        u = (p.m.double() / (1 - p.betas[0] ** p.step)) / (root + p.eps)
+        root32 = (p.v / (1 - p.betas[1] ** p.step)).sqrt()  # the floor test in the state's fp32
+        floor = (root32 < FLOOR * p.eps).sum()
+        want += torch.tensor([u.square().sum(), p.m.numel(), p.m.double().square().sum(),
+                              p.v.double().sum(), floor])  # fmt: skip
+    got = _moment_sums(parts).double()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    assert 2 <= got[4] <= 4  # the crafted coordinates: one below per part (and random others)

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import torch
 from normlab.launch.config import load_config
+from normlab.launch.instruments import attention_probe
 from normlab.launch.registry import INSTRUMENTS
 from normlab.launch.training.trainer import Trainer
 from torch import nn
@@ -110,6 +111,18 @@ class Probe:
 
         return counted
 
+    def wrap_reader(self, read: Any) -> Any:
+        """A reader of an attention's shared probe (attention_probe.py), called by the one hook
+        of whichever instrument subscribed first: counted as its subscriber's."""
+        owner = self.owner
+
+        @functools.wraps(read)
+        def counted(*args: Any) -> Any:  # the probe calls readers on training forwards only
+            self.hook_calls[(owner, self.step)] += 1
+            return read(*args)
+
+        return counted
+
 
 def _config(tmp: Path, model: str, extra: list[str]) -> Any:
     observers = [f"instruments.{name}=true" for name in OBSERVERS]
@@ -132,6 +145,12 @@ def _run(cfg: Any, probe: Probe | None, monkeypatch: pytest.MonkeyPatch) -> Trai
                 return _original(module, probe.wrap_hook(hook), *a, **kw)
 
             monkeypatch.setattr(nn.Module, method, register)
+        add = attention_probe._Probe.add
+
+        def subscribed(self, read, weights):  # noqa: ANN001, ANN202
+            return add(self, probe.wrap_reader(read), weights)
+
+        monkeypatch.setattr(attention_probe._Probe, "add", subscribed)
         train_step = trainer._train_step
 
         def step(n: int) -> dict[str, Any]:
