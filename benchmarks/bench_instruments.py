@@ -281,6 +281,37 @@ def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, flo
     return xs[k - 1], xs[n - k]
 
 
+def report(row: dict) -> list[str]:
+    """The lines printed for one row: both clocks' medians, then the overhead line (and the A/A
+    control's) on the row's clock. `--from-json` prints them again from a saved run."""
+    label = f"{row['size']}{' fp8' if row['fp8'] else ''}"
+    lines = []
+    for clock in ("wall", "cpu"):
+        spread = row[f"{clock}_pair_overheads_pct"]
+        lines.append(
+            f"{label} {clock}: off {row[f'{clock}_median_off_ms']:.1f} ms/step, on "
+            f"{row[f'{clock}_median_on_ms']:.1f} ms/step (medians); overhead "
+            f"{row[f'{clock}_overhead_pct']:+.1f} % (pairs {min(spread):+.1f} .. "
+            f"{max(spread):+.1f} %)"
+        )
+    clock = row.get("clock", "cpu")
+    prefix = ("" if row["size"] == "tiny" else f"{row['size']} ") + ("FP8 " if row["fp8"] else "")
+    lo, hi = row[f"{clock}_overhead_ci95_pct"]
+    lines.append(
+        f"{prefix}instruments overhead: {row[f'{clock}_overhead_pct']:.1f} % at log_every "
+        f"{row['log_every']} (95 % CI of the median {lo:+.1f} .. {hi:+.1f} %, "
+        f"{row['repeats']} pairs)"
+    )
+    if f"{clock}_control_pct" in row:
+        lo, hi = row[f"{clock}_control_ci95_pct"]
+        lines.append(
+            f"{prefix}A/A control (a third trainer, no instruments, against off): "
+            f"{row[f'{clock}_control_pct']:+.1f} % (95 % CI of the median {lo:+.1f} .. "
+            f"{hi:+.1f} %)"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="tiny", help="comma list of: tiny, small")
@@ -312,7 +343,16 @@ def main() -> None:
         "readers, over this many windows of the 'on' trainer",
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--from-json", type=Path, help="print the lines of a saved run (--json) and stop"
+    )
     args = parser.parse_args()
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        print(f"$ {saved['command']}   (1-min load {saved['load_1min_at_start']:.1f} at start)")
+        for row in saved["rows"]:
+            print("\n".join(report(row)))
+        return
     names = args.only.split(",") if args.only else OBSERVERS
     names = [n for n in names if n not in args.without.split(",")]
     load = os.getloadavg()[0]
@@ -337,33 +377,9 @@ def main() -> None:
             row = paired(
                 size, args.log_every, names, fp8, args.repeats, args.threads, args.control
             )
+            row["clock"] = args.clock
             rows.append(row)
-            label = f"{size}{' fp8' if fp8 else ''}"
-            for clock in ("wall", "cpu"):
-                spread = row[f"{clock}_pair_overheads_pct"]
-                print(
-                    f"{label} {clock}: off {row[f'{clock}_median_off_ms']:.1f} ms/step, on "
-                    f"{row[f'{clock}_median_on_ms']:.1f} ms/step (medians); overhead "
-                    f"{row[f'{clock}_overhead_pct']:+.1f} % (pairs {min(spread):+.1f} .. "
-                    f"{max(spread):+.1f} %)",
-                    flush=True,
-                )
-            prefix = ("" if size == "tiny" else f"{size} ") + ("FP8 " if fp8 else "")
-            lo, hi = row[f"{args.clock}_overhead_ci95_pct"]
-            print(
-                f"{prefix}instruments overhead: {row[f'{args.clock}_overhead_pct']:.1f} % at "
-                f"log_every {args.log_every} (95 % CI of the median {lo:+.1f} .. {hi:+.1f} %, "
-                f"{args.repeats} pairs)",
-                flush=True,
-            )
-            if args.control:
-                lo, hi = row[f"{args.clock}_control_ci95_pct"]
-                print(
-                    f"{prefix}A/A control (a third trainer, no instruments, against off): "
-                    f"{row[f'{args.clock}_control_pct']:+.1f} % (95 % CI of the median "
-                    f"{lo:+.1f} .. {hi:+.1f} %)",
-                    flush=True,
-                )
+            print("\n".join(report(row)), flush=True)
     if args.json:
         meta = {"command": " ".join(sys.argv), "load_1min_at_start": load, "cpus": os.cpu_count()}
         args.json.write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
