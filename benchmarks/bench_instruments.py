@@ -24,6 +24,7 @@ unless `--without update_spikes`, and its own cost is what `--only update_spikes
 
     python benchmarks/bench_instruments.py                         # tiny, fp32, CPU
     python benchmarks/bench_instruments.py --repeats 15 --fp8 --json out.json
+    python benchmarks/bench_instruments.py --only fp8 --fp8-only   # the FP8 instrument's cost
     python benchmarks/bench_instruments.py --only update_spikes    # one instrument alone
     python benchmarks/bench_instruments.py --attribute 10          # what each instrument costs
 """
@@ -319,6 +320,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15, help="paired windows per row")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
     parser.add_argument("--fp8", action="store_true", help="also the FP8 row (needs torchao)")
+    parser.add_argument("--fp8-only", action="store_true", help="only the FP8 row")
     parser.add_argument("--without", default="", help="comma list of observers left off")
     parser.add_argument("--only", default="", help="comma list: just these observers on")
     parser.add_argument(
@@ -347,6 +349,7 @@ def main() -> None:
         "--from-json", type=Path, help="print the lines of a saved run (--json) and stop"
     )
     args = parser.parse_args()
+    precisions = (True,) if args.fp8_only else (False, True) if args.fp8 else (False,)
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
         print(f"$ {saved['command']}   (1-min load {saved['load_1min_at_start']:.1f} at start)")
@@ -361,7 +364,7 @@ def main() -> None:
     )
     if args.attribute:
         for size in args.sizes.split(","):
-            for fp8 in (False, True) if args.fp8 else (False,):
+            for fp8 in precisions:
                 spent, total = attribute(
                     size, args.log_every, names, fp8, args.attribute, args.threads
                 )
@@ -373,7 +376,7 @@ def main() -> None:
         return
     rows = []
     for size in args.sizes.split(","):
-        for fp8 in (False, True) if args.fp8 else (False,):
+        for fp8 in precisions:
             row = paired(
                 size, args.log_every, names, fp8, args.repeats, args.threads, args.control
             )

@@ -229,3 +229,21 @@ def test_fp8_guide_quotes_the_saved_gpu_rows() -> None:
     block = page.split("<!-- normlab:fp8-h200 -->\n```\n", 1)[1].split("\n```", 1)[0]
     assert block == printed
     assert printed in (saved / "README.md").read_text()
+
+
+def test_instruments_guide_quotes_the_saved_overhead_run() -> None:
+    """The overhead block of the instruments guide is what bench_instruments.py --from-json
+    prints from the saved idle run, and the words under it quote that run's numbers."""
+    saved = REPO / "benchmarks" / "results" / "bench_instruments_idle_2026-12-07.json"
+    printed = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_instruments.py"), "--from-json",
+         str(saved)],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    page = (REPO / "docs" / "guides" / "instruments.md").read_text()
+    block = page.split("<!-- normlab:instruments-overhead -->\n```\n", 1)[1].split("\n```", 1)[0]
+    assert block == printed
+    (row,) = json.loads(saved.read_text())["rows"]
+    lo, hi = row["cpu_overhead_ci95_pct"]
+    words = " ".join(page.split())
+    assert f"{row['cpu_overhead_pct']:.1f} % (95 % interval {lo:+.1f} to {hi:+.1f} %" in words

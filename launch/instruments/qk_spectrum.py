@@ -31,12 +31,13 @@ from normlab.launch.metric_keys import QK_ENTROPY
 
 
 def spectral_entropy(wq: torch.Tensor, wk: torch.Tensor) -> torch.Tensor:
-    """Entropy of the normalised singular values of wq^T wk (wq, wk: d_h x d)."""
-    rq = torch.linalg.qr(wq.float().T, mode="r").R
-    rk = torch.linalg.qr(wk.float().T, mode="r").R
-    s = torch.linalg.svdvals(rq @ rk.T)
-    p = s / s.sum().clamp_min(1e-30)
-    return -(p * torch.log(p.clamp_min(1e-30))).sum()
+    """Entropy of the normalised singular values of wq^T wk (wq, wk: d_h x d, or batches of them
+    (..., d_h, d): one batched QR and SVD for every head of a block)."""
+    rq = torch.linalg.qr(wq.float().mT, mode="r").R
+    rk = torch.linalg.qr(wk.float().mT, mode="r").R
+    s = torch.linalg.svdvals(rq @ rk.mT)
+    p = s / s.sum(-1, keepdim=True).clamp_min(1e-30)
+    return torch.special.entr(p).sum(-1)
 
 
 class QKSpectrum(Callback):
@@ -59,10 +60,6 @@ class QKSpectrum(Callback):
             att = attention_of(block)
             wq, wk = (storage.full(w) for w in (att.q_proj.weight, att.k_proj.weight))
             dh, group = att.head_dim, att.n_heads // (att.n_kv_heads or att.n_heads)
-            per_head = [
-                spectral_entropy(
-                    wq[h * dh : (h + 1) * dh], wk[(h // group) * dh : (h // group + 1) * dh]
-                )
-                for h in range(att.n_heads)
-            ]
-            metrics[block_key(QK_ENTROPY, i)] = torch.stack(per_head).min()
+            q_heads = wq.reshape(att.n_heads, dh, -1)
+            k_heads = wk.reshape(-1, dh, wk.shape[-1]).repeat_interleave(group, dim=0)
+            metrics[block_key(QK_ENTROPY, i)] = spectral_entropy(q_heads, k_heads).min()
