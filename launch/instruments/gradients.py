@@ -98,7 +98,8 @@ class GradientStats(Callback):
                 for (t, s), (o, _) in zip(local_parts(trainer, ps, "param"), olds, strict=True)
                 if t is not None and o is not None
             ]
-            delta = torch._foreach_sub([t for t, _, _ in pairs], [o for _, o, _ in pairs])
+            after, before = [t for t, _, _ in pairs], [o for _, o, _ in pairs]
+            delta = torch._foreach_sub(after, before) if pairs else []  # foreach: none empty
             diffs.append([(d, s) for d, (_, _, s) in zip(delta, pairs, strict=True)])
         ratio = (
             sum_squares(trainer, diffs) / sum_squares(trainer, self._before).clamp_min(1e-30)

@@ -126,7 +126,8 @@ class UpdateSpikes(Callback):
         if [t.shape for t in self._before] != [t.shape for t in tensors]:
             self._before = [torch.empty_like(t) for t in tensors]
             self._rows = torch.tensor(rows, device=trainer.engine.device)
-        torch._foreach_copy_(self._before, tensors)  # one fused copy, no allocation per step
+        if tensors:  # foreach ops refuse empty lists
+            torch._foreach_copy_(self._before, tensors)  # one fused copy, no allocation per step
         self._armed = True
 
     def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any]) -> None:
@@ -136,7 +137,8 @@ class UpdateSpikes(Callback):
         now, _ = _flat(trainer, self._params)
         # ||W_after - W_before|| per part in a few fused ops, summed per block: shards across
         # the ranks, replicas counted once (gradients.grouped_sum_squares)
-        torch._foreach_sub_(self._before, now)  # W_before - W_after, in the buffers (no alloc)
+        if now:  # foreach ops refuse empty lists (a rank may hold no part of the blocks)
+            torch._foreach_sub_(self._before, now)  # W_before - W_after, in the buffers
         norms = grouped_sum_squares(trainer, self._before, self._rows, len(self._params)).sqrt()
         rollbacks = float(metrics.get(ROLLBACKS, self._rollbacks))
         if rollbacks != self._rollbacks:  # the policy restored a checkpoint this step

@@ -155,3 +155,18 @@ def test_resume_continues_like_one_run() -> None:
 def test_bad_settings(settings: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         UpdateSpikes(settings)
+
+
+def test_grouped_sum_squares_counts_shards_once_per_rank_and_takes_no_parts():
+    """Sums of squares per group: shards (even rows) through the engine's all-reduce, replicas
+    (odd rows) counted once; a rank holding no part of any group gives zeros (no foreach call
+    on an empty list, which torch refuses)."""
+    from normlab.launch.instruments.gradients import grouped_sum_squares
+
+    from tests.instrument_helpers import fake_trainer, tiny_model
+
+    trainer = fake_trainer(tiny_model())
+    a, b, c = torch.tensor([3.0, 4.0]), torch.tensor([1.0]), torch.tensor([2.0, 2.0])
+    got = grouped_sum_squares(trainer, [a, b, c], [0, 1, 3], 2)
+    torch.testing.assert_close(got, torch.tensor([26.0, 8.0]))
+    assert torch.equal(grouped_sum_squares(trainer, [], [], 3), torch.zeros(3))
