@@ -46,8 +46,9 @@ FINAL_CAP_SHARE, FINAL_CAP_RATIO = "final_cap_share", "final_cap_ratio"
 def lower_median(a: torch.Tensor) -> torch.Tensor:
     """`torch.median` of a flat tensor (the lower of the two middle values), as a 0-d tensor of
     its device: on the CPU by numpy's introselect (O(n), several times faster than torch's
-    there), elsewhere by torch (no host copy)."""
-    if a.device.type != "cpu":
+    there), elsewhere by torch (no host copy), and by torch inside a compiled graph (numpy's
+    partition would break it)."""
+    if a.device.type != "cpu" or torch.compiler.is_compiling():
         return a.median()
     middle = (a.numel() - 1) // 2
     return torch.as_tensor(np.partition(a.numpy(), middle)[middle])

@@ -33,6 +33,7 @@ from normlab.launch.instruments import attention_probe
 from normlab.launch.registry import INSTRUMENTS
 from normlab.launch.training.trainer import Trainer
 from torch import nn
+from torch._dynamo.utils import counters
 from torch.overrides import TorchFunctionMode
 
 REPO = Path(__file__).resolve().parents[3]
@@ -204,7 +205,8 @@ def test_no_callback_work_off_a_log_step(probed: tuple[str, Probe]) -> None:
 
 def _hooked_metrics(run_dir: Path) -> dict[int, dict[str, float]]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    prefixes = ("resid_rms/", "attn_out_rms/", "max_logit", "kurtosis/", "attn_entropy/", "logz")
+    prefixes = ("resid_rms/", "attn_out_rms/", "max_logit", "kurtosis/", "attn_entropy/", "logz",
+                "massive_act/", "first_token_share/")  # fmt: skip
     return {
         r["step"]: {k: v for k, v in r.items() if k.startswith(prefixes)}
         for r in rows
@@ -219,7 +221,8 @@ def test_hooks_armed_after_the_first_trace_run_under_compile(
     """Step 1 (no log) is traced without hooks, step 2 (a log step) needs them: compiled values
     equal the uncompiled run's (Dynamo's eager backend runs the same kernels), whether the
     single engine compiles the whole model or each block (engine.compile_scope)."""
-    names = ["activations", "attention_logits", "kurtosis", "attn_entropy", "output_logits"]
+    names = ["activations", "attention_logits", "kurtosis", "attn_entropy", "output_logits",
+             "attention_stabilizers"]  # fmt: skip
     base = [
         *SMALL, "training.steps=2", "training.log_every=2", "instruments={}",
         *[f"instruments.{n}=true" for n in names],
@@ -234,5 +237,8 @@ def test_hooks_armed_after_the_first_trace_run_under_compile(
         results[compiled] = _hooked_metrics(run_dir)
     eager, compiled = results[False][2], results[True][2]
     assert len(eager) > 10 and all(v != 0 for k, v in eager.items() if "rms" in k)
+    assert any(k.startswith("massive_act/") for k in eager)
     assert compiled == pytest.approx(eager, rel=1e-6)
+    # the hooks trace whole: no graph break from numpy (the CPU median's introselect is eager-only)
+    assert not [b for b in counters["graph_break"] if "numpy" in b]
     torch._dynamo.reset()
