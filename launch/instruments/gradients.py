@@ -33,15 +33,21 @@ def local_parts(
     return trainer.engine.storage.local(params, kind)
 
 
-def sum_squares(trainer: TrainerView, groups: list[Parts]) -> torch.Tensor:
-    """(len(groups),) global sums of squares: shards summed across ranks, replicas counted once."""
+def flat_parts(groups: list[Parts]) -> tuple[list[torch.Tensor], list[int]]:
+    """(this rank's tensors, the row of each: 2 * group + (0 sharded, 1 replicated)) over every
+    group's parts, parts absent on this rank left out: the layout `grouped_sum_squares` takes."""
     tensors, rows = [], []
     for i, group in enumerate(groups):
         for t, sharded in group:
             if t is not None:
                 tensors.append(t.detach())
                 rows.append(2 * i + (0 if sharded else 1))
-    return grouped_sum_squares(trainer, tensors, rows, len(groups))
+    return tensors, rows
+
+
+def sum_squares(trainer: TrainerView, groups: list[Parts]) -> torch.Tensor:
+    """(len(groups),) global sums of squares: shards summed across ranks, replicas counted once."""
+    return grouped_sum_squares(trainer, *flat_parts(groups), len(groups))
 
 
 def grouped_sum_squares(

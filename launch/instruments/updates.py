@@ -42,22 +42,15 @@ from normlab.launch.instruments.common import (
     blocks,
     is_log_step,
 )
-from normlab.launch.instruments.gradients import grouped_sum_squares, local_parts
+from normlab.launch.instruments.gradients import flat_parts, grouped_sum_squares, local_parts
 from normlab.launch.instruments.spikes import run_window
 
 
 def _flat(
     trainer: TrainerView, params: list[list[torch.nn.Parameter]]
 ) -> tuple[list[torch.Tensor], list[int]]:
-    """(this rank's tensors, the row of each: 2 * block + (0 sharded, 1 replicated)) over every
-    block's parameters, parts absent on this rank left out."""
-    tensors, rows = [], []
-    for i, ps in enumerate(params):
-        for t, sharded in local_parts(trainer, ps, "param"):
-            if t is not None:
-                tensors.append(t.detach())
-                rows.append(2 * i + (0 if sharded else 1))
-    return tensors, rows
+    """This rank's parameter tensors of every block and the row of each (`flat_parts`)."""
+    return flat_parts([local_parts(trainer, ps, "param") for ps in params])
 
 
 class BlockUpdateSpikes:
